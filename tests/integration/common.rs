@@ -1,0 +1,47 @@
+//! Helpers shared by the integration tests: the one place that finds real
+//! fixtures in `../shared` and fails loudly when one is missing.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The `shared/` folder beside this checkout (`../shared`), or the folder named
+/// by `MEMCAST_SHARED`.
+pub fn shared_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("MEMCAST_SHARED") {
+        return PathBuf::from(dir);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared")
+}
+
+/// The path of a file under `shared/`; panics with the path it tried when the
+/// file is missing, so a test never silently skips a fixture.
+pub fn shared_file(relative: &str) -> PathBuf {
+    let path = shared_dir().join(relative);
+    assert!(
+        path.is_file(),
+        "missing shared fixture {path:?}: the tests need ../shared beside the checkout (or MEMCAST_SHARED)"
+    );
+    path
+}
+
+/// Reads a file under `shared/` into memory (see [`shared_file`]).
+pub fn read_shared(relative: &str) -> Vec<u8> {
+    let path = shared_file(relative);
+    std::fs::read(&path).unwrap_or_else(|err| panic!("cannot read {path:?}: {err}"))
+}
+
+/// The names of every CPU trace fixture (`*.json.gz`) in `shared/fixtures/traces`,
+/// sorted; panics if the folder is missing or empty.
+pub fn trace_fixtures() -> Vec<String> {
+    let dir = shared_dir().join("fixtures/traces");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("cannot list {dir:?}: {err}"))
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".json.gz"))
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no trace fixtures in {dir:?}");
+    names
+}

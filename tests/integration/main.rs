@@ -1,0 +1,3 @@
+//! The one integration-test binary. Each module covers one area; see its doc.
+
+mod common;
