@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Installs what building and testing memcast needs, skipping what is present.
+# Sourced by .ci/serve.sh and .ci/test.sh; safe to run again and again.
+# Every tool comes from a package registry (rustup, crates, npm, Debian):
+# nothing downloads a prebuilt binary from anywhere else, and Trunk runs offline.
+#
+# Usage: source .ci/setup.sh [--browser]   (--browser: also Chromium + ChromeDriver)
+
+set -euo pipefail
+
+MEMCAST_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$MEMCAST_ROOT"
+export PATH="$MEMCAST_ROOT/node_modules/.bin:$HOME/.cargo/bin:$PATH"
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_install() {
+  say "installing Debian packages: $*"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+}
+
+# 1. The WebAssembly target.
+if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+  say "adding the wasm32-unknown-unknown target"
+  rustup target add wasm32-unknown-unknown
+fi
+
+# 2. Trunk 0.21.14 (0.22 needs a newer rustc). LTO off halves the build time.
+if ! trunk --version 2>/dev/null | grep -qx 'trunk 0.21.14'; then
+  say "installing trunk 0.21.14 (about 9 minutes on 2 cores, once)"
+  CARGO_PROFILE_RELEASE_LTO=false cargo install trunk --version 0.21.14 --locked
+fi
+
+# 3. wasm-bindgen-cli at exactly the version Cargo.lock pins (without --locked:
+#    its own lockfile pins a crate the registry no longer has).
+wbg_version="$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock)"
+if [ -z "$wbg_version" ]; then
+  say "Cargo.lock names no wasm-bindgen version; run: cargo fetch"
+  exit 1
+fi
+if ! grep -q "^wasm_bindgen = \"$wbg_version\"" Trunk.toml; then
+  say "Trunk.toml [tools] wasm_bindgen must be \"$wbg_version\" (the version in Cargo.lock)"
+  exit 1
+fi
+if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $wbg_version"; then
+  say "installing wasm-bindgen-cli $wbg_version"
+  cargo install wasm-bindgen-cli --version "$wbg_version" --force
+fi
+
+# 4. Node tools: wasm-opt (npm binaryen@132; never Debian's binaryen 108, whose
+#    output breaks the page) and playwright-core (drives the system Chromium).
+if ! command -v npm >/dev/null 2>&1; then
+  apt_install nodejs npm
+fi
+if [ ! -x node_modules/.bin/wasm-opt ] || [ ! -f node_modules/playwright-core/package.json ]; then
+  say "installing node tools from package-lock.json"
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+# 5. Offline Trunk builds with `cargo build --offline`: make sure every crate is here.
+cargo fetch --quiet
+
+# 6. Chromium and ChromeDriver from Debian, for the browser tests only.
+if [ "${1:-}" = "--browser" ]; then
+  if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    apt_install chromium chromium-driver
+  fi
+fi

@@ -1,0 +1,50 @@
+//! The page's side of the worker protocol: spawning the worker, waiting for its
+//! "ready" message, and posting requests with the file attached.
+
+use js_sys::{Object, Reflect};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use web_sys::{Blob, MessageEvent, Worker};
+
+use crate::protocol::{Request, Response};
+
+/// The loader script Trunk emits for the `worker` bin (`data-loader-shim`),
+/// resolved against the page's base URL so the site works from any sub-path.
+const WORKER_URL: &str = "./worker_loader.js";
+
+/// Starts the worker and routes every decoded [`Response`] to `on_response`.
+///
+/// Messages that are not valid responses are reported as `Failed` with job 0,
+/// so a broken worker shows up as an error instead of a silent spinner.
+pub fn spawn(on_response: impl Fn(Response) + 'static) -> Result<Worker, String> {
+    let worker =
+        Worker::new(WORKER_URL).map_err(|err| format!("cannot start the worker: {err:?}"))?;
+    let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
+        let response = match event.data().as_string() {
+            Some(text) => Response::from_json(&text).unwrap_or_else(|err| Response::Failed {
+                job: 0,
+                message: format!("the worker sent a message the page cannot read: {err}"),
+            }),
+            None => Response::Failed {
+                job: 0,
+                message: "the worker sent a message that is not text".into(),
+            },
+        };
+        on_response(response);
+    });
+    worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    on_message.forget();
+    Ok(worker)
+}
+
+/// Posts `request` with `file` attached; the file is shared with the worker by
+/// structured clone (a `Blob` handle, not a copy of its bytes).
+pub fn post(worker: &Worker, request: &Request, file: &Blob) -> Result<(), String> {
+    let message = Object::new();
+    Reflect::set(&message, &"request".into(), &request.to_json().into())
+        .and_then(|_| Reflect::set(&message, &"file".into(), file))
+        .map_err(|err| format!("cannot build the worker message: {err:?}"))?;
+    worker
+        .post_message(&message)
+        .map_err(|err| format!("cannot send the file to the worker: {err:?}"))
+}

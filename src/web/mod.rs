@@ -1,0 +1,12 @@
+//! The browser shell: a Leptos (client-side rendered) page and a Web Worker.
+//!
+//! This is one of the two places (with `src/bin`) allowed to touch the browser.
+//! The page never runs the pipeline: it hands the dropped `File` to the worker,
+//! which reads it in chunks and answers with [`crate::protocol::Response`]s.
+//! Domain data stays out of the reactive runtime: signals hold plain values.
+
+mod app;
+mod bridge;
+pub mod worker;
+
+pub use app::mount;

@@ -1,0 +1,106 @@
+// Shared pieces of the browser tests: a static server for dist/ on a free
+// localhost port (under a sub-path, to prove the site works from one), the
+// system Chromium driven by playwright-core, and fixture lookup.
+
+import { createServer } from "node:http";
+import { readFile, stat, mkdir, mkdtemp } from "node:fs/promises";
+import { existsSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+export const DIST = path.join(ROOT, "dist");
+export const SHOTS = path.join(ROOT, "target", "e2e");
+export const SHARED = process.env.MEMCAST_SHARED ?? path.resolve(ROOT, "..", "shared");
+export const SUB_PATH = "/team/tools/memcast/";
+
+const TYPES = {
+  ".html": "text/html; charset=utf-8",
+  ".js": "text/javascript",
+  ".wasm": "application/wasm",
+  ".css": "text/css",
+  ".svg": "image/svg+xml",
+  ".json": "application/json",
+  ".gz": "application/gzip",
+};
+
+/** A real fixture from ../shared; throws with the path it tried when missing. */
+export function fixture(name) {
+  const file = path.join(SHARED, "fixtures", "traces", name);
+  if (!existsSync(file)) {
+    throw new Error(`missing shared fixture ${file}: the tests need ../shared beside the checkout`);
+  }
+  return file;
+}
+
+/** Serves dist/ under SUB_PATH on 127.0.0.1 and a free port; returns { origin, url, close }. */
+export async function serveDist() {
+  if (!existsSync(path.join(DIST, "index.html"))) {
+    throw new Error(`no ${DIST}/index.html: run \`trunk build --release\` first`);
+  }
+  const server = createServer(async (req, res) => {
+    const url = new URL(req.url, "http://localhost");
+    if (!url.pathname.startsWith(SUB_PATH)) {
+      res.writeHead(404).end("outside the app's sub-path");
+      return;
+    }
+    let relative = decodeURIComponent(url.pathname.slice(SUB_PATH.length)) || "index.html";
+    const file = path.join(DIST, relative);
+    if (!file.startsWith(DIST)) {
+      res.writeHead(403).end();
+      return;
+    }
+    try {
+      const info = await stat(file);
+      const body = await readFile(info.isDirectory() ? path.join(file, "index.html") : file);
+      res.writeHead(200, { "content-type": TYPES[path.extname(file)] ?? "application/octet-stream" });
+      res.end(body);
+    } catch {
+      res.writeHead(404).end("not found");
+    }
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address();
+  const origin = `http://127.0.0.1:${port}`;
+  return { origin, url: origin + SUB_PATH, close: () => new Promise((r) => server.close(r)) };
+}
+
+/** Launches the system Chromium headless with a fresh profile. */
+export async function launchBrowser() {
+  const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
+  if (!existsSync(executablePath)) {
+    throw new Error(`no Chromium at ${executablePath}: install Debian's chromium (bash .ci/setup.sh --browser)`);
+  }
+  const profile = await mkdtemp(path.join(tmpdir(), "memcast-chromium-"));
+  return chromium.launchPersistentContext(profile, {
+    executablePath,
+    headless: true,
+    viewport: { width: 1280, height: 900 },
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+}
+
+/** Records every request a page makes, to prove nothing leaves the origin. */
+export function recordRequests(page) {
+  const urls = [];
+  page.on("request", (request) => urls.push(request.url()));
+  return urls;
+}
+
+/** Saves a screenshot under target/e2e/ for people to look at. */
+export async function screenshot(page, name) {
+  await mkdir(SHOTS, { recursive: true });
+  const file = path.join(SHOTS, `${name}.png`);
+  await page.screenshot({ path: file, fullPage: true });
+  return file;
+}
