@@ -13,3 +13,9 @@
 //!
 //! Invariants: pure and deterministic; every block of the schedule is freed at
 //! most once and never before it is allocated.
+
+mod schedule;
+
+pub use schedule::{
+    BlockId, Category, EventKind, IterationSpan, Phase, Schedule, ScheduleEvent, ScheduledBlock,
+};
