@@ -195,7 +195,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ada,
         compute_capability: (8, 9),
         nvidia_smi_total: Bytes(49_140 * MIB),
-        cuda_visible: Bytes(48_640 * MIB),
+        cuda_visible: Bytes(51_002_867_712),
         source: "thamada/nvidia-smi gls/RTX6000Ada_x8_*.py",
     },
     GpuPreset {

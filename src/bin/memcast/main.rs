@@ -4,6 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod presets;
+
 /// Estimate the GPU memory of a PyTorch training job from a CPU profiler trace.
 #[derive(Debug, Parser)]
 #[command(name = "memcast", version, about)]
@@ -13,9 +15,25 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// List the GPU presets (CUDA-visible bytes, context and cuBLAS workspace).
+    Presets {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {}
+    let result = match cli.command {
+        Command::Presets { json } => presets::run(json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
 }
