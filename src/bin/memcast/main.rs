@@ -1,5 +1,8 @@
 //! The `memcast` command line: a thin shell over the library.
 
+// The command line is the one place that prints (conventions, guideline 1).
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
