@@ -1,3 +1,6 @@
 //! The one integration-test binary. Each module covers one area; see its doc.
 
 mod common;
+
+// Allocator behaviour: the spec's worked vectors and property tests.
+mod simulator;
