@@ -1,13 +1,13 @@
 //! The `memcast` command line: a thin shell over the library.
 
-// The command line is the one place that prints (conventions, guideline 1).
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+mod analyze;
+mod estimate;
+mod presets;
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-mod presets;
 
 /// Estimate the GPU memory of a PyTorch training job from a CPU profiler trace.
 #[derive(Debug, Parser)]
@@ -19,6 +19,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Read a trace and show iterations, phases, blocks, parameters and layers.
+    Analyze(analyze::AnalyzeArgs),
+    /// Estimate the peak GPU memory of the profiled training job.
+    Estimate(estimate::Args),
     /// List the GPU presets (CUDA-visible bytes, context and cuBLAS workspace).
     Presets {
         /// Print JSON instead of a table.
@@ -27,16 +31,23 @@ enum Command {
     },
 }
 
+/// Writes command output; a closed pipe is not an error.
+pub(crate) fn write_stdout(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Presets { json } => presets::run(json),
+    let result = match &cli.command {
+        Command::Analyze(args) => analyze::run(args),
+        Command::Estimate(args) => estimate::run(args),
+        Command::Presets { json } => presets::run(*json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::from(2)
+            let _ = writeln!(std::io::stderr().lock(), "error: {err:#}");
+            ExitCode::FAILURE
         }
     }
 }
