@@ -1,11 +1,14 @@
 //! `memcast presets`: lists the GPU presets with their CUDA-visible bytes and
 //! the device overheads assumed for each.
 
+use std::fmt::Write as _;
+
 use memcast::presets::{DeviceOverheads, PRESETS};
 use memcast::Bytes;
 
 /// Prints the preset table, or the presets as JSON with `json`.
 pub fn run(json: bool) -> anyhow::Result<()> {
+    let mut out = String::new();
     if json {
         let rows: Vec<serde_json::Value> = PRESETS
             .iter()
@@ -25,16 +28,19 @@ pub fn run(json: bool) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&rows)?);
+        crate::write_stdout(&out);
         return Ok(());
     }
-    println!(
+    let _ = writeln!(
+        out,
         "{:<17} {:>10} {:>16}  {:<9} {:>4}  {:>11} {:>12}  name",
         "preset", "GiB", "bytes (CUDA)", "arch", "cc", "context MiB", "cuBLAS ws"
     );
     for preset in PRESETS {
         let overheads = DeviceOverheads::for_arch(preset.arch);
-        println!(
+        let _ = writeln!(
+            out,
             "{:<17} {:>10} {:>16}  {:<9} {:>4}  {:>11} {:>12}  {}",
             preset.slug,
             gib(preset.cuda_visible),
@@ -49,9 +55,10 @@ pub fn run(json: bool) -> anyhow::Result<()> {
             preset.name,
         );
     }
-    println!();
-    println!("Capacities are CUDA-visible bytes (torch total_memory); they vary with driver, ECC, OS and displays.");
-    println!("Any capacity can be given instead of a preset: --gpu 24GiB, --gpu 80000MiB, --gpu 12884377600.");
+    let _ = writeln!(out);
+    let _ = writeln!(out, "Capacities are CUDA-visible bytes (torch total_memory); they vary with driver, ECC, OS and displays.");
+    let _ = writeln!(out, "Any capacity can be given instead of a preset: --gpu 24GiB, --gpu 80000MiB, --gpu 12884377600.");
+    crate::write_stdout(&out);
     Ok(())
 }
 
