@@ -268,6 +268,7 @@ pub fn estimate(
         n_blocks: u32::try_from(schedule.blocks.len()).unwrap_or(u32::MAX),
         n_events: u32::try_from(schedule.events.len()).unwrap_or(u32::MAX),
         alloc_conf: config.alloc_conf.clone(),
+        rules: facts.rule_counts.clone(),
     };
     let input = ReportInput {
         schedule,

@@ -20,7 +20,7 @@ mod schedule;
 
 use serde::{Deserialize, Serialize};
 
-pub use rules::{Rule, RULES};
+pub use rules::{foreach_temporary_lists, Rule, RULES};
 pub use schedule::{
     BlockId, Category, EventKind, IterationSpan, Phase, Schedule, ScheduleEvent, ScheduledBlock,
 };
@@ -67,8 +67,15 @@ pub struct OrchestrationFacts {
     pub iterations_simulated: u32,
     /// Whether the `foreach` optimizer temporaries were modelled.
     pub foreach_modelled: bool,
-    /// How many blocks each rule dropped or added, by rule name.
-    pub rule_counts: Vec<(String, u32)>,
+    /// How many blocks each rule added, dropped or moved, in rule order.
+    pub rule_counts: Vec<RuleCount>,
+}
+
+/// How many blocks one rule added, dropped or moved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleCount {
+    pub rule: String,
+    pub blocks: u32,
 }
 
 /// The orchestrated schedule with its facts.

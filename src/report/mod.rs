@@ -66,6 +66,8 @@ pub struct RunSummary {
     pub n_events: u32,
     /// The `PYTORCH_CUDA_ALLOC_CONF` string simulated (empty for defaults).
     pub alloc_conf: String,
+    /// What each orchestration rule did.
+    pub rules: Vec<crate::orchestrator::RuleCount>,
 }
 
 /// When and where the peak happens.
