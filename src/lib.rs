@@ -16,6 +16,7 @@
 pub mod analyzer;
 pub mod diag;
 pub mod orchestrator;
+pub mod presets;
 pub mod protocol;
 pub mod report;
 pub mod simulator;
@@ -27,3 +28,352 @@ pub mod web;
 
 pub use diag::{Warned, Warning};
 pub use units::{Bytes, Nanos};
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use analyzer::{AnalyzeError, AnalyzerConfig};
+use orchestrator::{Category, EventKind, OrchestrateError, Orchestrated, OrchestratorConfig};
+use presets::{GpuTarget, PresetError};
+use report::{GpuRuns, MemSample, Report, ReportError, ReportInput, RunSummary, SimulatedRun};
+use simulator::{AllocatorConfig, ConfigError, Device, RuleVersion, SimOp};
+use trace::TraceError;
+
+/// Settings of a whole estimate. Build one with [`Config::standard`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub analyzer: AnalyzerConfig,
+    pub orchestrator: OrchestratorConfig,
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string; empty for PyTorch's defaults.
+    pub alloc_conf: String,
+    /// The GPU whose overheads the headline peak uses.
+    pub reference: GpuTarget,
+    /// The GPUs to give a verdict for, in this order.
+    pub gpus: Vec<GpuTarget>,
+    /// Points the report's timeline keeps at most.
+    pub max_timeline_points: usize,
+}
+
+impl Config {
+    /// The standard estimate: three iterations, the CUDA default optimizer
+    /// path, default allocator settings, the A100 80 GB as the reference and a
+    /// verdict for every preset.
+    pub fn standard() -> Config {
+        let gpus: Vec<GpuTarget> = presets::PRESETS
+            .iter()
+            .map(GpuTarget::from_preset)
+            .collect();
+        let reference = presets::find("a100-80gb")
+            .map(GpuTarget::from_preset)
+            .or_else(|| gpus.first().cloned())
+            .unwrap_or_else(|| GpuTarget {
+                name: "unlimited".to_owned(),
+                is_preset: false,
+                arch: None,
+                capacity: Bytes(u64::MAX),
+                overheads: presets::DeviceOverheads::for_unknown_arch(),
+            });
+        Config {
+            analyzer: AnalyzerConfig::standard(),
+            orchestrator: OrchestratorConfig::standard(),
+            alloc_conf: String::new(),
+            reference,
+            gpus,
+            max_timeline_points: report::DEFAULT_MAX_POINTS,
+        }
+    }
+
+    /// Sets the GPUs from `NAME|SIZE` strings; the first becomes the reference.
+    /// An empty list keeps the current GPUs.
+    pub fn with_gpus(mut self, specs: &[String]) -> Result<Config, Error> {
+        if specs.is_empty() {
+            return Ok(self);
+        }
+        let gpus = specs
+            .iter()
+            .map(|spec| presets::parse_gpu(spec))
+            .collect::<Result<Vec<GpuTarget>, PresetError>>()?;
+        if let Some(first) = gpus.first() {
+            self.reference = first.clone();
+        }
+        self.gpus = gpus;
+        Ok(self)
+    }
+}
+
+/// The pipeline step being worked on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    Parsing,
+    Analyzing,
+    Orchestrating,
+    Simulating,
+    Reporting,
+}
+
+/// Progress of a run: `done` out of `total` units of the current stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub stage: Stage,
+    pub done: u64,
+    pub total: u64,
+}
+
+/// Why an estimate failed; each stage's error, with its advice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error(transparent)]
+    Analyze(#[from] AnalyzeError),
+    #[error(transparent)]
+    Orchestrate(#[from] OrchestrateError),
+    #[error(transparent)]
+    AllocatorConfig(#[from] ConfigError),
+    #[error(transparent)]
+    Gpu(#[from] PresetError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+}
+
+/// A trace parsed, analyzed and orchestrated: everything up to the
+/// simulation. [`estimate`] runs the simulation and report from it, so a UI can
+/// change GPUs or allocator settings without reading the trace again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepared {
+    pub orchestrated: Orchestrated,
+    pub optimizer: Option<String>,
+    pub parameter_bytes: Bytes,
+    pub n_parameters: u32,
+    /// Warnings of the trace, analyzer and orchestrator stages.
+    pub warnings: Vec<Warning>,
+}
+
+/// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
+///
+/// ```no_run
+/// let bytes = std::fs::read("trace.json.gz").unwrap();
+/// let report = memcast::run(&bytes, &memcast::Config::standard(), &mut |_| {}).unwrap();
+/// println!("{}", report.value.peak.total_bytes.get());
+/// ```
+pub fn run(
+    bytes: &[u8],
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Warned<Report>, Error> {
+    let prepared = prepare(bytes, config, progress)?;
+    estimate(&prepared, config, progress)
+}
+
+/// Parses, analyzes and orchestrates a trace.
+pub fn prepare(
+    bytes: &[u8],
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Prepared, Error> {
+    let trace = trace::parse_with_progress(bytes, &mut |done, total| {
+        progress(Progress {
+            stage: Stage::Parsing,
+            done,
+            total,
+        });
+    })?;
+    let mut warnings = trace.warnings;
+    progress(Progress {
+        stage: Stage::Analyzing,
+        done: 0,
+        total: 1,
+    });
+    let analysis = analyzer::analyze(&trace.value, &config.analyzer)?;
+    warnings.extend(analysis.warnings);
+    let analysis = analysis.value;
+    progress(Progress {
+        stage: Stage::Orchestrating,
+        done: 0,
+        total: 1,
+    });
+    let orchestrated = orchestrator::orchestrate(&analysis, &config.orchestrator)?;
+    warnings.extend(orchestrated.warnings);
+    Ok(Prepared {
+        orchestrated: orchestrated.value,
+        optimizer: analysis.optimizer.class_name.clone(),
+        parameter_bytes: analysis.parameters.iter().map(|p| p.bytes).sum(),
+        n_parameters: u32::try_from(analysis.parameters.len()).unwrap_or(u32::MAX),
+        warnings,
+    })
+}
+
+/// Simulates a prepared schedule on the reference GPU (without a capacity
+/// limit) and on every GPU of `config` (at its capacity), and builds the report.
+pub fn estimate(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Warned<Report>, Error> {
+    let allocator = if config.alloc_conf.trim().is_empty() {
+        AllocatorConfig::pytorch_defaults()
+    } else {
+        AllocatorConfig::parse(&config.alloc_conf, RuleVersion::New)?
+    };
+    let schedule = &prepared.orchestrated.schedule;
+    let total = config.gpus.len() as u64 + 1;
+    let mut step = 0u64;
+    let mut tick = |progress: &mut dyn FnMut(Progress)| {
+        progress(Progress {
+            stage: Stage::Simulating,
+            done: step,
+            total,
+        });
+        step += 1;
+    };
+    // Unlimited runs depend only on the workspace size; share them.
+    let mut unlimited: BTreeMap<(Bytes, u32), SimulatedRun> = BTreeMap::new();
+    let mut unlimited_for = |target: &GpuTarget| {
+        let key = (
+            target.overheads.cublas_workspace_bytes,
+            target.overheads.cublas_workspaces,
+        );
+        unlimited
+            .entry(key)
+            .or_insert_with(|| {
+                simulate_schedule(schedule, target, &allocator, &Device::unlimited())
+            })
+            .clone()
+    };
+    tick(progress);
+    let reference_run = unlimited_for(&config.reference);
+    let mut runs: Vec<(SimulatedRun, SimulatedRun)> = Vec::with_capacity(config.gpus.len());
+    for target in &config.gpus {
+        tick(progress);
+        let device = Device::new(target.capacity, target.overheads.context_bytes);
+        let at_capacity = simulate_schedule(schedule, target, &allocator, &device);
+        runs.push((at_capacity, unlimited_for(target)));
+    }
+    progress(Progress {
+        stage: Stage::Reporting,
+        done: 0,
+        total: 1,
+    });
+    let facts = &prepared.orchestrated.facts;
+    let summary = RunSummary {
+        optimizer: prepared.optimizer.clone(),
+        foreach_modelled: facts.foreach_modelled,
+        iterations_captured: facts.iterations_captured,
+        iterations_simulated: facts.iterations_simulated,
+        parameter_bytes: prepared.parameter_bytes,
+        n_parameters: prepared.n_parameters,
+        n_blocks: u32::try_from(schedule.blocks.len()).unwrap_or(u32::MAX),
+        n_events: u32::try_from(schedule.events.len()).unwrap_or(u32::MAX),
+        alloc_conf: config.alloc_conf.clone(),
+        rules: facts.rule_counts.clone(),
+    };
+    let input = ReportInput {
+        schedule,
+        reference: &config.reference,
+        unlimited: &reference_run,
+        gpus: config
+            .gpus
+            .iter()
+            .zip(&runs)
+            .map(|(target, (at_capacity, unlimited))| GpuRuns {
+                target,
+                at_capacity,
+                unlimited,
+            })
+            .collect(),
+        summary,
+        warnings: prepared.warnings.clone(),
+        max_timeline_points: config.max_timeline_points,
+    };
+    let report = report::build(&input)?;
+    Ok(Warned {
+        warnings: report.warnings.clone(),
+        value: report,
+    })
+}
+
+/// Replays a schedule through the simulated allocator on one device, with
+/// the target's cuBLAS workspace size, and returns one sample per schedule
+/// event (fewer when the run ran out of memory).
+pub fn simulate_schedule(
+    schedule: &orchestrator::Schedule,
+    target: &GpuTarget,
+    allocator: &AllocatorConfig,
+    device: &Device,
+) -> SimulatedRun {
+    let workspace = target.overheads.cublas_workspace_bytes;
+    let mut workspaces_left = target.overheads.cublas_workspaces;
+    let mut skipped = vec![false; schedule.blocks.len()];
+    let mut ops: Vec<SimOp> = Vec::with_capacity(schedule.events.len());
+    // For each schedule event, the number of ops issued up to and including it.
+    let mut ops_through: Vec<usize> = Vec::with_capacity(schedule.events.len());
+    for event in &schedule.events {
+        let id = event.block.index();
+        match event.kind {
+            EventKind::Alloc => {
+                let size = match schedule.blocks.get(id) {
+                    Some(block) if block.category == Category::Workspace => {
+                        if workspaces_left > 0 {
+                            workspaces_left -= 1;
+                            workspace
+                        } else {
+                            Bytes::ZERO
+                        }
+                    }
+                    Some(block) => block.size,
+                    None => Bytes::ZERO,
+                };
+                if size == Bytes::ZERO {
+                    if let Some(slot) = skipped.get_mut(id) {
+                        *slot = true;
+                    }
+                } else {
+                    ops.push(SimOp::Alloc {
+                        block: id as u64,
+                        size,
+                        stream: 0,
+                    });
+                }
+            }
+            EventKind::Free => {
+                if !skipped.get(id).copied().unwrap_or(true) {
+                    ops.push(SimOp::Free { block: id as u64 });
+                }
+            }
+        }
+        ops_through.push(ops.len());
+    }
+    let simulation = simulator::simulate(&ops, allocator, device);
+    let op_samples: Vec<MemSample> = simulation
+        .after_event
+        .iter()
+        .map(|s| MemSample {
+            allocated: Bytes(s.allocated),
+            reserved: Bytes(s.reserved),
+        })
+        .collect();
+    let oom_op = simulation.oom.map(|oom| oom.event_index);
+    let mut samples = Vec::with_capacity(schedule.events.len());
+    let mut oom_at = None;
+    for (event_index, &through) in ops_through.iter().enumerate() {
+        if let Some(op) = oom_op {
+            if through > op {
+                oom_at = Some(event_index);
+                if let Some(sample) = op_samples.get(op) {
+                    samples.push(*sample);
+                }
+                break;
+            }
+        }
+        let sample = through
+            .checked_sub(1)
+            .and_then(|last| op_samples.get(last))
+            .copied()
+            .unwrap_or_default();
+        samples.push(sample);
+    }
+    SimulatedRun { samples, oom_at }
+}

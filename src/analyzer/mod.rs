@@ -1,7 +1,7 @@
 //! Stage 1 — **analyzer**: typed trace events → memory-block lifecycles with
 //! attribution (xMem §3.2, VeritasEst §III-A/B).
 //!
-//! Input: a parsed `Trace`. Output: an `Analysis` with every memory block
+//! Input: a parsed [`Trace`]. Output: an [`Analysis`] with every memory block
 //! (allocation paired with its free by address in time order, or persistent),
 //! the iterations and their phases (data loading, forward, zero_grad, backward,
 //! optimizer step), the innermost op and model layer of every block, and the
@@ -14,3 +14,453 @@
 //! - Attribution uses an interval index over the span tree, not a scan per block.
 //! - The running sum of block sizes reproduces the trace's `Total Allocated` at
 //!   every event.
+//! - All times in an [`Analysis`] are relative to [`Analysis::origin`].
+
+mod evidence;
+mod lifecycle;
+mod phases;
+mod spans;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::diag::{Warned, Warning};
+use crate::trace::{Device, NameId, Trace};
+use crate::units::{Bytes, Nanos};
+
+/// Settings of the analyzer. Build one with [`AnalyzerConfig::standard`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnalyzerConfig {
+    /// Op-name prefixes of CPU kernels whose operator-internal blocks are
+    /// scratch with no GPU counterpart (oneDNN/mkldnn reorders).
+    pub cpu_scratch_op_prefixes: Vec<String>,
+    /// Fail with [`AnalyzeError::NoPythonFrames`] when the trace has no
+    /// `python_function` events. When `false`, layers stay unknown and forward
+    /// and backward are found from ops alone (used for CUDA validation traces).
+    pub require_python_frames: bool,
+}
+
+impl AnalyzerConfig {
+    /// The settings for a CPU trace captured as the trace-format doc describes.
+    pub fn standard() -> AnalyzerConfig {
+        AnalyzerConfig {
+            cpu_scratch_op_prefixes: vec![
+                "aten::mkldnn_".to_owned(),
+                "aten::to_mkldnn".to_owned(),
+                "aten::_mkldnn".to_owned(),
+                "mkldnn::".to_owned(),
+            ],
+            require_python_frames: true,
+        }
+    }
+}
+
+/// The phase of a training iteration an instant falls in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Inside the DataLoader `__next__` annotation.
+    DataLoading,
+    /// Inside an `Optimizer.zero_grad#...` annotation.
+    ZeroGrad,
+    /// From the first top-level `nn.Module` call to the end of the last one
+    /// before backward (model and loss).
+    Forward,
+    /// The `backward` Python call, or the autograd-engine ops without frames.
+    Backward,
+    /// Inside an `Optimizer.step#...` annotation.
+    OptimizerStep,
+    /// Anywhere else (gaps, `loss.item()`, outside every iteration).
+    Other,
+}
+
+impl Phase {
+    /// Every phase, in display order.
+    pub const ALL: [Phase; 6] = [
+        Phase::DataLoading,
+        Phase::ZeroGrad,
+        Phase::Forward,
+        Phase::Backward,
+        Phase::OptimizerStep,
+        Phase::Other,
+    ];
+
+    /// A short lowercase label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::DataLoading => "data_loading",
+            Phase::ZeroGrad => "zero_grad",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::OptimizerStep => "optimizer_step",
+            Phase::Other => "other",
+        }
+    }
+}
+
+/// One phase interval of an iteration, `[start, end]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseSpan {
+    pub phase: Phase,
+    pub start: Nanos,
+    pub end: Nanos,
+}
+
+/// Where `zero_grad` sits in an iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ZeroGradPlacement {
+    /// Before the forward pass ("pos1"): old gradients are freed before forward.
+    #[serde(rename = "pos1")]
+    BeforeForward,
+    /// Between forward and backward ("pos0"): old gradients live through forward.
+    #[serde(rename = "pos0")]
+    BeforeBackward,
+    /// After backward, or no forward/backward was found to compare with.
+    #[serde(rename = "other")]
+    Elsewhere,
+}
+
+/// One training iteration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Iteration {
+    /// Position in [`Analysis::iterations`].
+    pub index: usize,
+    /// The `ProfilerStep#N` annotation name, or `None` when iterations were
+    /// inferred from the optimizer-step / backward pattern.
+    pub label: Option<String>,
+    pub start: Nanos,
+    pub end: Nanos,
+    /// Phase intervals in time order (only phases that were found).
+    pub phases: Vec<PhaseSpan>,
+    /// Where this iteration's `zero_grad` ran, if it had one.
+    pub zero_grad: Option<ZeroGradPlacement>,
+    /// Allocated bytes per phase (sum of allocation sizes, frees ignored).
+    pub allocated_by_phase: BTreeMap<Phase, Bytes>,
+    /// Allocation and free events inside the iteration.
+    pub n_allocs: usize,
+    pub n_frees: usize,
+    /// Highest running total (trace-relative, as reproduced from the blocks)
+    /// reached inside the iteration.
+    pub peak: Bytes,
+}
+
+/// What a block is, as far as the analyzer can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BlockRole {
+    /// The gradient of parameter `param` (an index into [`Analysis::parameters`]).
+    Gradient { param: usize },
+    /// Optimizer state: allocated in the first `Optimizer.step`, never freed.
+    OptimizerState,
+    /// An input batch tensor: allocated under the DataLoader `__next__` and
+    /// still live when it returns.
+    Batch,
+    /// Anything else: activations and temporaries (decided by later stages).
+    Other,
+}
+
+/// One memory block: an allocation and its free (if any).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Block {
+    /// Position in [`Analysis::blocks`] (allocation order).
+    pub id: usize,
+    pub addr: u64,
+    pub size: Bytes,
+    pub device: Device,
+    pub alloc_ts: Nanos,
+    /// `None`: never freed inside the trace (persistent).
+    pub free_ts: Option<Nanos>,
+    /// Index of the allocation in [`Analysis::events`].
+    pub alloc_event: usize,
+    /// Index of the free in [`Analysis::events`].
+    pub free_event: Option<usize>,
+    /// Innermost `cpu_op` running at allocation (index into [`Analysis::ops`]).
+    pub alloc_op: Option<usize>,
+    /// Its name (interned in [`Analysis::names`]).
+    pub alloc_op_name: Option<NameId>,
+    /// Innermost `cpu_op` running at the free.
+    pub free_op: Option<usize>,
+    pub free_op_name: Option<NameId>,
+    /// The `nn.Module` path at allocation, e.g. `ResNet_0/Sequential_0/BasicBlock_1/Conv2d_3`
+    /// (interned). In backward, the layer of the forward op linked to the
+    /// allocating autograd node.
+    pub layer: Option<NameId>,
+    pub alloc_iteration: Option<usize>,
+    pub alloc_phase: Phase,
+    pub free_iteration: Option<usize>,
+    pub free_phase: Option<Phase>,
+    /// Allocated and freed inside one operator call (xMem's filtering rule):
+    /// freed before an op that was running at allocation returned. Such
+    /// operator-internal temporaries do not outlive their operator.
+    pub op_internal: bool,
+    /// For an operator-internal block, the innermost op (index into
+    /// [`Analysis::ops`]) that contains both the allocation and the free.
+    /// Equal to `alloc_op` when the innermost op at allocation frees it itself.
+    pub internal_to: Option<usize>,
+    /// An operator-internal block of a CPU-only kernel (oneDNN/mkldnn), which
+    /// has no counterpart on a GPU.
+    pub cpu_scratch: bool,
+    pub role: BlockRole,
+}
+
+/// One `[memory]` event in time order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRecord {
+    pub ts: Nanos,
+    pub tid: i64,
+    pub addr: u64,
+    /// Signed size: positive allocation, negative free.
+    pub delta: i64,
+    /// `Total Allocated` as recorded in the trace.
+    pub total_allocated: Option<i64>,
+    pub device: Device,
+    /// The block this event allocates or frees; `None` for a free of memory
+    /// allocated before profiling started.
+    pub block: Option<usize>,
+    pub iteration: Option<usize>,
+    pub phase: Phase,
+}
+
+/// One `cpu_op` call, sorted by thread, start, longer first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpSpan {
+    pub name: NameId,
+    pub tid: i64,
+    pub start: Nanos,
+    pub end: Nanos,
+    /// The enclosing op on the same thread (by time containment).
+    pub parent: Option<usize>,
+    pub sequence_number: Option<i64>,
+    /// A backward op (autograd node or run by one, `Fwd thread id` > 0).
+    pub backward: bool,
+    /// For a backward op: the forward op that created its autograd node
+    /// (linked by `fwdbwd` flow or equal sequence number).
+    pub forward_op: Option<usize>,
+    /// The `nn.Module` path at the op's start (forward ops) or of its forward op.
+    pub layer: Option<NameId>,
+}
+
+/// One trainable parameter recovered from `AccumulateGrad` shapes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parameter {
+    /// Position in [`Analysis::parameters`]. Parameters are listed in the
+    /// reverse of the order in which the first iteration's backward ran their
+    /// `AccumulateGrad`; for a sequential model that is the order of
+    /// `model.parameters()` (an approximation for branching models).
+    pub index: usize,
+    pub shape: Vec<i64>,
+    pub numel: u64,
+    /// The dtype name recorded on `AccumulateGrad` (`"float"`, `"c10::Half"`, ...).
+    pub dtype: Option<String>,
+    pub bytes: Bytes,
+    /// The layer of the forward op whose backward produced its gradient.
+    pub layer: Option<NameId>,
+}
+
+/// Totals over [`Analysis::parameters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParameterTotals {
+    pub count: usize,
+    pub numel: u64,
+    pub bytes: Bytes,
+}
+
+/// What `zero_grad` does in this trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZeroGradFacts {
+    /// Number of `Optimizer.zero_grad` annotations.
+    pub n_calls: usize,
+    /// The placement of the calls (the most common one when they differ).
+    pub placement: Option<ZeroGradPlacement>,
+    /// `Some(true)` if a zero_grad freed blocks (set_to_none), `Some(false)` if
+    /// it ran `aten::zero_`, `None` if it did neither (no gradient existed yet).
+    pub set_to_none: Option<bool>,
+}
+
+/// What the optimizer does in this trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OptimizerFacts {
+    /// Class name from `Optimizer.step#<Class>.step`.
+    pub class_name: Option<String>,
+    /// Number of `Optimizer.step` annotations.
+    pub n_steps: usize,
+    /// Whether a step ran `aten::_foreach_*` ops (multi-tensor implementation).
+    pub uses_foreach: bool,
+    /// Whether the `step` Python frame comes from `torch/optim/` (`Some(false)`:
+    /// a custom optimizer; `None`: no frame found).
+    pub torch_optim: Option<bool>,
+    /// Blocks allocated in the first step and never freed.
+    pub n_state_blocks: usize,
+    pub state_bytes: Bytes,
+}
+
+/// Memory events per device, and whether the trace was recorded on CUDA.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSummary {
+    pub events_by_device: BTreeMap<Device, usize>,
+    /// CUDA memory events, GPU-side events or GPU device properties were seen.
+    pub recorded_on_cuda: bool,
+}
+
+/// Bytes of live blocks attributed to one layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerBytes {
+    /// `None`: blocks with no layer (outside every `nn.Module`).
+    pub layer: Option<NameId>,
+    pub bytes: Bytes,
+    pub n_blocks: usize,
+}
+
+/// The highest running total of the trace's own allocations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peak {
+    pub bytes: Bytes,
+    /// The event right after which the peak is reached.
+    pub event: usize,
+    pub ts: Nanos,
+}
+
+/// Everything the analyzer found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Analysis {
+    /// The raw trace time that is time 0 here (the earliest kept event).
+    pub origin: Nanos,
+    /// Interned names: op names, layer paths. [`NameId`] indexes here.
+    pub names: Vec<String>,
+    /// `[memory]` events in time order (ties in file order).
+    pub events: Vec<MemoryRecord>,
+    /// Blocks in allocation order.
+    pub blocks: Vec<Block>,
+    /// Indices of events that free memory allocated before profiling started.
+    pub unmatched_frees: Vec<usize>,
+    pub ops: Vec<OpSpan>,
+    pub iterations: Vec<Iteration>,
+    pub parameters: Vec<Parameter>,
+    pub parameter_totals: ParameterTotals,
+    pub zero_grad: ZeroGradFacts,
+    pub optimizer: OptimizerFacts,
+    pub devices: DeviceSummary,
+    pub peak: Peak,
+    /// Live bytes per layer at [`Analysis::peak`], largest first (ties by name).
+    pub layers_at_peak: Vec<LayerBytes>,
+}
+
+impl Analysis {
+    /// The name behind an id (empty for an unknown id).
+    pub fn name(&self, id: NameId) -> &str {
+        self.names.get(id.index()).map_or("", String::as_str)
+    }
+
+    /// Blocks never freed inside the trace.
+    pub fn persistent_blocks(&self) -> impl Iterator<Item = &Block> {
+        self.blocks.iter().filter(|b| b.free_ts.is_none())
+    }
+
+    /// Allocated bytes per phase over all iterations.
+    pub fn allocated_by_phase(&self) -> BTreeMap<Phase, Bytes> {
+        let mut out = BTreeMap::new();
+        for block in &self.blocks {
+            *out.entry(block.alloc_phase).or_insert(Bytes::ZERO) += block.size;
+        }
+        out
+    }
+}
+
+/// Why a trace could not be analyzed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnalyzeError {
+    #[error("the trace has no [memory] events: profile with torch.profiler.profile(profile_memory=True) and export again")]
+    NoMemoryEvents,
+    #[error("the trace has no python_function events, so layers and the forward/backward split cannot be found: profile with torch.profiler.profile(with_stack=True) and export again")]
+    NoPythonFrames,
+}
+
+/// Analyzes a parsed trace.
+pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis>, AnalyzeError> {
+    if trace.memory.is_empty() {
+        return Err(AnalyzeError::NoMemoryEvents);
+    }
+    if config.require_python_frames && trace.python.is_empty() {
+        return Err(AnalyzeError::NoPythonFrames);
+    }
+    let mut warnings: Vec<Warning> = Vec::new();
+    let mut names = Names::from_trace(trace);
+    let origin = origin_of(trace);
+
+    let index = spans::SpanIndex::build(trace, origin, &mut names, &mut warnings);
+    let mut life = lifecycle::pair_blocks(trace, origin, &mut warnings);
+    let trace_end = trace_end_of(&life, &index);
+    let iterations = phases::find_iterations(&index, trace_end, &names, &mut warnings);
+    evidence::attribute(&mut life, &index, &iterations, config, &names);
+    let found = evidence::evidence(trace, &mut life, &index, &iterations, &names, &mut warnings);
+
+    let analysis = evidence::assemble(trace, life, index, iterations, found, names);
+    Ok(Warned {
+        value: analysis,
+        warnings,
+    })
+}
+
+/// The earliest time of any kept event: time 0 of the analysis.
+fn origin_of(trace: &Trace) -> Nanos {
+    let starts = trace
+        .memory
+        .iter()
+        .map(|m| m.ts)
+        .chain(trace.ops.iter().map(|o| o.start))
+        .chain(trace.annotations.iter().map(|a| a.start))
+        .chain(trace.python.iter().map(|p| p.start));
+    starts.min().unwrap_or(Nanos::ZERO)
+}
+
+/// The latest time of any kept event, relative to the origin.
+fn trace_end_of(life: &lifecycle::Life, index: &spans::SpanIndex) -> Nanos {
+    let ends = life
+        .events
+        .iter()
+        .map(|e| e.ts)
+        .chain(index.ops.spans.iter().map(|o| o.end))
+        .chain(index.frames.spans.iter().map(|f| f.end))
+        .chain(index.annotations.iter().map(|a| a.end));
+    ends.max().unwrap_or(Nanos::ZERO)
+}
+
+/// The name table of an analysis: the trace's names plus layer paths.
+pub(crate) struct Names {
+    names: Vec<String>,
+    lookup: std::collections::HashMap<String, NameId>,
+}
+
+impl Names {
+    fn from_trace(trace: &Trace) -> Names {
+        let mut lookup = std::collections::HashMap::with_capacity(trace.names.len());
+        for (i, name) in trace.names.iter().enumerate() {
+            lookup
+                .entry(name.clone())
+                .or_insert(NameId(u32::try_from(i).unwrap_or(u32::MAX)));
+        }
+        Names {
+            names: trace.names.clone(),
+            lookup,
+        }
+    }
+
+    fn intern(&mut self, name: &str) -> NameId {
+        if let Some(&id) = self.lookup.get(name) {
+            return id;
+        }
+        let id = NameId(u32::try_from(self.names.len()).unwrap_or(u32::MAX));
+        self.names.push(name.to_owned());
+        self.lookup.insert(name.to_owned(), id);
+        id
+    }
+
+    fn into_names(self) -> Vec<String> {
+        self.names
+    }
+
+    fn get(&self, id: NameId) -> &str {
+        self.names.get(id.index()).map_or("", String::as_str)
+    }
+}

@@ -5,11 +5,114 @@
 //! allocations and frees for the simulator, each tagged with its category
 //! (parameter, gradient, optimizer state, activation, batch, temporary) and layer.
 //!
-//! Every adjustment is a named, documented rule: parameters (absent from the
-//! trace, inferred and allocated first), batch hand-over, CPU-only kernel scratch
-//! dropped, gradients live until the `zero_grad` that frees them, optimizer state
-//! persistent from the first step (or added by calculation when built before
-//! profiling), the CUDA `foreach` optimizer path, several iterations.
+//! Every adjustment is a named, documented rule (see [`rules`]): parameters
+//! (absent from the trace, inferred and allocated first), batch hand-over,
+//! CPU-only kernel scratch dropped, gradients live until the `zero_grad` that
+//! frees them, optimizer state persistent from the first step (or added by
+//! calculation when built before profiling), the CUDA `foreach` optimizer path,
+//! several iterations.
 //!
 //! Invariants: pure and deterministic; every block of the schedule is freed at
 //! most once and never before it is allocated.
+
+pub mod rules;
+mod schedule;
+
+use serde::{Deserialize, Serialize};
+
+pub use rules::{foreach_temporary_lists, Rule, RULES};
+pub use schedule::{
+    BlockId, Category, EventKind, IterationSpan, Phase, Schedule, ScheduleEvent, ScheduledBlock,
+};
+
+use crate::analyzer::Analysis;
+use crate::diag::{Warned, Warning};
+
+/// Which optimizer implementation the simulated CUDA run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerPath {
+    /// What PyTorch picks on CUDA: `torch.optim` optimizers left at their
+    /// default use the multi-tensor (`foreach`) path; its temporaries are
+    /// modelled in place of the captured per-tensor ones.
+    CudaDefault,
+    /// Keep the optimizer step exactly as captured.
+    Captured,
+}
+
+/// Settings of the orchestrator. Build one with [`OrchestratorConfig::standard`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrchestratorConfig {
+    /// Training iterations to simulate; the last captured steady-state
+    /// iteration is repeated when more are asked for than were captured.
+    pub iterations: u32,
+    pub optimizer_path: OptimizerPath,
+}
+
+impl OrchestratorConfig {
+    /// Three iterations (so stateful optimizers reach steady state) and the
+    /// CUDA default optimizer path.
+    pub fn standard() -> OrchestratorConfig {
+        OrchestratorConfig {
+            iterations: 3,
+            optimizer_path: OptimizerPath::CudaDefault,
+        }
+    }
+}
+
+/// Facts the orchestrator established, repeated in the report.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OrchestrationFacts {
+    pub iterations_captured: u32,
+    pub iterations_simulated: u32,
+    /// Whether the `foreach` optimizer temporaries were modelled.
+    pub foreach_modelled: bool,
+    /// How many blocks each rule added, dropped or moved, in rule order.
+    pub rule_counts: Vec<RuleCount>,
+}
+
+/// How many blocks one rule added, dropped or moved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleCount {
+    pub rule: String,
+    pub blocks: u32,
+}
+
+/// The orchestrated schedule with its facts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orchestrated {
+    pub schedule: Schedule,
+    pub facts: OrchestrationFacts,
+}
+
+/// Why orchestration failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OrchestrateError {
+    #[error("the trace has no memory blocks to orchestrate: profile at least one training iteration with profile_memory=True")]
+    NoBlocks,
+    #[error("at least one iteration must be simulated: pass --iterations 1 or more, got {0:?}")]
+    NoIterations(u32),
+    #[error("the orchestrated schedule is inconsistent, which is a bug in memcast: please report it with the trace, details {0:?}")]
+    Inconsistent(String),
+}
+
+/// Turns the analyzer's CPU lifetimes into a CUDA allocation sequence.
+pub fn orchestrate(
+    analysis: &Analysis,
+    config: &OrchestratorConfig,
+) -> Result<Warned<Orchestrated>, OrchestrateError> {
+    if config.iterations == 0 {
+        return Err(OrchestrateError::NoIterations(config.iterations));
+    }
+    if analysis.blocks.is_empty() {
+        return Err(OrchestrateError::NoBlocks);
+    }
+    let mut warnings: Vec<Warning> = Vec::new();
+    let (schedule, facts) = rules::apply_all(analysis, config, &mut warnings);
+    schedule.check().map_err(OrchestrateError::Inconsistent)?;
+    Ok(Warned {
+        value: Orchestrated { schedule, facts },
+        warnings,
+    })
+}

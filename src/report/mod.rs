@@ -1,11 +1,582 @@
 //! Stage 4 — **report**: the simulation and analysis → the plain-data `Report`
 //! that the CLI prints, the worker posts and the snapshot tests compare.
 //!
-//! Input: the analysis, the orchestrated schedule and one simulation per GPU
-//! preset. Output: peak reserved, allocated and total (with device overheads),
-//! when and where the peak happens, a downsampled timeline that keeps every
-//! local maximum, the breakdown at the peak by category and layer, the verdict
-//! per preset, and the warnings.
+//! Input: the orchestrated schedule, the simulation without a capacity limit
+//! (the estimate) and one simulation per GPU at its capacity (the verdicts).
+//! Output: peak reserved, allocated and total (with device overheads), when
+//! and where the peak happens, a downsampled timeline that keeps every local
+//! maximum, the breakdown at the peak by category and layer, the verdict per
+//! GPU, and the warnings.
 //!
 //! Invariants: plain serde data with deterministic field and element order; the
 //! breakdown categories sum exactly to the peak total.
+
+mod timeline;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use timeline::{downsample, TimelinePoint, DEFAULT_MAX_POINTS};
+
+use crate::diag::Warning;
+use crate::orchestrator::{BlockId, Category, EventKind, Phase, Schedule};
+use crate::presets::GpuTarget;
+use crate::units::{Bytes, Nanos};
+
+/// The version tag of the JSON report.
+pub const SCHEMA: &str = "memcast.estimate/1";
+
+/// How many layers the report lists at the peak.
+pub const TOP_LAYERS: usize = 10;
+
+/// Allocator statistics right after one schedule event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct MemSample {
+    pub allocated: Bytes,
+    pub reserved: Bytes,
+}
+
+/// One simulation of the schedule, reduced to what the report needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SimulatedRun {
+    /// Statistics after each schedule event, one per event. Shorter than the
+    /// schedule when the run stopped at an out-of-memory error.
+    pub samples: Vec<MemSample>,
+    /// The event index at which the allocator ran out of memory (after
+    /// releasing its cache and retrying), if it did.
+    pub oom_at: Option<usize>,
+}
+
+/// Facts about the run that the report repeats for the reader.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The optimizer class seen in the trace, e.g. `Adam`.
+    pub optimizer: Option<String>,
+    /// Whether the CUDA `foreach` optimizer path was modelled in place of the
+    /// captured per-tensor step.
+    pub foreach_modelled: bool,
+    pub iterations_captured: u32,
+    pub iterations_simulated: u32,
+    /// Parameter bytes inferred from the trace.
+    pub parameter_bytes: Bytes,
+    pub n_parameters: u32,
+    /// Blocks and events in the orchestrated schedule.
+    pub n_blocks: u32,
+    pub n_events: u32,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string simulated (empty for defaults).
+    pub alloc_conf: String,
+    /// What each orchestration rule did.
+    pub rules: Vec<crate::orchestrator::RuleCount>,
+}
+
+/// When and where the peak happens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeakPlace {
+    /// Index of the schedule event at which reserved memory first reaches its peak.
+    pub event_index: u32,
+    pub time_ns: Nanos,
+    /// The simulated iteration (0-based), `None` during setup.
+    pub iteration: Option<u32>,
+    pub phase: Phase,
+    pub op: Option<String>,
+    pub layer: Option<String>,
+}
+
+/// Peak memory of the run without a capacity limit, on the reference GPU's
+/// overheads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peak {
+    /// Highest reserved memory (segments held by the caching allocator).
+    pub reserved_bytes: Bytes,
+    /// Highest allocated memory (live blocks, rounded sizes); may happen at
+    /// another moment than the reserved peak.
+    pub allocated_bytes: Bytes,
+    /// Highest reserved memory plus the CUDA context: what the process needs.
+    pub total_bytes: Bytes,
+    /// The CUDA context included in `total_bytes`.
+    pub context_bytes: Bytes,
+    pub at: PeakPlace,
+}
+
+/// Bytes by category at the peak; the fields sum exactly to
+/// [`Peak::total_bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Breakdown {
+    pub parameters: Bytes,
+    pub buffers: Bytes,
+    pub gradients: Bytes,
+    pub optimizer_state: Bytes,
+    pub activations: Bytes,
+    pub batch: Bytes,
+    pub temporaries: Bytes,
+    /// Reserved but not requested: cached free blocks, block rounding and
+    /// segment fragmentation.
+    pub cached: Bytes,
+    /// CUDA context plus cuBLAS workspaces.
+    pub overheads: Bytes,
+}
+
+impl Breakdown {
+    /// The sum of every category.
+    pub fn total(&self) -> Bytes {
+        self.parameters
+            + self.buffers
+            + self.gradients
+            + self.optimizer_state
+            + self.activations
+            + self.batch
+            + self.temporaries
+            + self.cached
+            + self.overheads
+    }
+
+    fn add(&mut self, category: Category, size: Bytes) {
+        let slot = match category {
+            Category::Parameter => &mut self.parameters,
+            Category::Buffer => &mut self.buffers,
+            Category::Gradient => &mut self.gradients,
+            Category::OptimizerState => &mut self.optimizer_state,
+            Category::Activation => &mut self.activations,
+            Category::Batch => &mut self.batch,
+            Category::Temporary => &mut self.temporaries,
+            Category::Workspace => &mut self.overheads,
+        };
+        *slot += size;
+    }
+}
+
+/// Live bytes of one layer at the peak.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerBytes {
+    pub layer: String,
+    pub bytes: Bytes,
+}
+
+/// The verdict for one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuVerdict {
+    /// The preset slug, or the capacity as given.
+    pub preset: String,
+    pub capacity_bytes: Bytes,
+    /// Whether the run completes at this capacity (the simulated allocator
+    /// releases its cache and retries before it gives up).
+    pub fits: bool,
+    /// Peak reserved plus context in the capacity-limited simulation (up to the
+    /// failure when it does not fit).
+    pub peak_total_bytes: Bytes,
+    /// Capacity left at the peak, when it fits.
+    pub headroom_bytes: Option<Bytes>,
+    /// How much more the run needs (unlimited peak total minus capacity), when
+    /// it does not fit.
+    pub shortfall_bytes: Option<Bytes>,
+    pub context_bytes: Bytes,
+    pub cublas_workspace_bytes: Bytes,
+}
+
+/// The estimate: one plain-data value for the CLI, the worker and the tests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// Always [`SCHEMA`].
+    pub schema: String,
+    /// The GPU whose overheads the headline peak uses.
+    pub reference_gpu: String,
+    pub summary: RunSummary,
+    pub peak: Peak,
+    pub breakdown_at_peak: Breakdown,
+    pub top_layers: Vec<LayerBytes>,
+    /// Allocated and reserved over the schedule's time, downsampled.
+    pub timeline: Vec<TimelinePoint>,
+    pub gpus: Vec<GpuVerdict>,
+    pub warnings: Vec<Warning>,
+}
+
+/// One GPU's simulations: at its capacity, and without a limit (needed for the
+/// shortfall when it does not fit).
+#[derive(Debug, Clone, Copy)]
+pub struct GpuRuns<'a> {
+    pub target: &'a GpuTarget,
+    pub at_capacity: &'a SimulatedRun,
+    pub unlimited: &'a SimulatedRun,
+}
+
+/// Everything [`build`] reads.
+#[derive(Debug, Clone)]
+pub struct ReportInput<'a> {
+    pub schedule: &'a Schedule,
+    /// The GPU whose overheads the headline uses.
+    pub reference: &'a GpuTarget,
+    /// The reference simulation without a capacity limit.
+    pub unlimited: &'a SimulatedRun,
+    pub gpus: Vec<GpuRuns<'a>>,
+    pub summary: RunSummary,
+    pub warnings: Vec<Warning>,
+    /// Points the timeline keeps at most.
+    pub max_timeline_points: usize,
+}
+
+/// Errors building a report.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReportError {
+    #[error("the trace has no memory events to report on: profile with profile_memory=True and run at least one training step inside the profiler")]
+    Empty,
+    #[error("the simulation does not match the schedule: this is a bug in memcast, please report it with the trace, samples vs events {0:?}")]
+    Mismatch((usize, usize)),
+}
+
+/// Builds the report.
+pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
+    let schedule = input.schedule;
+    let samples = &input.unlimited.samples;
+    if schedule.events.is_empty() {
+        return Err(ReportError::Empty);
+    }
+    if samples.len() != schedule.events.len() {
+        return Err(ReportError::Mismatch((
+            samples.len(),
+            schedule.events.len(),
+        )));
+    }
+    let overheads = input.reference.overheads;
+    let (peak_index, peak_reserved) = first_max(samples.iter().map(|s| s.reserved));
+    let peak_allocated = samples
+        .iter()
+        .map(|s| s.allocated)
+        .max()
+        .unwrap_or(Bytes::ZERO);
+    let total = peak_reserved + overheads.context_bytes;
+
+    let live = live_after(schedule, peak_index, overheads.cublas_workspace_bytes);
+    let mut breakdown = Breakdown::default();
+    let mut layers: BTreeMap<&str, Bytes> = BTreeMap::new();
+    let mut requested = Bytes::ZERO;
+    for &(id, size) in &live {
+        let Some(block) = schedule.block(id) else {
+            continue;
+        };
+        breakdown.add(block.category, size);
+        requested += size;
+        if let Some(layer) = block.layer.as_deref() {
+            *layers.entry(layer).or_default() += size;
+        }
+    }
+    breakdown.cached = peak_reserved.saturating_sub(requested);
+    breakdown.overheads += overheads.context_bytes;
+    // Requested bytes never exceed reserved bytes in a correct simulation; if
+    // they did, the categories would over-count and the sum would be off.
+    debug_assert!(
+        requested <= peak_reserved,
+        "live requested bytes exceed reserved bytes at the peak"
+    );
+
+    let mut top_layers: Vec<LayerBytes> = layers
+        .into_iter()
+        .map(|(layer, bytes)| LayerBytes {
+            layer: layer.to_owned(),
+            bytes,
+        })
+        .collect();
+    top_layers.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.layer.cmp(&b.layer)));
+    top_layers.truncate(TOP_LAYERS);
+
+    let at = place(schedule, peak_index);
+    let points: Vec<TimelinePoint> = schedule
+        .events
+        .iter()
+        .zip(samples)
+        .map(|(event, sample)| TimelinePoint {
+            time_ns: event.time,
+            allocated_bytes: sample.allocated,
+            reserved_bytes: sample.reserved,
+        })
+        .collect();
+
+    let gpus = input.gpus.iter().map(verdict).collect();
+    Ok(Report {
+        schema: SCHEMA.to_owned(),
+        reference_gpu: input.reference.name.clone(),
+        summary: input.summary.clone(),
+        peak: Peak {
+            reserved_bytes: peak_reserved,
+            allocated_bytes: peak_allocated,
+            total_bytes: total,
+            context_bytes: overheads.context_bytes,
+            at,
+        },
+        breakdown_at_peak: breakdown,
+        top_layers,
+        timeline: downsample(&points, input.max_timeline_points),
+        gpus,
+        warnings: input.warnings.clone(),
+    })
+}
+
+/// The index and value of the first maximum (0 and zero when empty).
+fn first_max(values: impl Iterator<Item = Bytes>) -> (usize, Bytes) {
+    let mut best = (0, Bytes::ZERO);
+    for (index, value) in values.enumerate() {
+        if index == 0 || value > best.1 {
+            best = (index, value);
+        }
+    }
+    best
+}
+
+/// The blocks live right after event `index`, with their sizes (workspace
+/// blocks at `workspace` bytes), in allocation order.
+fn live_after(schedule: &Schedule, index: usize, workspace: Bytes) -> Vec<(BlockId, Bytes)> {
+    let mut live: BTreeMap<BlockId, (usize, Bytes)> = BTreeMap::new();
+    for (position, event) in schedule.events.iter().take(index + 1).enumerate() {
+        match event.kind {
+            EventKind::Alloc => {
+                let size = match schedule.block(event.block) {
+                    Some(block) if block.category == Category::Workspace => workspace,
+                    Some(block) => block.size,
+                    None => Bytes::ZERO,
+                };
+                live.insert(event.block, (position, size));
+            }
+            EventKind::Free => {
+                live.remove(&event.block);
+            }
+        }
+    }
+    let mut ordered: Vec<(usize, BlockId, Bytes)> = live
+        .into_iter()
+        .map(|(id, (position, size))| (position, id, size))
+        .collect();
+    ordered.sort_unstable();
+    ordered
+        .into_iter()
+        .map(|(_, id, size)| (id, size))
+        .collect()
+}
+
+/// Where event `index` happens.
+fn place(schedule: &Schedule, index: usize) -> PeakPlace {
+    let event = schedule.events.get(index);
+    let time = event.map_or(Nanos::ZERO, |e| e.time);
+    let block = event.and_then(|e| schedule.block(e.block));
+    let iteration = schedule
+        .iterations
+        .iter()
+        .find(|span| span.start <= time && time <= span.end)
+        .map(|span| span.index)
+        .or_else(|| block.and_then(|b| b.iteration));
+    PeakPlace {
+        event_index: u32::try_from(index).unwrap_or(u32::MAX),
+        time_ns: time,
+        iteration,
+        phase: block.map_or(Phase::Other, |b| b.phase),
+        op: block.and_then(|b| b.op.clone()),
+        layer: block.and_then(|b| b.layer.clone()),
+    }
+}
+
+fn verdict(runs: &GpuRuns<'_>) -> GpuVerdict {
+    let overheads = runs.target.overheads;
+    let capacity = runs.target.capacity;
+    let reserved = |run: &SimulatedRun| {
+        run.samples
+            .iter()
+            .map(|s| s.reserved)
+            .max()
+            .unwrap_or(Bytes::ZERO)
+    };
+    let peak_total = reserved(runs.at_capacity) + overheads.context_bytes;
+    let fits = runs.at_capacity.oom_at.is_none() && peak_total <= capacity;
+    let needed = reserved(runs.unlimited) + overheads.context_bytes;
+    GpuVerdict {
+        preset: runs.target.name.clone(),
+        capacity_bytes: capacity,
+        fits,
+        peak_total_bytes: peak_total,
+        headroom_bytes: fits.then(|| capacity.saturating_sub(peak_total)),
+        shortfall_bytes: (!fits).then(|| needed.saturating_sub(capacity)),
+        context_bytes: overheads.context_bytes,
+        cublas_workspace_bytes: overheads.cublas_workspace_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::{IterationSpan, ScheduleEvent, ScheduledBlock};
+    use crate::presets::parse_gpu;
+
+    fn block(size: u64, category: Category, layer: &str) -> ScheduledBlock {
+        ScheduledBlock {
+            size: Bytes(size),
+            category,
+            iteration: Some(0),
+            phase: Phase::Forward,
+            op: Some("aten::op".into()),
+            layer: (!layer.is_empty()).then(|| layer.to_owned()),
+        }
+    }
+
+    fn event(time: i64, kind: EventKind, block: u32) -> ScheduleEvent {
+        ScheduleEvent {
+            time: Nanos(time),
+            kind,
+            block: BlockId(block),
+        }
+    }
+
+    fn sample(allocated: u64, reserved: u64) -> MemSample {
+        MemSample {
+            allocated: Bytes(allocated),
+            reserved: Bytes(reserved),
+        }
+    }
+
+    fn schedule() -> Schedule {
+        Schedule {
+            blocks: vec![
+                block(1000, Category::Parameter, ""),
+                block(0, Category::Workspace, ""),
+                block(3000, Category::Activation, "layer1"),
+                block(500, Category::Temporary, "layer2"),
+            ],
+            events: vec![
+                event(0, EventKind::Alloc, 0),
+                event(1, EventKind::Alloc, 1),
+                event(2, EventKind::Alloc, 2),
+                event(3, EventKind::Alloc, 3),
+                event(4, EventKind::Free, 3),
+                event(5, EventKind::Free, 2),
+            ],
+            iterations: vec![IterationSpan {
+                index: 0,
+                source: 0,
+                start: Nanos(0),
+                end: Nanos(5),
+            }],
+        }
+    }
+
+    #[test]
+    fn breakdown_sums_to_the_peak_total_and_names_the_place() {
+        let schedule = schedule();
+        schedule.check().unwrap();
+        let gpu = parse_gpu("a100-80gb").unwrap();
+        let ws = gpu.overheads.cublas_workspace_bytes.get();
+        let reserved = 2 * Bytes::MIB + 20 * Bytes::MIB;
+        let run = SimulatedRun {
+            samples: vec![
+                sample(1024, 2 * Bytes::MIB),
+                sample(1024 + ws, 2 * Bytes::MIB + 20 * Bytes::MIB),
+                sample(1024 + ws + 3072, reserved),
+                sample(1024 + ws + 3584, reserved),
+                sample(1024 + ws + 3072, reserved),
+                sample(1024 + ws, reserved),
+            ],
+            oom_at: None,
+        };
+        let report = build(&ReportInput {
+            schedule: &schedule,
+            reference: &gpu,
+            unlimited: &run,
+            gpus: vec![GpuRuns {
+                target: &gpu,
+                at_capacity: &run,
+                unlimited: &run,
+            }],
+            summary: RunSummary::default(),
+            warnings: vec![],
+            max_timeline_points: DEFAULT_MAX_POINTS,
+        })
+        .unwrap();
+        assert_eq!(report.schema, SCHEMA);
+        assert_eq!(report.peak.reserved_bytes, Bytes(reserved));
+        assert_eq!(report.peak.allocated_bytes, Bytes(1024 + ws + 3584));
+        assert_eq!(
+            report.peak.total_bytes,
+            Bytes(reserved) + gpu.overheads.context_bytes
+        );
+        // Reserved first peaks at event 1 (the workspace segment).
+        assert_eq!(report.peak.at.event_index, 1);
+        assert_eq!(report.breakdown_at_peak.total(), report.peak.total_bytes);
+        assert_eq!(report.breakdown_at_peak.parameters, Bytes(1000));
+        assert_eq!(
+            report.breakdown_at_peak.overheads,
+            Bytes(ws) + gpu.overheads.context_bytes
+        );
+        assert_eq!(report.breakdown_at_peak.activations, Bytes::ZERO);
+        assert_eq!(report.timeline.len(), 6);
+        let verdict = &report.gpus[0];
+        assert!(verdict.fits);
+        assert_eq!(
+            verdict.headroom_bytes,
+            Some(gpu.capacity.saturating_sub(report.peak.total_bytes))
+        );
+        assert_eq!(verdict.shortfall_bytes, None);
+    }
+
+    #[test]
+    fn an_out_of_memory_run_reports_the_shortfall() {
+        let gpu = parse_gpu("1GiB").unwrap();
+        let unlimited = SimulatedRun {
+            samples: vec![sample(0, 2 * Bytes::GIB); 6],
+            oom_at: None,
+        };
+        let failed = SimulatedRun {
+            samples: vec![sample(0, 512 * Bytes::MIB)],
+            oom_at: Some(1),
+        };
+        let runs = GpuRuns {
+            target: &gpu,
+            at_capacity: &failed,
+            unlimited: &unlimited,
+        };
+        let verdict = verdict(&runs);
+        assert!(!verdict.fits);
+        assert_eq!(verdict.headroom_bytes, None);
+        assert_eq!(
+            verdict.shortfall_bytes,
+            Some(
+                (Bytes(2 * Bytes::GIB) + gpu.overheads.context_bytes)
+                    .saturating_sub(Bytes(Bytes::GIB))
+            )
+        );
+    }
+
+    #[test]
+    fn mismatched_or_empty_input_is_an_error() {
+        let gpu = parse_gpu("t4").unwrap();
+        let empty = Schedule::default();
+        let run = SimulatedRun::default();
+        let input = ReportInput {
+            schedule: &empty,
+            reference: &gpu,
+            unlimited: &run,
+            gpus: vec![],
+            summary: RunSummary::default(),
+            warnings: vec![],
+            max_timeline_points: 10,
+        };
+        assert_eq!(build(&input), Err(ReportError::Empty));
+        let schedule = schedule();
+        let input = ReportInput {
+            schedule: &schedule,
+            ..input
+        };
+        assert_eq!(build(&input), Err(ReportError::Mismatch((0, 6))));
+    }
+
+    #[test]
+    fn live_blocks_at_an_event_come_in_allocation_order() {
+        let schedule = schedule();
+        let live = live_after(&schedule, 3, Bytes(7));
+        assert_eq!(
+            live,
+            vec![
+                (BlockId(0), Bytes(1000)),
+                (BlockId(1), Bytes(7)),
+                (BlockId(2), Bytes(3000)),
+                (BlockId(3), Bytes(500)),
+            ]
+        );
+    }
+}

@@ -1,14 +1,304 @@
 //! Stage 3 — **simulator**: a two-level model of PyTorch's CUDA caching
 //! allocator (xMem §3.4; rules in `shared/docs/allocator.md`).
 //!
-//! Input: a schedule of allocations and frees plus an allocator configuration
-//! (parsed from a `PYTORCH_CUDA_ALLOC_CONF`-style string) and a device (capacity,
-//! non-allocator overhead). Output: statistics after every event (allocated,
-//! reserved, active, segments, largest free block), their peaks, and an OOM
-//! record if the device ran out after releasing cached segments and retrying.
+//! Input: a schedule of [`SimOp`]s (allocations with caller-chosen ids and
+//! requested sizes, frees, `empty_cache`), an [`AllocatorConfig`] (parsed from
+//! a `PYTORCH_CUDA_ALLOC_CONF`-style string with [`AllocatorConfig::parse`],
+//! for a [`RuleVersion`]) and a [`Device`] (capacity, non-allocator overhead,
+//! optional memory-fraction limit). Output: a [`Simulation`] with allocated and
+//! reserved bytes after every event, the peak and final [`Stats`] (allocated,
+//! reserved, active, segments, largest free block, fragmentation, counters),
+//! and an [`OomRecord`] if the device ran out after releasing cached segments
+//! and retrying — the simulation stops at the first one.
+//!
+//! For incremental use (the replay, what-if tools) drive a
+//! [`CachingAllocator`] directly: `malloc`/`free`/`empty_cache`/`stats`, block
+//! addresses, segment views and the device-level [`SegmentChange`] log.
 //!
 //! Invariants:
-//! - Deterministic and clock-free: time is the schedule's order.
-//! - allocated ≤ reserved ≤ capacity; live blocks never overlap; with the
-//!   default configuration every segment is a multiple of 2 MiB.
-//! - Best-fit lookup is logarithmic (ordered sets per pool and stream).
+//! - Deterministic and clock-free: time is the schedule's order; addresses of
+//!   new segments are synthetic unless the caller provides the real ones.
+//! - allocated ≤ reserved ≤ capacity − outside_allocator; live blocks never
+//!   overlap; with the default configuration every segment is a multiple of
+//!   2 MiB.
+//! - Best-fit lookup is logarithmic (ordered maps per pool keyed by stream,
+//!   size, address).
+
+mod allocator;
+mod config;
+mod device;
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use allocator::{
+    Allocation, BlockHandle, BlockView, CachingAllocator, LayoutError, NotAllocated, OutOfMemory,
+    PoolKind, SegmentChange, SegmentLayout, SegmentView,
+};
+pub use config::{
+    AllocatorConfig, ConfigError, RuleVersion, DIVISION_INTERVALS, LARGE_BUFFER, MIN_BLOCK_SIZE,
+    MIN_LARGE_ALLOC, SMALL_BUFFER, SMALL_SIZE,
+};
+pub use device::Device;
+
+use crate::diag::Warning;
+use crate::units::Bytes;
+
+/// One input event of a simulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SimOp {
+    /// Allocate `size` requested bytes (the simulator rounds) on `stream`;
+    /// `block` is a caller-chosen id that the matching `Free` names. A size of
+    /// 0 never reaches the allocator (PyTorch returns a null pointer).
+    Alloc {
+        block: u64,
+        size: Bytes,
+        stream: u32,
+    },
+    /// Free the block allocated under this id.
+    Free { block: u64 },
+    /// `torch.cuda.empty_cache()`.
+    EmptyCache,
+}
+
+/// Allocated and reserved bytes after one event (compact, for timelines).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sample {
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+/// Allocator statistics at one moment (or the peak of each).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// `memory_allocated()`: block sizes of live allocations.
+    pub allocated: Bytes,
+    /// `memory_reserved()`: segment sizes (and mapped expandable pages).
+    pub reserved: Bytes,
+    /// Bytes of blocks not yet reusable (equals allocated without streams).
+    pub active: Bytes,
+    /// Sum of the un-rounded requests of live allocations.
+    pub requested: Bytes,
+    /// Segments as `memory_snapshot()` lists them (expandable: mapped ranges).
+    pub segments: u64,
+    /// Live allocations.
+    pub allocations: u64,
+    /// Largest cached free block (peak: the largest ever cached).
+    pub largest_free_block: Bytes,
+    /// reserved − allocated.
+    pub fragmentation: Bytes,
+    /// Last-resort retries after flushing the cache.
+    pub num_alloc_retries: u64,
+    /// Out-of-memory errors raised.
+    pub num_ooms: u64,
+    /// `cudaMalloc` calls and page mappings.
+    pub num_device_alloc: u64,
+    /// `cudaFree` calls and page unmappings.
+    pub num_device_free: u64,
+}
+
+/// The first out-of-memory error of a simulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomRecord {
+    /// Index of the failing event in the input.
+    pub event_index: usize,
+    /// The caller's id of the failing allocation.
+    pub block: u64,
+    pub requested: Bytes,
+    pub rounded: Bytes,
+    /// The segment the allocator tried to obtain.
+    pub segment_size: Bytes,
+    /// How many more bytes the device would have needed.
+    pub missing: Bytes,
+    /// Reserved and allocated bytes after the failure (cache releases kept).
+    pub reserved: Bytes,
+    pub allocated: Bytes,
+}
+
+/// The result of [`simulate`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Simulation {
+    /// One sample per processed input event (up to and including an OOM).
+    pub after_event: Vec<Sample>,
+    /// The peak of each statistic.
+    pub peak: Stats,
+    /// The statistics after the last processed event.
+    pub final_stats: Stats,
+    /// The first OOM, where the simulation stopped.
+    pub oom: Option<OomRecord>,
+    /// Inconsistencies in the schedule (frees of unknown ids, reused ids).
+    pub warnings: Vec<Warning>,
+}
+
+/// Runs a schedule through a fresh [`CachingAllocator`].
+pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> Simulation {
+    let mut alloc = CachingAllocator::new(config.clone(), *device);
+    let mut live: HashMap<u64, BlockHandle> = HashMap::new();
+    let mut after_event = Vec::with_capacity(events.len());
+    let mut oom = None;
+    let mut unknown_frees = 0u64;
+    let mut first_unknown = None;
+    let mut reused_ids = 0u64;
+    for (event_index, op) in events.iter().enumerate() {
+        match *op {
+            SimOp::Alloc {
+                block,
+                size,
+                stream,
+            } => {
+                if size.get() > 0 {
+                    match alloc.malloc(size, stream) {
+                        Ok(a) => {
+                            if let Some(old) = live.insert(block, a.handle) {
+                                // The caller reused a live id: free the old block
+                                // so the schedule stays balanced.
+                                reused_ids += 1;
+                                let _ = alloc.free(old);
+                            }
+                        }
+                        Err(e) => {
+                            oom = Some(OomRecord {
+                                event_index,
+                                block,
+                                requested: e.requested,
+                                rounded: e.rounded,
+                                segment_size: e.segment_size,
+                                missing: e.missing,
+                                reserved: e.reserved,
+                                allocated: e.allocated,
+                            });
+                        }
+                    }
+                }
+            }
+            SimOp::Free { block } => match live.remove(&block) {
+                Some(h) => {
+                    let _ = alloc.free(h);
+                }
+                None => {
+                    unknown_frees += 1;
+                    first_unknown.get_or_insert(block);
+                }
+            },
+            SimOp::EmptyCache => alloc.empty_cache(),
+        }
+        after_event.push(Sample {
+            allocated: alloc.allocated().get(),
+            reserved: alloc.reserved().get(),
+        });
+        if oom.is_some() {
+            break;
+        }
+    }
+    let mut warnings = Vec::new();
+    if let Some(first) = first_unknown {
+        warnings.push(Warning::new(
+            "free_of_unknown_block",
+            format!(
+                "{unknown_frees} frees name a block that is not allocated (first: id {first}); they were ignored, and 0-byte allocations are expected among them"
+            ),
+        ));
+    }
+    if reused_ids > 0 {
+        warnings.push(Warning::new(
+            "alloc_of_live_block_id",
+            format!("{reused_ids} allocations reused the id of a live block; the older block was freed first"),
+        ));
+    }
+    Simulation {
+        after_event,
+        peak: alloc.peak_stats(),
+        final_stats: alloc.stats(),
+        oom,
+        warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = Bytes::MIB;
+
+    fn alloc(block: u64, size: u64) -> SimOp {
+        SimOp::Alloc {
+            block,
+            size: Bytes(size),
+            stream: 0,
+        }
+    }
+
+    #[test]
+    fn free_caches_and_empty_cache_releases() {
+        let ops = [alloc(1, 1), SimOp::Free { block: 1 }, SimOp::EmptyCache];
+        let sim = simulate(
+            &ops,
+            &AllocatorConfig::pytorch_defaults(),
+            &Device::unlimited(),
+        );
+        let got: Vec<(u64, u64)> = sim
+            .after_event
+            .iter()
+            .map(|s| (s.allocated, s.reserved))
+            .collect();
+        assert_eq!(got, [(512, 2 * MIB), (0, 2 * MIB), (0, 0)]);
+        assert_eq!(sim.peak.reserved, Bytes(2 * MIB));
+        assert_eq!(sim.final_stats.segments, 0);
+        assert!(sim.warnings.is_empty());
+    }
+
+    #[test]
+    fn oom_stops_the_simulation_and_says_what_was_missing() {
+        let ops = [alloc(1, 60 * MIB), alloc(2, 50 * MIB), alloc(3, 1)];
+        let device = Device::new(Bytes(100 * MIB), Bytes(0));
+        let sim = simulate(&ops, &AllocatorConfig::pytorch_defaults(), &device);
+        let oom = sim.oom.unwrap();
+        assert_eq!(oom.event_index, 1);
+        assert_eq!(oom.segment_size, Bytes(50 * MIB));
+        assert_eq!(oom.missing, Bytes(10 * MIB));
+        assert_eq!(sim.after_event.len(), 2);
+    }
+
+    #[test]
+    fn outside_memory_reduces_what_cudamalloc_may_take() {
+        let ops = [alloc(1, 60 * MIB)];
+        let device = Device::new(Bytes(100 * MIB), Bytes(50 * MIB));
+        let sim = simulate(&ops, &AllocatorConfig::pytorch_defaults(), &device);
+        assert_eq!(sim.oom.unwrap().missing, Bytes(10 * MIB));
+    }
+
+    #[test]
+    fn unknown_frees_are_reported_not_fatal() {
+        let ops = [
+            SimOp::Free { block: 9 },
+            alloc(0, 0),
+            SimOp::Free { block: 0 },
+        ];
+        let sim = simulate(
+            &ops,
+            &AllocatorConfig::pytorch_defaults(),
+            &Device::unlimited(),
+        );
+        assert_eq!(sim.after_event.len(), 3);
+        assert_eq!(sim.warnings.len(), 1);
+        assert_eq!(sim.warnings[0].code, "free_of_unknown_block");
+    }
+
+    #[test]
+    fn fragmentation_peak_is_reserved_minus_allocated() {
+        let ops = [
+            alloc(1, 5 * MIB),
+            alloc(2, 5 * MIB),
+            SimOp::Free { block: 1 },
+        ];
+        let sim = simulate(
+            &ops,
+            &AllocatorConfig::pytorch_defaults(),
+            &Device::unlimited(),
+        );
+        assert_eq!(sim.peak.fragmentation, Bytes(15 * MIB));
+        assert_eq!(sim.final_stats.fragmentation, Bytes(15 * MIB));
+        assert_eq!(sim.final_stats.largest_free_block, Bytes(10 * MIB));
+    }
+}

@@ -2,13 +2,247 @@
 //!
 //! Input: the raw bytes of a `.json` or `.json.gz` file (gzip is detected by its
 //! magic bytes and decoded in pure Rust, so this also runs in WebAssembly).
-//! Output: a `Trace` holding only what later stages need — `[memory]` events,
+//! Output: a [`Trace`] holding only what later stages need — `[memory]` events,
 //! `cpu_op`, `python_function` and `user_annotation` spans, `fwdbwd` flows and
 //! the header flags — plus [`crate::Warning`]s for fields that were missing.
 //!
 //! Invariants:
 //! - This is the only module that knows the profiler's JSON field names.
 //! - It reads the input in one pass and never builds a `serde_json::Value` tree
-//!   of the whole file.
+//!   of the whole file: events are visited one by one while `traceEvents` is
+//!   parsed, and each is reduced to a small typed record (names interned).
 //! - It never panics on user data: anything that is not a usable trace is a
-//!   `TraceError` whose message names the capture setting to fix.
+//!   [`TraceError`] whose message names the capture setting to fix.
+
+mod raw;
+
+use serde::{Deserialize, Serialize};
+
+use crate::diag::{Warned, Warning};
+use crate::units::Nanos;
+
+/// An index into [`Trace::names`] (op, annotation, Python frame and dtype names).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+#[serde(transparent)]
+pub struct NameId(pub u32);
+
+impl NameId {
+    /// The position of the name in its table.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The device a memory event belongs to (`Device Type` in the trace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Device {
+    /// `Device Type` 0: host memory through PyTorch's CPU allocator.
+    Cpu,
+    /// `Device Type` 1: GPU memory through the CUDA caching allocator.
+    Cuda,
+    /// Any other device type code (XPU, MPS, ...), kept as recorded.
+    Other(i64),
+}
+
+impl Device {
+    /// Maps the profiler's `Device Type` code (c10::DeviceType) to a device.
+    pub fn from_code(code: i64) -> Device {
+        match code {
+            0 => Device::Cpu,
+            1 => Device::Cuda,
+            other => Device::Other(other),
+        }
+    }
+}
+
+/// One `[memory]` instant event: an allocation (`bytes > 0`) or a free (`bytes < 0`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryEvent {
+    /// When it happened (raw trace clock, nanoseconds).
+    pub ts: Nanos,
+    /// OS thread id (`tid`), or -1 when it was not an integer.
+    pub tid: i64,
+    /// Block address (`Addr`).
+    pub addr: u64,
+    /// Signed size (`Bytes`): positive for an allocation, the negated size for a free.
+    pub bytes: i64,
+    /// `Total Allocated` after this event as recorded by the profiler, if present.
+    pub total_allocated: Option<i64>,
+    /// `Total Reserved` after this event, if present (always 0 on CPU).
+    pub total_reserved: Option<i64>,
+    /// `Device Type`; CPU when the field is missing (with a warning).
+    pub device: Device,
+    /// `Device Id` (-1 on CPU), if present.
+    pub device_id: Option<i64>,
+}
+
+/// One `cpu_op` span: an ATen operator, autograd node or C++ `record_function`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpEvent {
+    pub name: NameId,
+    pub tid: i64,
+    pub start: Nanos,
+    pub dur: Nanos,
+    /// `External id`, if present.
+    pub external_id: Option<i64>,
+    /// Autograd `Sequence number`: equal on a forward op and the backward node it made.
+    pub sequence_number: Option<i64>,
+    /// `Fwd thread id`: 0 on forward ops, the forward thread's id on backward ops.
+    pub fwd_thread_id: Option<i64>,
+    /// `Input Dims`, one shape per argument (`[]` for non-tensors and tensor
+    /// lists). Kept only for `AccumulateGrad` ops, the only ones later stages
+    /// read (parameter shapes); empty for every other op.
+    pub input_dims: Vec<Vec<i64>>,
+    /// `Input type`, one dtype name per argument; kept like `input_dims`.
+    pub input_types: Vec<NameId>,
+}
+
+/// One `user_annotation` span (`record_function`): `ProfilerStep#N`, optimizer, DataLoader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnnotationEvent {
+    pub name: NameId,
+    pub tid: i64,
+    pub start: Nanos,
+    pub dur: Nanos,
+}
+
+/// One `python_function` span (a Python call, from `with_stack=True`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PythonEvent {
+    pub name: NameId,
+    pub tid: i64,
+    pub start: Nanos,
+    pub dur: Nanos,
+    /// `Python id` of this frame.
+    pub id: Option<i64>,
+    /// `Python id` of the calling frame; `None` on the root.
+    pub parent_id: Option<i64>,
+    /// `Python module id` on `nn.Module: <Class>_<k>` frames.
+    pub module_id: Option<i64>,
+}
+
+/// One end of a `fwdbwd` flow (forward op → backward node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowEvent {
+    /// The flow `id` shared by its start and end.
+    pub id: i64,
+    pub tid: i64,
+    pub ts: Nanos,
+    /// `true` for the start (`ph: "s"`, on the forward op), `false` for the end (`"f"`).
+    pub is_start: bool,
+}
+
+/// Header fields of the trace object; every one is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    pub schema_version: Option<i64>,
+    /// Profiler flags as recorded (`with_stack`, `profile_memory`, `record_shapes`).
+    pub with_stack: Option<bool>,
+    pub profile_memory: Option<bool>,
+    pub record_shapes: Option<bool>,
+    /// `baseTimeNanoseconds`: Unix epoch of trace time 0.
+    pub base_time_ns: Option<i64>,
+    /// Number of entries in `deviceProperties` (GPUs; 0 on a CPU run).
+    pub n_gpu_devices: usize,
+    /// `traceName`, if present.
+    pub trace_name: Option<String>,
+}
+
+/// A parsed trace: only the events later stages need, names interned.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trace {
+    pub header: TraceHeader,
+    /// Interned names; [`NameId`] indexes here.
+    pub names: Vec<String>,
+    /// `[memory]` events sorted by time (stable: ties keep file order).
+    pub memory: Vec<MemoryEvent>,
+    /// `cpu_op` spans in file order.
+    pub ops: Vec<OpEvent>,
+    /// `user_annotation` spans in file order.
+    pub annotations: Vec<AnnotationEvent>,
+    /// `python_function` spans in file order.
+    pub python: Vec<PythonEvent>,
+    /// `fwdbwd` flow ends in file order.
+    pub flows: Vec<FlowEvent>,
+    /// Number of GPU-side events (`kernel`, `gpu_memcpy`, `cuda_runtime`, ...).
+    pub n_gpu_events: usize,
+    /// Number of entries in `traceEvents`, kept or not.
+    pub n_events: usize,
+}
+
+impl Trace {
+    /// The name behind an id (empty for an id from another trace).
+    pub fn name(&self, id: NameId) -> &str {
+        self.names.get(id.index()).map_or("", String::as_str)
+    }
+
+    /// Whether the trace was recorded with CUDA activity: CUDA memory events,
+    /// GPU-side events or GPU device properties.
+    pub fn recorded_on_cuda(&self) -> bool {
+        self.n_gpu_events > 0
+            || self.header.n_gpu_devices > 0
+            || self.memory.iter().any(|m| m.device == Device::Cuda)
+    }
+}
+
+/// Why bytes could not be read as a profiler trace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TraceError {
+    #[error("the file is empty: export the trace again with prof.export_chrome_trace(path) after the profiler has stopped")]
+    Empty,
+    #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0:?}")]
+    NotJson(String),
+    #[error("the gzip data is truncated: the file was cut off while copying or writing; copy it again (gzip -t checks it)")]
+    TruncatedGzip,
+    #[error("the gzip data is corrupt: copy the trace again; decoder said {0:?}")]
+    CorruptGzip(String),
+    #[error("the trace is truncated at line {line}, column {column}: the export did not finish or the file was cut off; export it again and wait until prof.export_chrome_trace returns")]
+    Truncated { line: usize, column: usize },
+    #[error("the file is not valid JSON at line {line}, column {column}: export the trace again with prof.export_chrome_trace; parser said {message:?}")]
+    InvalidJson {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("the JSON is not a torch.profiler trace (no \"traceEvents\" list): pass the file written by prof.export_chrome_trace; found {0:?}")]
+    NotAProfilerTrace(String),
+    #[error("the trace has no [memory] events: profile with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) and export again")]
+    NoMemoryEvents,
+}
+
+/// Parses a `.json` or `.json.gz` profiler trace.
+pub fn parse(bytes: &[u8]) -> Result<Warned<Trace>, TraceError> {
+    parse_with_progress(bytes, &mut |_, _| {})
+}
+
+/// Parses like [`parse`], calling `progress(done, total)` from time to time.
+///
+/// `total` is the length of the input; `done` grows monotonically to `total`.
+/// For gzip input the first half of the range covers decompression and the
+/// second half parsing.
+pub fn parse_with_progress(
+    bytes: &[u8],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Warned<Trace>, TraceError> {
+    let total = bytes.len() as u64;
+    if raw::is_gzip(bytes) {
+        let json = raw::gunzip(bytes, &mut |done| progress(done / 2, total))?;
+        let half = total / 2;
+        let json_len = json.len().max(1) as u64;
+        raw::parse_json(&json, &mut |done| {
+            let scaled = done.saturating_mul(total - half) / json_len;
+            progress(half + scaled.min(total - half), total);
+        })
+    } else {
+        raw::parse_json(bytes, &mut |done| progress(done.min(total), total))
+    }
+    .inspect(|_| progress(total, total))
+}
+
+/// Helper for warnings about skipped or incomplete events.
+pub(crate) fn count_warning(code: &str, count: usize, what: &str) -> Option<Warning> {
+    (count > 0).then(|| Warning::new(code, format!("{count} {what}")))
+}

@@ -1,5 +1,10 @@
 //! The `memcast` command line: a thin shell over the library.
 
+mod analyze;
+mod estimate;
+mod presets;
+
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -13,9 +18,36 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Read a trace and show iterations, phases, blocks, parameters and layers.
+    Analyze(analyze::AnalyzeArgs),
+    /// Estimate the peak GPU memory of the profiled training job.
+    Estimate(estimate::Args),
+    /// List the GPU presets (CUDA-visible bytes, context and cuBLAS workspace).
+    Presets {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Writes command output; a closed pipe is not an error.
+pub(crate) fn write_stdout(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {}
+    let result = match &cli.command {
+        Command::Analyze(args) => analyze::run(args),
+        Command::Estimate(args) => estimate::run(args),
+        Command::Presets { json } => presets::run(*json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let _ = writeln!(std::io::stderr().lock(), "error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,507 @@
+//! Attribution of blocks to ops, layers and phases, and the evidence the
+//! orchestrator needs: parameters, gradient / optimizer-state / batch blocks,
+//! zero_grad and optimizer facts.
+
+use std::collections::BTreeMap;
+
+use super::lifecycle::Life;
+use super::phases::{locate, OPT_STEP_PREFIX, ZERO_GRAD_PREFIX};
+use super::spans::SpanIndex;
+use super::{
+    Analysis, AnalyzerConfig, BlockRole, DeviceSummary, Iteration, LayerBytes, Names,
+    OptimizerFacts, Parameter, ParameterTotals, Peak, Phase, ZeroGradFacts, ZeroGradPlacement,
+};
+use crate::diag::Warning;
+use crate::trace::{Device, NameId, Trace};
+use crate::units::{Bytes, Nanos};
+
+const ACCUMULATE_GRAD: &str = "torch::autograd::AccumulateGrad";
+const FOREACH_PREFIX: &str = "aten::_foreach_";
+
+/// Fills the op, layer, iteration, phase and internal-ness of every block.
+pub(crate) fn attribute(
+    life: &mut Life,
+    index: &SpanIndex,
+    iterations: &[Iteration],
+    config: &AnalyzerConfig,
+    names: &Names,
+) {
+    for event in &mut life.events {
+        let (iteration, phase) = locate(iterations, event.ts);
+        event.iteration = iteration;
+        event.phase = phase;
+    }
+    let ops = &index.ops;
+    for block in &mut life.blocks {
+        let Some(alloc) = life.events.get(block.alloc_event) else {
+            continue;
+        };
+        block.alloc_iteration = alloc.iteration;
+        block.alloc_phase = alloc.phase;
+        block.alloc_op = ops.innermost(alloc.tid, block.alloc_ts);
+        let alloc_op = block.alloc_op.and_then(|i| ops.spans.get(i));
+        block.alloc_op_name = alloc_op.map(|o| o.name);
+        block.layer = match alloc_op {
+            Some(op) => op.layer,
+            None => index
+                .frames
+                .innermost(alloc.tid, block.alloc_ts)
+                .and_then(|f| index.frames.spans.get(f))
+                .and_then(|f| f.layer),
+        };
+        let free = block.free_event.and_then(|i| life.events.get(i));
+        if let (Some(free), Some(free_ts)) = (free, block.free_ts) {
+            block.free_iteration = free.iteration;
+            block.free_phase = Some(free.phase);
+            block.free_op = ops.innermost(free.tid, free_ts);
+            block.free_op_name = block.free_op.and_then(|i| ops.spans.get(i)).map(|o| o.name);
+            if free.tid == alloc.tid {
+                block.internal_to = block.alloc_op.and_then(|a| {
+                    ops.chain(a)
+                        .find(|&i| ops.spans.get(i).is_some_and(|o| o.end >= free_ts))
+                });
+            }
+        }
+        block.op_internal = block.internal_to.is_some();
+        if let (Some(from), Some(to)) = (block.alloc_op, block.internal_to) {
+            // Any op from the allocating one up to the one that frees it.
+            block.cpu_scratch = ops.chain(from).position(|i| i == to).is_some_and(|n_up| {
+                ops.chain(from)
+                    .take(n_up + 1)
+                    .any(|i| is_scratch(ops.spans.get(i).map_or("", |o| names.get(o.name)), config))
+            });
+        }
+    }
+}
+
+fn is_scratch(name: &str, config: &AnalyzerConfig) -> bool {
+    config
+        .cpu_scratch_op_prefixes
+        .iter()
+        .any(|p| name.starts_with(p.as_str()))
+}
+
+/// Bytes per element of a dtype name as `record_shapes` writes it.
+fn dtype_size(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "float" | "int" | "unsigned int" | "c10::complex<c10::Half>" => 4,
+        "double" | "long int" | "long long int" | "unsigned long" | "c10::complex<float>" => 8,
+        "c10::Half" | "c10::BFloat16" | "short int" | "unsigned short" => 2,
+        "bool"
+        | "signed char"
+        | "unsigned char"
+        | "c10::Float8_e4m3fn"
+        | "c10::Float8_e5m2"
+        | "c10::Float8_e4m3fnuz"
+        | "c10::Float8_e5m2fnuz" => 1,
+        "c10::complex<double>" => 16,
+        _ => return None,
+    })
+}
+
+/// What [`evidence`] found.
+#[derive(Debug)]
+pub(crate) struct Evidence {
+    parameters: Vec<Parameter>,
+    zero_grad: ZeroGradFacts,
+    optimizer: OptimizerFacts,
+}
+
+/// One `AccumulateGrad` call with its parameter's size.
+struct AccCall {
+    op: usize,
+    iteration: usize,
+    shape: Vec<i64>,
+    numel: u64,
+    dtype: Option<String>,
+    bytes: u64,
+}
+
+pub(crate) fn evidence(
+    trace: &Trace,
+    life: &mut Life,
+    index: &SpanIndex,
+    iterations: &[Iteration],
+    names: &Names,
+    warnings: &mut Vec<Warning>,
+) -> Evidence {
+    let ops = &index.ops;
+
+    // AccumulateGrad calls, in time order, with their iteration.
+    let mut n_unknown_dtype = 0_usize;
+    let mut calls: Vec<AccCall> = Vec::new();
+    for (idx, op) in ops.spans.iter().enumerate() {
+        if names.get(op.name) != ACCUMULATE_GRAD {
+            continue;
+        }
+        let Some(iteration) = locate(iterations, op.start).0 else {
+            continue;
+        };
+        let Some(source) = ops.source.get(idx).and_then(|&s| trace.ops.get(s)) else {
+            continue;
+        };
+        let shape = source.input_dims.first().cloned().unwrap_or_default();
+        let numel = shape
+            .iter()
+            .try_fold(1_u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+            .unwrap_or(0);
+        let dtype = source
+            .input_types
+            .first()
+            .map(|&t| trace.name(t).to_owned());
+        let elem = match dtype.as_deref().and_then(dtype_size) {
+            Some(size) => size,
+            None => {
+                n_unknown_dtype += 1;
+                4
+            }
+        };
+        calls.push(AccCall {
+            op: idx,
+            iteration,
+            shape,
+            numel,
+            dtype,
+            bytes: numel.saturating_mul(elem),
+        });
+    }
+    calls.sort_by_key(|c| (ops.spans.get(c.op).map(|o| o.start), c.op));
+    if n_unknown_dtype > 0 {
+        warnings.push(Warning::new(
+            "unknown_parameter_dtype",
+            format!("{n_unknown_dtype} AccumulateGrad calls have an unknown dtype; 4 bytes per element were assumed"),
+        ));
+    }
+
+    // Parameters: the reverse of the first iteration's AccumulateGrad order.
+    let mut per_iteration: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, call) in calls.iter().enumerate() {
+        per_iteration.entry(call.iteration).or_default().push(i);
+    }
+    let reference: Vec<usize> = per_iteration.values().next().cloned().unwrap_or_default();
+    let n_params = reference.len();
+    if per_iteration.values().any(|v| v.len() != n_params) {
+        warnings.push(Warning::new(
+            "parameter_count_differs",
+            "iterations ran AccumulateGrad a different number of times; parameters come from the first iteration and later gradients are matched by position",
+        ));
+    }
+
+    // Link each call to its gradient block: the latest earlier allocation of
+    // exactly the parameter's bytes that is still live and not yet claimed.
+    let mut by_size: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for block in &life.blocks {
+        by_size.entry(block.size.get()).or_default().push(block.id);
+    }
+    let mut claimed = vec![false; life.blocks.len()];
+    let mut param_layer: Vec<Option<NameId>> = vec![None; n_params];
+    let mut n_unlinked = 0_usize;
+    for calls_of_iteration in per_iteration.values() {
+        for (k, &call_idx) in calls_of_iteration.iter().enumerate() {
+            let (Some(call), Some(param)) = (calls.get(call_idx), n_params.checked_sub(k + 1))
+            else {
+                continue;
+            };
+            let Some(op) = ops.spans.get(call.op) else {
+                continue;
+            };
+            let candidates = by_size.get(&call.bytes).map_or(&[][..], Vec::as_slice);
+            let n_before = candidates
+                .partition_point(|&b| life.blocks.get(b).is_some_and(|b| b.alloc_ts <= op.start));
+            let found = candidates.get(..n_before).and_then(|before| {
+                before.iter().rev().copied().find(|&b| {
+                    !claimed.get(b).copied().unwrap_or(true)
+                        && life
+                            .blocks
+                            .get(b)
+                            .is_some_and(|b| b.free_ts.is_none_or(|f| f >= op.start))
+                })
+            });
+            let Some(block_id) = found else {
+                n_unlinked += 1;
+                continue;
+            };
+            if let Some(slot) = claimed.get_mut(block_id) {
+                *slot = true;
+            }
+            let Some(block) = life.blocks.get_mut(block_id) else {
+                continue;
+            };
+            if let Some(slot) = param_layer.get_mut(param) {
+                if slot.is_none() {
+                    *slot = block.layer;
+                }
+            }
+            // A buffer freed inside AccumulateGrad was added into an existing
+            // `.grad` (zero_grad(set_to_none=False)): a temporary, not a gradient.
+            if block.free_ts.is_none_or(|f| f > op.end) {
+                block.role = BlockRole::Gradient { param };
+            }
+        }
+    }
+    if n_unlinked > 0 {
+        warnings.push(Warning::new(
+            "gradient_block_not_found",
+            format!("{n_unlinked} AccumulateGrad calls had no live block of the parameter's size before them; those gradients are not marked"),
+        ));
+    }
+    let parameters: Vec<Parameter> = reference
+        .iter()
+        .rev()
+        .enumerate()
+        .filter_map(|(index, &call_idx)| {
+            let call = calls.get(call_idx)?;
+            Some(Parameter {
+                index,
+                shape: call.shape.clone(),
+                numel: call.numel,
+                dtype: call.dtype.clone(),
+                bytes: Bytes(call.bytes),
+                layer: param_layer.get(n_params - 1 - index).copied().flatten(),
+            })
+        })
+        .collect();
+
+    let optimizer = optimizer_facts(life, index, names);
+    let zero_grad = zero_grad_facts(life, index, iterations, names);
+    mark_batches(life, iterations);
+
+    Evidence {
+        parameters,
+        zero_grad,
+        optimizer,
+    }
+}
+
+/// Optimizer facts, and marks the state blocks of the first step.
+fn optimizer_facts(life: &mut Life, index: &SpanIndex, names: &Names) -> OptimizerFacts {
+    let steps: Vec<(NameId, Nanos, Nanos)> = index
+        .annotations
+        .iter()
+        .filter(|a| names.get(a.name).starts_with(OPT_STEP_PREFIX))
+        .map(|a| (a.name, a.start, a.end))
+        .collect();
+    let mut facts = OptimizerFacts {
+        n_steps: steps.len(),
+        ..OptimizerFacts::default()
+    };
+    let Some(&(first_name, first_start, first_end)) = steps.first() else {
+        return facts;
+    };
+    let full = names.get(first_name);
+    let class = full.strip_prefix(OPT_STEP_PREFIX).unwrap_or(full);
+    facts.class_name = Some(class.strip_suffix(".step").unwrap_or(class).to_owned());
+    let in_a_step = |t: Nanos| steps.iter().any(|&(_, s, e)| s <= t && t <= e);
+    facts.uses_foreach = index
+        .ops
+        .spans
+        .iter()
+        .any(|o| in_a_step(o.start) && names.get(o.name).starts_with(FOREACH_PREFIX));
+    let mut step_frames: Vec<(Nanos, &str)> = index
+        .frames
+        .spans
+        .iter()
+        .filter(|f| in_a_step(f.start))
+        .map(|f| (f.start, names.get(f.name)))
+        .filter(|(_, name)| {
+            name.ends_with("): step") && !name.starts_with("torch/optim/optimizer.py(")
+        })
+        .collect();
+    step_frames.sort();
+    facts.torch_optim = step_frames
+        .first()
+        .map(|(_, name)| name.starts_with("torch/optim/"));
+    for block in &mut life.blocks {
+        if block.free_ts.is_none()
+            && block.alloc_ts >= first_start
+            && block.alloc_ts <= first_end
+            && block.role == BlockRole::Other
+        {
+            block.role = BlockRole::OptimizerState;
+            facts.n_state_blocks += 1;
+            facts.state_bytes += block.size;
+        }
+    }
+    facts
+}
+
+fn zero_grad_facts(
+    life: &Life,
+    index: &SpanIndex,
+    iterations: &[Iteration],
+    names: &Names,
+) -> ZeroGradFacts {
+    let spans: Vec<(Nanos, Nanos)> = index
+        .annotations
+        .iter()
+        .filter(|a| names.get(a.name).starts_with(ZERO_GRAD_PREFIX))
+        .map(|a| (a.start, a.end))
+        .collect();
+    let n_frees = spans
+        .iter()
+        .map(|&(s, e)| {
+            let lo = life.events.partition_point(|ev| ev.ts < s);
+            let hi = life.events.partition_point(|ev| ev.ts <= e);
+            life.events
+                .get(lo..hi)
+                .map_or(0, |evs| evs.iter().filter(|ev| ev.delta < 0).count())
+        })
+        .sum::<usize>();
+    let runs_zero = index.ops.spans.iter().any(|o| {
+        names.get(o.name) == "aten::zero_"
+            && spans.iter().any(|&(s, e)| s <= o.start && o.start <= e)
+    });
+    let set_to_none = if n_frees > 0 {
+        Some(true)
+    } else if runs_zero {
+        Some(false)
+    } else {
+        None
+    };
+    let mut counts: BTreeMap<ZeroGradPlacement, usize> = BTreeMap::new();
+    for placement in iterations.iter().filter_map(|it| it.zero_grad) {
+        *counts.entry(placement).or_default() += 1;
+    }
+    let placement = counts
+        .iter()
+        .max_by_key(|&(p, n)| (*n, std::cmp::Reverse(*p)))
+        .map(|(p, _)| *p);
+    ZeroGradFacts {
+        n_calls: spans.len(),
+        placement,
+        set_to_none,
+    }
+}
+
+/// Marks blocks allocated under a DataLoader fetch that outlive it.
+fn mark_batches(life: &mut Life, iterations: &[Iteration]) {
+    for block in &mut life.blocks {
+        if block.alloc_phase != Phase::DataLoading || block.role != BlockRole::Other {
+            continue;
+        }
+        let span_end = block
+            .alloc_iteration
+            .and_then(|i| iterations.get(i))
+            .and_then(|it| {
+                it.phases
+                    .iter()
+                    .filter(|p| {
+                        p.phase == Phase::DataLoading
+                            && p.start <= block.alloc_ts
+                            && block.alloc_ts <= p.end
+                    })
+                    .map(|p| p.end)
+                    .max()
+            });
+        if let Some(end) = span_end {
+            if block.free_ts.is_none_or(|f| f > end) {
+                block.role = BlockRole::Batch;
+            }
+        }
+    }
+}
+
+/// Builds the final [`Analysis`]: per-iteration statistics, peak, layers.
+pub(crate) fn assemble(
+    trace: &Trace,
+    life: Life,
+    index: SpanIndex,
+    mut iterations: Vec<Iteration>,
+    found: Evidence,
+    names: Names,
+) -> Analysis {
+    let mut events_by_device: BTreeMap<Device, usize> = BTreeMap::new();
+    for event in &life.events {
+        *events_by_device.entry(event.device).or_default() += 1;
+    }
+    // The device whose totals the peak is about: the one with most events.
+    let primary = events_by_device
+        .iter()
+        .max_by_key(|&(d, n)| (*n, std::cmp::Reverse(*d)))
+        .map_or(Device::Cpu, |(d, _)| *d);
+
+    let mut running: i64 = 0;
+    let mut peak = Peak::default();
+    for (i, event) in life.events.iter().enumerate() {
+        if let Some(it) = event.iteration.and_then(|i| iterations.get_mut(i)) {
+            if event.delta > 0 {
+                it.n_allocs += 1;
+                *it.allocated_by_phase
+                    .entry(event.phase)
+                    .or_insert(Bytes::ZERO) += Bytes(event.delta.unsigned_abs());
+            } else {
+                it.n_frees += 1;
+            }
+        }
+        if event.device != primary {
+            continue;
+        }
+        running = running.saturating_add(event.delta);
+        let now = Bytes(u64::try_from(running).unwrap_or(0));
+        if let Some(it) = event.iteration.and_then(|i| iterations.get_mut(i)) {
+            it.peak = it.peak.max(now);
+        }
+        if now > peak.bytes {
+            peak = Peak {
+                bytes: now,
+                event: i,
+                ts: event.ts,
+            };
+        }
+    }
+
+    let mut by_layer: BTreeMap<Option<NameId>, (Bytes, usize)> = BTreeMap::new();
+    for block in &life.blocks {
+        let live_at_peak = block.device == primary
+            && block.alloc_event <= peak.event
+            && block.free_event.is_none_or(|f| f > peak.event);
+        if live_at_peak && !peak.bytes.get().eq(&0) {
+            let slot = by_layer.entry(block.layer).or_insert((Bytes::ZERO, 0));
+            slot.0 += block.size;
+            slot.1 += 1;
+        }
+    }
+    let mut layers_at_peak: Vec<LayerBytes> = by_layer
+        .into_iter()
+        .map(|(layer, (bytes, n_blocks))| LayerBytes {
+            layer,
+            bytes,
+            n_blocks,
+        })
+        .collect();
+    layers_at_peak.sort_by(|a, b| {
+        b.bytes.cmp(&a.bytes).then_with(|| {
+            let name = |l: Option<NameId>| l.map_or("", |id| names.get(id));
+            name(a.layer).cmp(name(b.layer))
+        })
+    });
+
+    let parameter_totals = ParameterTotals {
+        count: found.parameters.len(),
+        numel: found.parameters.iter().map(|p| p.numel).sum(),
+        bytes: found.parameters.iter().map(|p| p.bytes).sum(),
+    };
+    Analysis {
+        origin: origin_of_trace(trace),
+        names: names.into_names(),
+        events: life.events,
+        blocks: life.blocks,
+        unmatched_frees: life.unmatched_frees,
+        ops: index.ops.spans,
+        iterations,
+        parameters: found.parameters,
+        parameter_totals,
+        zero_grad: found.zero_grad,
+        optimizer: found.optimizer,
+        devices: DeviceSummary {
+            events_by_device,
+            recorded_on_cuda: trace.recorded_on_cuda(),
+        },
+        peak,
+        layers_at_peak,
+    }
+}
+
+fn origin_of_trace(trace: &Trace) -> Nanos {
+    super::origin_of(trace)
+}

@@ -1,0 +1,192 @@
+//! The memory timeline and its downsampling for drawing.
+//!
+//! A simulation yields one sample per schedule event, which is far more points
+//! than a chart has pixel columns. [`downsample`] splits the time axis into
+//! equal buckets and keeps, per bucket, the first and last point and the points
+//! where allocated and reserved are highest and lowest. So every bucket's
+//! maximum of either series survives — in particular the global peak and every
+//! local maximum that is the highest point of its bucket; a local maximum that
+//! is not is lower than a kept point of the same bucket, i.e. of the same pixel
+//! column.
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::{Bytes, Nanos};
+
+/// Memory in use right after a point in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// Nanoseconds since the start of the schedule.
+    pub time_ns: Nanos,
+    /// Bytes held by live blocks (the allocator's rounded block sizes).
+    pub allocated_bytes: Bytes,
+    /// Bytes of device segments the allocator holds.
+    pub reserved_bytes: Bytes,
+}
+
+/// The default number of points a drawn timeline keeps at most.
+pub const DEFAULT_MAX_POINTS: usize = 2048;
+
+/// Points kept per bucket at most: first, last, max and min of both series.
+const POINTS_PER_BUCKET: usize = 6;
+
+/// Reduces `points` (sorted by time) to at most `max_points` points (at least
+/// one bucket's worth), keeping each bucket's extremes. Returns the input
+/// unchanged when it is already small enough.
+pub fn downsample(points: &[TimelinePoint], max_points: usize) -> Vec<TimelinePoint> {
+    if points.len() <= max_points.max(POINTS_PER_BUCKET) {
+        return points.to_vec();
+    }
+    let buckets = (max_points / POINTS_PER_BUCKET).max(1);
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return Vec::new();
+    };
+    let start = i128::from(first.time_ns.get());
+    let span = (i128::from(last.time_ns.get()) - start).max(1);
+    let bucket_of = |point: &TimelinePoint| -> usize {
+        let offset = (i128::from(point.time_ns.get()) - start).max(0);
+        let index = offset * buckets as i128 / (span + 1);
+        usize::try_from(index)
+            .unwrap_or(buckets - 1)
+            .min(buckets - 1)
+    };
+    let mut kept: Vec<TimelinePoint> = Vec::with_capacity(buckets * POINTS_PER_BUCKET);
+    let mut begin = 0;
+    while begin < points.len() {
+        let Some(point) = points.get(begin) else {
+            break;
+        };
+        let bucket = bucket_of(point);
+        let mut end = begin + 1;
+        while points.get(end).is_some_and(|p| bucket_of(p) == bucket) {
+            end += 1;
+        }
+        let Some(slice) = points.get(begin..end) else {
+            break;
+        };
+        let mut picks = [
+            0,
+            slice.len() - 1,
+            index_of(slice, |a, b| a.allocated_bytes > b.allocated_bytes),
+            index_of(slice, |a, b| a.reserved_bytes > b.reserved_bytes),
+            index_of(slice, |a, b| a.allocated_bytes < b.allocated_bytes),
+            index_of(slice, |a, b| a.reserved_bytes < b.reserved_bytes),
+        ];
+        picks.sort_unstable();
+        let mut previous = None;
+        for pick in picks {
+            if previous == Some(pick) {
+                continue;
+            }
+            previous = Some(pick);
+            if let Some(point) = slice.get(pick) {
+                kept.push(*point);
+            }
+        }
+        begin = end;
+    }
+    kept
+}
+
+/// The index of the first element that no later element beats.
+fn index_of(
+    slice: &[TimelinePoint],
+    better: impl Fn(&TimelinePoint, &TimelinePoint) -> bool,
+) -> usize {
+    let mut best = 0;
+    for (index, point) in slice.iter().enumerate() {
+        if let Some(current) = slice.get(best) {
+            if better(point, current) {
+                best = index;
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn point(time: i64, allocated: u64, reserved: u64) -> TimelinePoint {
+        TimelinePoint {
+            time_ns: Nanos(time),
+            allocated_bytes: Bytes(allocated),
+            reserved_bytes: Bytes(reserved),
+        }
+    }
+
+    #[test]
+    fn short_timelines_are_unchanged() {
+        let points = vec![point(0, 1, 2), point(5, 3, 4)];
+        assert_eq!(downsample(&points, 100), points);
+    }
+
+    #[test]
+    fn a_single_spike_among_many_points_is_kept() {
+        let mut points: Vec<TimelinePoint> = (0..10_000).map(|t| point(t, 10, 20)).collect();
+        points[7_777] = point(7_777, 999, 1_000);
+        let kept = downsample(&points, 60);
+        assert!(kept.len() <= 60, "{}", kept.len());
+        assert!(kept.contains(&point(7_777, 999, 1_000)));
+        assert_eq!(kept.first(), points.first());
+        assert_eq!(kept.last(), points.last());
+    }
+
+    #[test]
+    fn a_dip_is_kept_too() {
+        let mut points: Vec<TimelinePoint> = (0..5_000).map(|t| point(t, 50, 60)).collect();
+        points[2_500] = point(2_500, 1, 60);
+        let kept = downsample(&points, 30);
+        assert!(kept.contains(&point(2_500, 1, 60)));
+    }
+
+    #[test]
+    fn equal_times_do_not_break_bucketing() {
+        let points: Vec<TimelinePoint> = (0..1_000).map(|i| point(0, i, i)).collect();
+        let kept = downsample(&points, 12);
+        assert!(kept.len() <= 12);
+        assert!(kept.contains(&point(0, 999, 999)));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn every_bucket_maximum_and_the_peak_survive(
+            values in proptest::collection::vec((0u64..1_000, 0u64..1_000, 0i64..50), 1..3_000),
+            max_points in 6usize..300,
+        ) {
+            let mut time = 0i64;
+            let points: Vec<TimelinePoint> = values
+                .iter()
+                .map(|&(a, r, dt)| {
+                    time += dt;
+                    point(time, a, a + r)
+                })
+                .collect();
+            let kept = downsample(&points, max_points);
+            prop_assert!(kept.len() <= max_points.max(POINTS_PER_BUCKET));
+            // Kept points are a time-ordered subsequence of the input.
+            prop_assert!(kept.windows(2).all(|w| w[0].time_ns <= w[1].time_ns));
+            let peak_allocated = points.iter().map(|p| p.allocated_bytes).max();
+            let peak_reserved = points.iter().map(|p| p.reserved_bytes).max();
+            prop_assert_eq!(kept.iter().map(|p| p.allocated_bytes).max(), peak_allocated);
+            prop_assert_eq!(kept.iter().map(|p| p.reserved_bytes).max(), peak_reserved);
+            // Every local maximum is matched or beaten by a kept point within
+            // one bucket width of it.
+            if points.len() > max_points.max(POINTS_PER_BUCKET) {
+                let buckets = (max_points / POINTS_PER_BUCKET).max(1) as i64;
+                let width = (time / buckets) + 1;
+                for (i, p) in points.iter().enumerate() {
+                    let left = i == 0 || points[i - 1].allocated_bytes <= p.allocated_bytes;
+                    let right = i + 1 == points.len() || points[i + 1].allocated_bytes <= p.allocated_bytes;
+                    if left && right {
+                        prop_assert!(kept.iter().any(|k| (k.time_ns.get() - p.time_ns.get()).abs() <= width
+                            && k.allocated_bytes >= p.allocated_bytes));
+                    }
+                }
+            }
+        }
+    }
+}

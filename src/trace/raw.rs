@@ -1,0 +1,1126 @@
+//! The serde side of the trace reader: visitors that walk `traceEvents` one
+//! event at a time and reduce each to a typed record, without building a
+//! `serde_json::Value` tree and without collecting the raw events first.
+//!
+//! Every visitor is tolerant: a field of an unexpected JSON type is treated as
+//! missing (and counted for a warning) instead of failing the whole file.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::io::Read;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::{
+    count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent,
+    Trace, TraceError,
+};
+use crate::diag::{Warned, Warning};
+use crate::units::Nanos;
+
+/// The two magic bytes that open every gzip member.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// How many events pass between two progress reports.
+const PROGRESS_EVERY: usize = 4096;
+
+pub(super) fn is_gzip(bytes: &[u8]) -> bool {
+    bytes.starts_with(&GZIP_MAGIC)
+}
+
+/// Decompresses a (possibly multi-member) gzip file fully into memory.
+pub(super) fn gunzip(bytes: &[u8], progress: &mut dyn FnMut(u64)) -> Result<Vec<u8>, TraceError> {
+    let mut decoder = flate2::bufread::MultiGzDecoder::new(bytes);
+    let mut out = Vec::with_capacity(bytes.len().saturating_mul(8));
+    let mut chunk = vec![0_u8; 1 << 20];
+    let mut last_report = 0_u64;
+    loop {
+        let n = decoder.read(&mut chunk).map_err(|err| match err.kind() {
+            std::io::ErrorKind::UnexpectedEof => TraceError::TruncatedGzip,
+            _ => TraceError::CorruptGzip(err.to_string()),
+        })?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(chunk.get(..n).unwrap_or_default());
+        // The decoder reads its input slice front to back; what is left of it
+        // tells how far decompression got.
+        let done = (bytes.len() - decoder.get_ref().len()) as u64;
+        if done > last_report {
+            last_report = done;
+            progress(done);
+        }
+    }
+    Ok(out)
+}
+
+/// Parses uncompressed JSON text into a [`Trace`].
+pub(super) fn parse_json(
+    json: &[u8],
+    progress: &mut dyn FnMut(u64),
+) -> Result<Warned<Trace>, TraceError> {
+    let json = json.strip_prefix(b"\xef\xbb\xbf").unwrap_or(json);
+    let Some(&first) = json.iter().find(|b| !b.is_ascii_whitespace()) else {
+        return Err(TraceError::Empty);
+    };
+    if first != b'{' && first != b'[' {
+        let preview: String = String::from_utf8_lossy(json.get(..24).unwrap_or(json)).into_owned();
+        return Err(TraceError::NotJson(preview));
+    }
+
+    let mut builder = Builder::new(json, progress);
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let top = TopSeed {
+        builder: &mut builder,
+    };
+    top.deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(json_error)?;
+    builder.finish()
+}
+
+fn json_error(err: serde_json::Error) -> TraceError {
+    match err.classify() {
+        serde_json::error::Category::Eof => TraceError::Truncated {
+            line: err.line(),
+            column: err.column(),
+        },
+        serde_json::error::Category::Data => TraceError::NotAProfilerTrace(err.to_string()),
+        serde_json::error::Category::Syntax | serde_json::error::Category::Io => {
+            TraceError::InvalidJson {
+                line: err.line(),
+                column: err.column(),
+                message: err.to_string(),
+            }
+        }
+    }
+}
+
+/// Accumulates the typed events while the visitors walk the file.
+struct Builder<'p> {
+    trace: Trace,
+    interner: HashMap<String, NameId>,
+    progress: &'p mut dyn FnMut(u64),
+    base: usize,
+    len: usize,
+    saw_trace_events: bool,
+    top_keys: Vec<String>,
+    n_malformed: usize,
+    n_memory_incomplete: usize,
+    n_memory_no_total: usize,
+    n_memory_no_device: usize,
+    n_spans_no_ts: usize,
+    n_spans_no_dur: usize,
+    n_flows_incomplete: usize,
+    n_no_tid: usize,
+}
+
+impl<'p> Builder<'p> {
+    fn new(json: &[u8], progress: &'p mut dyn FnMut(u64)) -> Builder<'p> {
+        Builder {
+            trace: Trace::default(),
+            interner: HashMap::new(),
+            progress,
+            base: json.as_ptr() as usize,
+            len: json.len(),
+            saw_trace_events: false,
+            top_keys: Vec::new(),
+            n_malformed: 0,
+            n_memory_incomplete: 0,
+            n_memory_no_total: 0,
+            n_memory_no_device: 0,
+            n_spans_no_ts: 0,
+            n_spans_no_dur: 0,
+            n_flows_incomplete: 0,
+            n_no_tid: 0,
+        }
+    }
+
+    fn intern(&mut self, name: &str) -> NameId {
+        if let Some(&id) = self.interner.get(name) {
+            return id;
+        }
+        let id = NameId(u32::try_from(self.trace.names.len()).unwrap_or(u32::MAX));
+        self.trace.names.push(name.to_owned());
+        self.interner.insert(name.to_owned(), id);
+        id
+    }
+
+    /// Reports progress from the position of a string borrowed from the input.
+    fn report_progress(&mut self, borrowed: &str) {
+        let offset = (borrowed.as_ptr() as usize).wrapping_sub(self.base);
+        if offset <= self.len {
+            (self.progress)(offset as u64);
+        }
+    }
+
+    fn finish(mut self) -> Result<Warned<Trace>, TraceError> {
+        if !self.saw_trace_events {
+            let keys = if self.top_keys.is_empty() {
+                "an object without keys".to_owned()
+            } else {
+                format!("an object with keys {}", self.top_keys.join(", "))
+            };
+            return Err(TraceError::NotAProfilerTrace(keys));
+        }
+        if self.trace.memory.is_empty() {
+            return Err(TraceError::NoMemoryEvents);
+        }
+        self.trace.memory.sort_by_key(|m| m.ts);
+        let warnings: Vec<Warning> = [
+            count_warning(
+                "malformed_event",
+                self.n_malformed,
+                "entries of traceEvents were not JSON objects and were skipped",
+            ),
+            count_warning(
+                "incomplete_memory_event",
+                self.n_memory_incomplete,
+                "[memory] events lacked ts, Addr or Bytes (or had Bytes 0) and were skipped; block sizes near them may be wrong",
+            ),
+            count_warning(
+                "memory_event_without_total",
+                self.n_memory_no_total,
+                "[memory] events had no \"Total Allocated\"; the running total cannot be checked there",
+            ),
+            count_warning(
+                "memory_event_without_device",
+                self.n_memory_no_device,
+                "[memory] events had no \"Device Type\" and were taken as CPU",
+            ),
+            count_warning(
+                "span_without_ts",
+                self.n_spans_no_ts,
+                "spans (cpu_op, python_function, user_annotation) had no ts and were skipped",
+            ),
+            count_warning(
+                "span_without_dur",
+                self.n_spans_no_dur,
+                "spans had no dur and were taken as instantaneous",
+            ),
+            count_warning(
+                "incomplete_flow",
+                self.n_flows_incomplete,
+                "fwdbwd flow events lacked id or ts and were skipped",
+            ),
+            count_warning(
+                "event_without_tid",
+                self.n_no_tid,
+                "kept events had no integer tid and were put on thread -1",
+            ),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        Ok(Warned {
+            value: self.trace,
+            warnings,
+        })
+    }
+
+    fn add_event(&mut self, ev: RawEvent<'_>) {
+        self.trace.n_events += 1;
+        if self.trace.n_events % PROGRESS_EVERY == 0 {
+            if let Some(Cow::Borrowed(name)) = &ev.name {
+                self.report_progress(name);
+            }
+        }
+        let is_memory = ev.name.as_deref() == Some("[memory]");
+        if is_memory {
+            self.add_memory(&ev);
+            return;
+        }
+        match (ev.ph, ev.cat) {
+            (Ph::Complete, Cat::CpuOp | Cat::PythonFunction | Cat::UserAnnotation) => {
+                self.add_span(ev);
+            }
+            (Ph::FlowStart | Ph::FlowEnd, Cat::FwdBwd) => {
+                let (Some(id), Some(ts)) = (ev.id, ev.ts) else {
+                    self.n_flows_incomplete += 1;
+                    return;
+                };
+                let tid = self.tid(ev.tid);
+                self.trace.flows.push(FlowEvent {
+                    id: clamp_i64(id),
+                    tid,
+                    ts: Nanos::from_micros_f64(ts),
+                    is_start: ev.ph == Ph::FlowStart,
+                });
+            }
+            (_, Cat::Gpu) => self.trace.n_gpu_events += 1,
+            _ => {}
+        }
+    }
+
+    fn tid(&mut self, tid: Option<i128>) -> i64 {
+        match tid {
+            Some(tid) => clamp_i64(tid),
+            None => {
+                self.n_no_tid += 1;
+                -1
+            }
+        }
+    }
+
+    fn add_memory(&mut self, ev: &RawEvent<'_>) {
+        let args = &ev.args;
+        let (Some(ts), Some(addr), Some(bytes)) = (ev.ts, args.addr, args.bytes) else {
+            self.n_memory_incomplete += 1;
+            return;
+        };
+        if bytes == 0 {
+            self.n_memory_incomplete += 1;
+            return;
+        }
+        if args.total_allocated.is_none() {
+            self.n_memory_no_total += 1;
+        }
+        let device = match args.device_type {
+            Some(code) => Device::from_code(clamp_i64(code)),
+            None => {
+                self.n_memory_no_device += 1;
+                Device::Cpu
+            }
+        };
+        let tid = self.tid(ev.tid);
+        self.trace.memory.push(MemoryEvent {
+            ts: Nanos::from_micros_f64(ts),
+            tid,
+            // Addresses are opaque keys: keep the bit pattern of any integer.
+            addr: addr as u64,
+            bytes: clamp_i64(bytes),
+            total_allocated: args.total_allocated.map(clamp_i64),
+            total_reserved: args.total_reserved.map(clamp_i64),
+            device,
+            device_id: args.device_id.map(clamp_i64),
+        });
+    }
+
+    fn add_span(&mut self, ev: RawEvent<'_>) {
+        let Some(ts) = ev.ts else {
+            self.n_spans_no_ts += 1;
+            return;
+        };
+        let dur = match ev.dur {
+            Some(dur) if dur >= 0.0 => dur,
+            _ => {
+                self.n_spans_no_dur += 1;
+                0.0
+            }
+        };
+        let start = Nanos::from_micros_f64(ts);
+        let dur = Nanos::from_micros_f64(dur);
+        let name = self.intern(ev.name.as_deref().unwrap_or(""));
+        let tid = self.tid(ev.tid);
+        let args = ev.args;
+        match ev.cat {
+            Cat::CpuOp => {
+                let input_types = args.input_types.iter().map(|t| self.intern(t)).collect();
+                self.trace.ops.push(OpEvent {
+                    name,
+                    tid,
+                    start,
+                    dur,
+                    external_id: args.external_id.map(clamp_i64),
+                    sequence_number: args.sequence_number.map(clamp_i64),
+                    fwd_thread_id: args.fwd_thread_id.map(clamp_i64),
+                    input_dims: args.input_dims,
+                    input_types,
+                });
+            }
+            Cat::PythonFunction => self.trace.python.push(PythonEvent {
+                name,
+                tid,
+                start,
+                dur,
+                id: args.python_id.map(clamp_i64),
+                parent_id: args.python_parent_id.map(clamp_i64),
+                module_id: args.python_module_id.map(clamp_i64),
+            }),
+            Cat::UserAnnotation => self.trace.annotations.push(AnnotationEvent {
+                name,
+                tid,
+                start,
+                dur,
+            }),
+            _ => {}
+        }
+    }
+}
+
+fn clamp_i64(value: i128) -> i64 {
+    i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
+}
+
+// ---------------------------------------------------------------------------
+// Top level.
+
+struct TopSeed<'b, 'p> {
+    builder: &'b mut Builder<'p>,
+}
+
+impl<'de> DeserializeSeed<'de> for TopSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a torch.profiler trace object with a \"traceEvents\" list")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let builder = self.builder;
+        while let Some(key) = map.next_key::<LooseStr<'de>>()? {
+            let key = key.0.unwrap_or_default();
+            let header = &mut builder.trace.header;
+            match key.as_ref() {
+                "traceEvents" => {
+                    builder.saw_trace_events = true;
+                    map.next_value_seed(EventsSeed {
+                        builder: &mut *builder,
+                    })?;
+                }
+                "schemaVersion" => {
+                    header.schema_version = map.next_value::<LooseInt>()?.0.map(clamp_i64);
+                }
+                "with_stack" => header.with_stack = map.next_value::<LooseInt>()?.0.map(|v| v != 0),
+                "profile_memory" => {
+                    header.profile_memory = map.next_value::<LooseInt>()?.0.map(|v| v != 0);
+                }
+                "record_shapes" => {
+                    header.record_shapes = map.next_value::<LooseInt>()?.0.map(|v| v != 0);
+                }
+                "baseTimeNanoseconds" => {
+                    header.base_time_ns = map.next_value::<LooseInt>()?.0.map(clamp_i64);
+                }
+                "traceName" => {
+                    header.trace_name = map.next_value::<LooseStr<'de>>()?.0.map(Cow::into_owned);
+                }
+                "deviceProperties" => header.n_gpu_devices = map.next_value::<CountSeq>()?.0,
+                other => {
+                    if builder.top_keys.len() < 8 {
+                        builder.top_keys.push(format!("{other:?}"));
+                    }
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The JSON Array Format of Chrome traces: a bare list of events.
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        self.builder.saw_trace_events = true;
+        EventsSeed {
+            builder: self.builder,
+        }
+        .visit_seq(seq)
+    }
+}
+
+struct EventsSeed<'b, 'p> {
+    builder: &'b mut Builder<'p>,
+}
+
+impl<'de> DeserializeSeed<'de> for EventsSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EventsSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("\"traceEvents\" to be a list of trace events")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(event) = seq.next_element::<MaybeEvent<'de>>()? {
+            match event.0 {
+                Some(event) => self.builder.add_event(event),
+                None => {
+                    self.builder.trace.n_events += 1;
+                    self.builder.n_malformed += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One event.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ph {
+    Complete,
+    FlowStart,
+    FlowEnd,
+    Other,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cat {
+    CpuOp,
+    PythonFunction,
+    UserAnnotation,
+    FwdBwd,
+    /// A GPU-side category: the trace was recorded with CUDA activity.
+    Gpu,
+    Other,
+}
+
+fn classify_ph(ph: &str) -> Ph {
+    match ph {
+        "X" => Ph::Complete,
+        "s" => Ph::FlowStart,
+        "f" => Ph::FlowEnd,
+        _ => Ph::Other,
+    }
+}
+
+fn classify_cat(cat: &str) -> Cat {
+    match cat {
+        "cpu_op" => Cat::CpuOp,
+        "python_function" => Cat::PythonFunction,
+        "user_annotation" => Cat::UserAnnotation,
+        "fwdbwd" => Cat::FwdBwd,
+        "kernel"
+        | "gpu_memcpy"
+        | "gpu_memset"
+        | "cuda_runtime"
+        | "cuda_driver"
+        | "gpu_user_annotation"
+        | "ac2g" => Cat::Gpu,
+        _ => Cat::Other,
+    }
+}
+
+struct RawEvent<'de> {
+    ph: Ph,
+    cat: Cat,
+    name: Option<Cow<'de, str>>,
+    tid: Option<i128>,
+    ts: Option<f64>,
+    dur: Option<f64>,
+    id: Option<i128>,
+    args: RawArgs<'de>,
+}
+
+/// An event, or `None` for an entry of `traceEvents` that is not an object.
+struct MaybeEvent<'de>(Option<RawEvent<'de>>);
+
+impl<'de> de::Deserialize<'de> for MaybeEvent<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(EventVisitor)
+    }
+}
+
+struct EventVisitor;
+
+impl<'de> Visitor<'de> for EventVisitor {
+    type Value = MaybeEvent<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a trace event object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut ev = RawEvent {
+            ph: Ph::Other,
+            cat: Cat::Other,
+            name: None,
+            tid: None,
+            ts: None,
+            dur: None,
+            id: None,
+            args: RawArgs::default(),
+        };
+        while let Some(key) = map.next_key::<EventKey>()? {
+            match key {
+                EventKey::Ph => {
+                    ev.ph = map
+                        .next_value::<LooseStr<'de>>()?
+                        .0
+                        .map_or(Ph::Other, |s| classify_ph(&s));
+                }
+                EventKey::Cat => {
+                    ev.cat = map
+                        .next_value::<LooseStr<'de>>()?
+                        .0
+                        .map_or(Cat::Other, |s| classify_cat(&s));
+                }
+                EventKey::Name => ev.name = map.next_value::<LooseStr<'de>>()?.0,
+                EventKey::Tid => ev.tid = map.next_value::<LooseInt>()?.0,
+                EventKey::Ts => ev.ts = map.next_value::<LooseF64>()?.0,
+                EventKey::Dur => ev.dur = map.next_value::<LooseF64>()?.0,
+                EventKey::Id => ev.id = map.next_value::<LooseInt>()?.0,
+                EventKey::Args => {
+                    // Shapes are only needed on AccumulateGrad ops. The
+                    // exporter writes `name` before `args`; if it did not,
+                    // keep the shapes to be safe.
+                    let keep_shapes = ev
+                        .name
+                        .as_deref()
+                        .is_none_or(|name| name.contains("AccumulateGrad"));
+                    ev.args = map.next_value_seed(ArgsSeed { keep_shapes })?;
+                }
+                EventKey::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(MaybeEvent(Some(ev)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        drain_seq(seq)?;
+        Ok(MaybeEvent(None))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(MaybeEvent(None))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(MaybeEvent(None))
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(MaybeEvent(None))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(MaybeEvent(None))
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(MaybeEvent(None))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(MaybeEvent(None))
+    }
+}
+
+enum EventKey {
+    Ph,
+    Cat,
+    Name,
+    Tid,
+    Ts,
+    Dur,
+    Id,
+    Args,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for EventKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = EventKey;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an event field name")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<EventKey, E> {
+                Ok(match key {
+                    "ph" => EventKey::Ph,
+                    "cat" => EventKey::Cat,
+                    "name" => EventKey::Name,
+                    "tid" => EventKey::Tid,
+                    "ts" => EventKey::Ts,
+                    "dur" => EventKey::Dur,
+                    "id" => EventKey::Id,
+                    "args" => EventKey::Args,
+                    _ => EventKey::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(KeyVisitor)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// `args`.
+
+#[derive(Default)]
+struct RawArgs<'de> {
+    addr: Option<i128>,
+    bytes: Option<i128>,
+    total_allocated: Option<i128>,
+    total_reserved: Option<i128>,
+    device_type: Option<i128>,
+    device_id: Option<i128>,
+    external_id: Option<i128>,
+    sequence_number: Option<i128>,
+    fwd_thread_id: Option<i128>,
+    python_id: Option<i128>,
+    python_parent_id: Option<i128>,
+    python_module_id: Option<i128>,
+    input_dims: Vec<Vec<i64>>,
+    input_types: Vec<Cow<'de, str>>,
+}
+
+struct ArgsSeed {
+    keep_shapes: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for ArgsSeed {
+    type Value = RawArgs<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ArgsSeed {
+    type Value = RawArgs<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an args object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut args = RawArgs::default();
+        while let Some(key) = map.next_key::<ArgKey>()? {
+            let slot = match key {
+                ArgKey::Addr => &mut args.addr,
+                ArgKey::Bytes => &mut args.bytes,
+                ArgKey::TotalAllocated => &mut args.total_allocated,
+                ArgKey::TotalReserved => &mut args.total_reserved,
+                ArgKey::DeviceType => &mut args.device_type,
+                ArgKey::DeviceId => &mut args.device_id,
+                ArgKey::ExternalId => &mut args.external_id,
+                ArgKey::SequenceNumber => &mut args.sequence_number,
+                ArgKey::FwdThreadId => &mut args.fwd_thread_id,
+                ArgKey::PythonId => &mut args.python_id,
+                ArgKey::PythonParentId => &mut args.python_parent_id,
+                ArgKey::PythonModuleId => &mut args.python_module_id,
+                ArgKey::InputDims if self.keep_shapes => {
+                    args.input_dims = map.next_value::<Shapes>()?.0;
+                    continue;
+                }
+                ArgKey::InputType if self.keep_shapes => {
+                    args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
+                    continue;
+                }
+                ArgKey::InputDims | ArgKey::InputType | ArgKey::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            *slot = map.next_value::<LooseInt>()?.0;
+        }
+        Ok(args)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        drain_seq(seq)?;
+        Ok(RawArgs::default())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(RawArgs::default())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(RawArgs::default())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(RawArgs::default())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(RawArgs::default())
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(RawArgs::default())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(RawArgs::default())
+    }
+}
+
+enum ArgKey {
+    Addr,
+    Bytes,
+    TotalAllocated,
+    TotalReserved,
+    DeviceType,
+    DeviceId,
+    ExternalId,
+    SequenceNumber,
+    FwdThreadId,
+    PythonId,
+    PythonParentId,
+    PythonModuleId,
+    InputDims,
+    InputType,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for ArgKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = ArgKey;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an args field name")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<ArgKey, E> {
+                Ok(match key {
+                    "Addr" => ArgKey::Addr,
+                    "Bytes" => ArgKey::Bytes,
+                    "Total Allocated" => ArgKey::TotalAllocated,
+                    "Total Reserved" => ArgKey::TotalReserved,
+                    "Device Type" => ArgKey::DeviceType,
+                    "Device Id" => ArgKey::DeviceId,
+                    "External id" => ArgKey::ExternalId,
+                    "Sequence number" => ArgKey::SequenceNumber,
+                    "Fwd thread id" => ArgKey::FwdThreadId,
+                    "Python id" => ArgKey::PythonId,
+                    "Python parent id" => ArgKey::PythonParentId,
+                    "Python module id" => ArgKey::PythonModuleId,
+                    "Input Dims" => ArgKey::InputDims,
+                    "Input type" => ArgKey::InputType,
+                    _ => ArgKey::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(KeyVisitor)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tolerant scalar readers: a value of an unexpected type reads as `None`.
+
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// Implements the visit methods of a tolerant visitor that maps every JSON
+/// type it does not list to `None`.
+macro_rules! none_for_other_types {
+    () => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            drain_seq(seq)?;
+            Ok(Default::default())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            drain_map(map)?;
+            Ok(Default::default())
+        }
+    };
+}
+
+/// A string, borrowed from the input when it has no escapes.
+#[derive(Default)]
+struct LooseStr<'de>(Option<Cow<'de, str>>);
+
+impl<'de> de::Deserialize<'de> for LooseStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LooseStr<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(LooseStr(Some(Cow::Borrowed(s))))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(LooseStr(Some(Cow::Owned(s.to_owned()))))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
+                Ok(LooseStr(Some(Cow::Owned(s))))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(LooseStr(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(LooseStr(None))
+            }
+            none_for_other_types!();
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// An integer; integral floats, booleans and numeric strings are accepted too.
+#[derive(Default)]
+struct LooseInt(Option<i128>);
+
+impl<'de> de::Deserialize<'de> for LooseInt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LooseInt;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(LooseInt(Some(i128::from(v))))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(LooseInt(Some(i128::from(v))))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                let integral = v.is_finite() && v.fract() == 0.0 && v.abs() < 1e30;
+                Ok(LooseInt(integral.then_some(v as i128)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(LooseInt(s.trim().parse().ok()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(LooseInt(Some(i128::from(v))))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(LooseInt(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                drain_seq(seq)?;
+                Ok(LooseInt(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(LooseInt(None))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A finite number; numeric strings are accepted too.
+#[derive(Default)]
+struct LooseF64(Option<f64>);
+
+impl<'de> de::Deserialize<'de> for LooseF64 {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LooseF64;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(LooseF64(Some(v as f64)))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(LooseF64(Some(v as f64)))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(LooseF64(v.is_finite().then_some(v)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(LooseF64(
+                    s.trim().parse().ok().filter(|v: &f64| v.is_finite()),
+                ))
+            }
+            none_for_other_types!();
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// Counts the entries of a list (for `deviceProperties`).
+#[derive(Default)]
+struct CountSeq(usize);
+
+impl<'de> de::Deserialize<'de> for CountSeq {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CountSeq;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(CountSeq(n))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(CountSeq(0))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(CountSeq(0))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(CountSeq(0))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(CountSeq(0))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(CountSeq(0))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(CountSeq(0))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(CountSeq(0))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A list of strings (`Input type`); non-strings read as `""`.
+#[derive(Default)]
+struct LooseStrList<'de>(Vec<Cow<'de, str>>);
+
+impl<'de> de::Deserialize<'de> for LooseStrList<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LooseStrList<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of strings")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<LooseStr<'de>>()? {
+                    out.push(item.0.unwrap_or_default());
+                }
+                Ok(LooseStrList(out))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(LooseStrList::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(LooseStrList::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(LooseStrList::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(LooseStrList::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(LooseStrList::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(LooseStrList::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(LooseStrList::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `Input Dims`: one shape per argument; anything that is not a list of
+/// integers (a tensor list, a scalar) reads as an empty shape.
+#[derive(Default)]
+struct Shapes(Vec<Vec<i64>>);
+
+impl<'de> de::Deserialize<'de> for Shapes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Shapes;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of shapes")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(shape) = seq.next_element::<Shape>()? {
+                    out.push(shape.0);
+                }
+                Ok(Shapes(out))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Shapes::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Shapes::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Shapes::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Shapes::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Shapes::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Shapes::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(Shapes::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+#[derive(Default)]
+struct Shape(Vec<i64>);
+
+impl<'de> de::Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Shape;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a shape")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut dims = Vec::new();
+                let mut all_ints = true;
+                while let Some(dim) = seq.next_element::<LooseInt>()? {
+                    match dim.0 {
+                        Some(d) => dims.push(clamp_i64(d)),
+                        None => all_ints = false,
+                    }
+                }
+                Ok(Shape(if all_ints { dims } else { Vec::new() }))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(Shape::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(Shape::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(Shape::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(Shape::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(Shape::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Shape::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                drain_map(map)?;
+                Ok(Shape::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
