@@ -16,6 +16,7 @@
 pub mod analyzer;
 pub mod diag;
 pub mod orchestrator;
+pub mod permalink;
 pub mod presets;
 pub mod protocol;
 pub mod report;

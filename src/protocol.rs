@@ -2,20 +2,32 @@
 //!
 //! Pure serde types, compiled natively and round-trip tested, so the worker
 //! protocol can be checked without a browser. Messages travel as JSON strings;
-//! the file itself travels as a `Blob` next to the request, so the page never
-//! copies its bytes.
+//! the file itself travels as a `Blob` next to a [`Request::Run`], so the page
+//! never copies its bytes. Every request is self-contained except
+//! [`Request::Resimulate`], which reuses the trace the worker last prepared and
+//! is answered with [`Response::NeedTrace`] when the worker has none.
 
 use serde::{Deserialize, Serialize};
+
+use crate::permalink::TraceIdentity;
+use crate::report::Report;
+use crate::{Config, Stage};
 
 /// Page → worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Request {
-    /// Read the attached file in chunks and describe it.
-    Inspect {
+    /// Read the attached file in chunks and run the whole pipeline on it.
+    Run {
         /// A number the page chooses; every response to this request carries it.
         job: u32,
+        /// The file name to report (a `Blob` from `fetch` has none).
+        name: String,
+        config: Config,
     },
+    /// Simulate the last prepared trace again with other GPUs or allocator
+    /// settings (no parsing).
+    Resimulate { job: u32, config: Config },
 }
 
 /// Worker → page.
@@ -24,23 +36,46 @@ pub enum Request {
 pub enum Response {
     /// The worker has loaded and listens; the page sends nothing before this.
     Ready,
-    /// Work in progress.
+    /// Work in progress: `done` out of `total` units of `stage`.
     Progress {
         job: u32,
-        stage: String,
-        done_bytes: u64,
-        total_bytes: u64,
+        stage: WorkStage,
+        done: u64,
+        total: u64,
     },
-    /// What the worker read from the attached file.
-    FileInfo {
+    /// The estimate.
+    Done {
         job: u32,
-        name: String,
-        size_bytes: u64,
-        /// Whether the file starts with the gzip magic bytes.
-        gzip: bool,
+        trace: TraceIdentity,
+        report: Box<Report>,
     },
-    /// The request failed; the message says what to do.
+    /// A [`Request::Resimulate`] arrived but the worker holds no prepared trace
+    /// (it was restarted): send the file again with [`Request::Run`].
+    NeedTrace { job: u32 },
+    /// The request failed; the message says what was wrong and what to do.
     Failed { job: u32, message: String },
+}
+
+/// What the worker is doing, for the progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkStage {
+    Reading,
+    Pipeline(Stage),
+}
+
+impl WorkStage {
+    /// The stage's name as the page shows it.
+    pub fn label(self) -> &'static str {
+        match self {
+            WorkStage::Reading => "Reading the file",
+            WorkStage::Pipeline(Stage::Parsing) => "Parsing the trace",
+            WorkStage::Pipeline(Stage::Analyzing) => "Analyzing memory blocks",
+            WorkStage::Pipeline(Stage::Orchestrating) => "Orchestrating the GPU run",
+            WorkStage::Pipeline(Stage::Simulating) => "Simulating the CUDA allocator",
+            WorkStage::Pipeline(Stage::Reporting) => "Building the report",
+        }
+    }
 }
 
 impl Request {
@@ -72,23 +107,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn messages_round_trip_through_json() {
-        let request = Request::Inspect { job: 7 };
-        assert_eq!(Request::from_json(&request.to_json()).unwrap(), request);
+    fn requests_round_trip_through_json() {
+        let requests = [
+            Request::Run {
+                job: 7,
+                name: "a.json.gz".into(),
+                config: Config::standard(),
+            },
+            Request::Resimulate {
+                job: 8,
+                config: Config::standard(),
+            },
+        ];
+        for request in requests {
+            assert_eq!(Request::from_json(&request.to_json()).unwrap(), request);
+        }
+    }
+
+    #[test]
+    fn responses_round_trip_through_json() {
         let responses = [
             Response::Ready,
             Response::Progress {
                 job: 7,
-                stage: "reading".into(),
-                done_bytes: 1,
-                total_bytes: 2,
+                stage: WorkStage::Pipeline(Stage::Simulating),
+                done: 1,
+                total: 2,
             },
-            Response::FileInfo {
-                job: 7,
-                name: "a.json.gz".into(),
-                size_bytes: 3,
-                gzip: true,
-            },
+            Response::NeedTrace { job: 3 },
             Response::Failed {
                 job: 7,
                 message: "bad".into(),

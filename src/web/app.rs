@@ -1,26 +1,63 @@
-//! The page: a drop zone and a file picker that hand the file to the worker,
-//! and the worker's answer.
+//! The page: input (drop zone, file picker, demo), GPU selection, progress
+//! and cancel, and the estimate with its charts, tables and permalink.
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{Blob, File, HtmlInputElement, Worker};
+use wasm_bindgen_futures::JsFuture;
+use web_sys::{Blob, File, HtmlCanvasElement, HtmlInputElement, Worker};
 
 use super::bridge;
+use super::charts::{self, Band};
+use super::format::{exact, gib, seconds, short, thousands};
+use crate::permalink::{self, Shared, TraceIdentity};
+use crate::presets::{self, PRESETS};
 use crate::protocol::{Request, Response};
+use crate::report::{Breakdown, Report};
+use crate::Config;
+
+/// The demo trace, a real fixture shipped with the site (`www/demo/`).
+const DEMO_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
+const DEMO_NAME: &str = "resnet18_sgd_bs16_pos1.json.gz";
+/// The GPUs selected on a first visit.
+const DEFAULT_GPUS: [&str; 6] = [
+    "t4",
+    "l4",
+    "rtx-4090",
+    "a100-40gb",
+    "a100-80gb",
+    "h100-80gb",
+];
 
 /// What the page shows, as plain values.
 #[derive(Debug, Clone, PartialEq)]
 enum Status {
     /// The worker has not said "ready" yet.
     Starting,
-    /// Waiting for a file.
+    /// Waiting for input.
     Idle,
-    /// The worker is reading a file.
+    /// The worker is busy.
     Working {
-        stage: String,
-        done_bytes: u64,
-        total_bytes: u64,
+        label: String,
+        done: u64,
+        total: u64,
     },
+}
+
+/// An estimate on screen.
+#[derive(Debug, Clone, PartialEq)]
+struct Shown {
+    trace: TraceIdentity,
+    gpus: Vec<String>,
+    report: Report,
+    /// Opened from a permalink (no trace in this browser).
+    shared: bool,
+}
+
+/// The file the current estimate came from, kept to re-run after a cancel.
+#[derive(Clone)]
+struct Input {
+    blob: Blob,
+    name: String,
 }
 
 /// Mounts the app on `<body>` and removes the static loading placeholder.
@@ -32,86 +69,217 @@ pub fn mount() {
     leptos::mount::mount_to_body(App);
 }
 
+fn location_hash() -> String {
+    window().location().hash().unwrap_or_default()
+}
+
+fn set_location_hash(fragment: &str) {
+    let url = format!("#{fragment}");
+    if let Ok(history) = window().history() {
+        let _ = history.replace_state_with_url(&wasm_bindgen::JsValue::NULL, "", Some(&url));
+    }
+}
+
 /// The root component.
 #[component]
 fn App() -> impl IntoView {
     let status = RwSignal::new(Status::Starting);
-    let file_info = RwSignal::new(None::<(String, u64, bool)>);
+    let shown = RwSignal::new(None::<Shown>);
     let error = RwSignal::new(None::<String>);
+    let selected = RwSignal::new(
+        DEFAULT_GPUS
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+    );
+    let alloc_conf = RwSignal::new(String::new());
     let job = StoredValue::new(0u32);
+    let worker = StoredValue::new_local(None::<Worker>);
+    let input = StoredValue::new_local(None::<Input>);
 
-    let on_response = move |response: Response| match response {
-        Response::Ready => status.set(Status::Idle),
-        Response::Progress {
-            stage,
-            done_bytes,
-            total_bytes,
-            ..
-        } => status.set(Status::Working {
-            stage,
-            done_bytes,
-            total_bytes,
-        }),
-        Response::FileInfo {
-            name,
-            size_bytes,
-            gzip,
-            ..
-        } => {
-            status.set(Status::Idle);
-            error.set(None);
-            file_info.set(Some((name, size_bytes, gzip)));
+    // A permalink in the URL: show the shared estimate at once.
+    let hash = location_hash();
+    if hash.len() > 1 {
+        match permalink::decode(&hash) {
+            Ok(shared) => {
+                selected.set(shared.gpus.clone());
+                alloc_conf.set(shared.report.summary.alloc_conf.clone());
+                shown.set(Some(Shown {
+                    trace: shared.trace,
+                    gpus: shared.gpus,
+                    report: shared.report,
+                    shared: true,
+                }));
+            }
+            Err(err) => error.set(Some(err.to_string())),
         }
-        Response::Failed { message, .. } => {
-            status.set(Status::Idle);
-            error.set(Some(message));
+    }
+
+    let config = move || -> Result<(Config, Vec<String>), String> {
+        let specs = selected.get_untracked();
+        if specs.is_empty() {
+            return Err("select at least one GPU".into());
+        }
+        let mut config = Config::standard();
+        config.alloc_conf = alloc_conf.get_untracked();
+        config.gpus = specs
+            .iter()
+            .map(|spec| presets::parse_gpu(spec))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| err.to_string())?;
+        Ok((config, specs))
+    };
+    let next_job = move || {
+        let next = job.get_value().wrapping_add(1);
+        job.set_value(next);
+        next
+    };
+    let working = move |label: &str| {
+        status.set(Status::Working {
+            label: label.into(),
+            done: 0,
+            total: 0,
+        })
+    };
+    let send_run = move |file: Input| {
+        let (config, _) = match config() {
+            Ok(config) => config,
+            Err(message) => return error.set(Some(message)),
+        };
+        let request = Request::Run {
+            job: next_job(),
+            name: file.name.clone(),
+            config,
+        };
+        let sent = worker.with_value(|worker| match worker {
+            Some(worker) => bridge::post(worker, &request, Some(&file.blob)),
+            None => Err("the worker is not running; reload the page".into()),
+        });
+        match sent {
+            Ok(()) => {
+                input.set_value(Some(file));
+                working("Sending the file");
+            }
+            Err(message) => error.set(Some(message)),
         }
     };
-    let worker = match bridge::spawn(on_response) {
-        Ok(worker) => Some(worker),
-        Err(message) => {
-            error.set(Some(message));
-            None
+    let resimulate = move || {
+        if status.get_untracked() == Status::Starting {
+            return;
+        }
+        if shown.with_untracked(|s| s.is_none()) {
+            return;
+        }
+        let (config, _) = match config() {
+            Ok(config) => config,
+            Err(message) => return error.set(Some(message)),
+        };
+        let request = Request::Resimulate {
+            job: next_job(),
+            config,
+        };
+        let sent = worker.with_value(|worker| match worker {
+            Some(worker) => bridge::post(worker, &request, None),
+            None => Err("the worker is not running; reload the page".into()),
+        });
+        match sent {
+            Ok(()) => working("Simulating"),
+            Err(message) => error.set(Some(message)),
         }
     };
-    let worker = StoredValue::new_local(worker);
 
-    let submit = move |file: File| {
+    let on_response = move |response: Response| {
+        let current = job.get_value();
+        match response {
+            Response::Ready => status.set(Status::Idle),
+            Response::Progress {
+                job: of,
+                stage,
+                done,
+                total,
+            } if of == current => status.set(Status::Working {
+                label: stage.label().into(),
+                done,
+                total,
+            }),
+            Response::Done {
+                job: of,
+                trace,
+                report,
+            } if of == current => {
+                let gpus = selected.get_untracked();
+                let shared = Shared::new(trace.clone(), gpus.clone(), &report);
+                set_location_hash(&permalink::encode(&shared));
+                status.set(Status::Idle);
+                error.set(None);
+                shown.set(Some(Shown {
+                    trace,
+                    gpus,
+                    report: *report,
+                    shared: false,
+                }));
+            }
+            Response::NeedTrace { job: of } if of == current => match input.get_value() {
+                Some(file) => send_run(file),
+                None => {
+                    status.set(Status::Idle);
+                    error.set(Some(
+                        "this is a shared estimate: drop its trace to compute it for other GPUs or settings"
+                            .into(),
+                    ));
+                }
+            },
+            Response::Failed { job: of, message } if of == current || of == 0 => {
+                status.set(Status::Idle);
+                error.set(Some(message));
+            }
+            // A stale answer to a cancelled job.
+            _ => {}
+        }
+    };
+    let start_worker = move || match bridge::spawn(on_response) {
+        Ok(started) => worker.set_value(Some(started)),
+        Err(message) => error.set(Some(message)),
+    };
+    start_worker();
+
+    let cancel = move |_| {
+        worker.update_value(|worker| {
+            if let Some(worker) = worker.take() {
+                worker.terminate();
+            }
+        });
+        next_job();
+        status.set(Status::Starting);
+        error.set(Some("cancelled; the previous estimate is kept".into()));
+        start_worker();
+    };
+
+    let submit_file = move |file: File| {
         if status.get_untracked() == Status::Starting {
             error.set(Some(
                 "the worker is still loading; try again in a moment".into(),
             ));
             return;
         }
-        let next = job.get_value().wrapping_add(1);
-        job.set_value(next);
-        let blob: &Blob = file.as_ref();
-        let sent = worker.with_value(|worker: &Option<Worker>| match worker {
-            Some(worker) => bridge::post(worker, &Request::Inspect { job: next }, blob),
-            None => Err("the worker could not start; reload the page".into()),
+        let name = file.name();
+        send_run(Input {
+            blob: file.into(),
+            name,
         });
-        match sent {
-            Ok(()) => status.set(Status::Working {
-                stage: "sending".into(),
-                done_bytes: 0,
-                total_bytes: file.size() as u64,
-            }),
-            Err(message) => error.set(Some(message)),
-        }
     };
-
     let on_pick = move |ev: leptos::ev::Event| {
-        let Some(input) = ev
+        let Some(target) = ev
             .target()
             .and_then(|t| t.dyn_into::<HtmlInputElement>().ok())
         else {
             return;
         };
-        if let Some(file) = input.files().and_then(|files| files.get(0)) {
-            submit(file);
+        if let Some(file) = target.files().and_then(|files| files.get(0)) {
+            submit_file(file);
         }
         // Let the same file be picked again.
-        input.set_value("");
+        target.set_value("");
     };
     let dragging = RwSignal::new(false);
     let on_drop = move |ev: leptos::ev::DragEvent| {
@@ -122,7 +290,54 @@ fn App() -> impl IntoView {
             .and_then(|transfer| transfer.files())
             .and_then(|files| files.get(0))
         {
-            submit(file);
+            submit_file(file);
+        }
+    };
+    let demo = move |_| {
+        if status.get_untracked() == Status::Starting {
+            return;
+        }
+        working("Loading the demo trace");
+        leptos::task::spawn_local(async move {
+            match fetch_blob(DEMO_URL).await {
+                Ok(blob) => send_run(Input {
+                    blob,
+                    name: DEMO_NAME.into(),
+                }),
+                Err(message) => {
+                    status.set(Status::Idle);
+                    error.set(Some(message));
+                }
+            }
+        });
+    };
+
+    let toggle_gpu = move |slug: String, on: bool| {
+        selected.update(|list| {
+            list.retain(|s| s != &slug);
+            if on {
+                list.push(slug);
+            }
+        });
+        resimulate();
+    };
+    let custom = RwSignal::new(String::new());
+    let add_custom = move || {
+        let text = custom.get_untracked().trim().to_string();
+        if text.is_empty() {
+            return;
+        }
+        match presets::parse_gpu(&text) {
+            Ok(_) => {
+                selected.update(|list| {
+                    if !list.contains(&text) {
+                        list.push(text.clone());
+                    }
+                });
+                custom.set(String::new());
+                resimulate();
+            }
+            Err(err) => error.set(Some(err.to_string())),
         }
     };
 
@@ -130,44 +345,362 @@ fn App() -> impl IntoView {
         <header>
             <h1>"memcast"</h1>
             <p class="tagline">
-                "How much GPU memory will your PyTorch training job need? Drop a CPU profiler trace to find out."
+                "How much GPU memory will your PyTorch training job need? Drop a CPU profiler trace to find out — it never leaves your browser."
             </p>
         </header>
         <main>
-            <label
-                id="drop-zone"
-                class="drop-zone"
-                class:dragging=move || dragging.get()
-                on:dragover=move |ev: leptos::ev::DragEvent| {
-                    ev.prevent_default();
-                    dragging.set(true);
-                }
-                on:dragleave=move |_| dragging.set(false)
-                on:drop=on_drop
-            >
-                <input id="file-input" type="file" accept=".json,.gz,application/json,application/gzip" on:change=on_pick />
-                <span>"Drop a " <code>".json"</code> " or " <code>".json.gz"</code> " trace here, or choose a file"</span>
-            </label>
-            <p id="status" class="status">
-                {move || match status.get() {
-                    Status::Starting => "Starting the worker…".to_string(),
-                    Status::Idle => "Ready.".to_string(),
-                    Status::Working { stage, done_bytes, total_bytes } => {
-                        format!("{stage}: {done_bytes} of {total_bytes} bytes")
+            <section class="input">
+                <label
+                    id="drop-zone"
+                    class="drop-zone"
+                    class:dragging=move || dragging.get()
+                    on:dragover=move |ev: leptos::ev::DragEvent| {
+                        ev.prevent_default();
+                        dragging.set(true);
                     }
-                }}
-            </p>
-            {move || error.get().map(|message| view! { <p id="error" class="error" role="alert">{message}</p> })}
-            {move || file_info.get().map(|(name, size_bytes, gzip)| view! {
-                <section id="file-info" class="result">
-                    <h2>"File"</h2>
-                    <dl>
-                        <dt>"Name"</dt><dd id="file-name">{name}</dd>
-                        <dt>"Size"</dt><dd id="file-size">{format!("{size_bytes} bytes")}</dd>
-                        <dt>"Compression"</dt><dd id="file-gzip">{if gzip { "gzip" } else { "none" }}</dd>
-                    </dl>
-                </section>
-            })}
+                    on:dragleave=move |_| dragging.set(false)
+                    on:drop=on_drop
+                >
+                    <input id="file-input" type="file" accept=".json,.gz,application/json,application/gzip" on:change=on_pick />
+                    <span>"Drop a " <code>".json"</code> " or " <code>".json.gz"</code> " trace here, or choose a file"</span>
+                </label>
+                <div class="actions">
+                    <button id="demo" type="button" on:click=demo>"Try the demo"</button>
+                    <CapturePanel />
+                </div>
+                <div class="progress-line">
+                    {move || match status.get() {
+                        Status::Starting => view! { <p id="status" class="status">"Starting the worker…"</p> }.into_any(),
+                        Status::Idle => view! { <p id="status" class="status">"Ready."</p> }.into_any(),
+                        Status::Working { label, done, total } => {
+                            let percent = done.saturating_mul(100).checked_div(total).unwrap_or(0);
+                            view! {
+                                <p id="status" class="status">{format!("{label}… {percent}%")}</p>
+                                <progress id="progress" max="100" value=percent.to_string()></progress>
+                                <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
+                            }.into_any()
+                        }
+                    }}
+                </div>
+                {move || error.get().map(|message| view! { <p id="error" class="error" role="alert">{message}</p> })}
+            </section>
+
+            <section class="settings">
+                <h2>"GPUs"</h2>
+                <div id="gpu-list" class="gpu-list">
+                    {PRESETS.iter().map(|preset| {
+                        let slug = preset.slug.to_string();
+                        let checked_slug = slug.clone();
+                        let toggled_slug = slug.clone();
+                        view! {
+                            <label class="gpu">
+                                <input type="checkbox" value=slug.clone()
+                                    prop:checked=move || selected.with(|list| list.contains(&checked_slug))
+                                    on:change=move |ev| toggle_gpu(toggled_slug.clone(), event_target_checked(&ev)) />
+                                {format!("{} ({:.1} GiB)", preset.slug, preset.cuda_visible.get() as f64 / crate::Bytes::GIB as f64)}
+                            </label>
+                        }
+                    }).collect_view()}
+                    {move || selected.get().into_iter().filter(|spec| presets::find(spec).is_none()).map(|spec| {
+                        let toggled = spec.clone();
+                        view! {
+                            <label class="gpu custom">
+                                <input type="checkbox" checked=true on:change=move |ev| toggle_gpu(toggled.clone(), event_target_checked(&ev)) />
+                                {spec}
+                            </label>
+                        }
+                    }).collect_view()}
+                </div>
+                <form class="custom-gpu" on:submit=move |ev| { ev.prevent_default(); add_custom(); }>
+                    <label>"Custom capacity "
+                        <input id="custom-gpu" type="text" placeholder="e.g. 24GiB or 12884377600" prop:value=move || custom.get()
+                            on:input=move |ev| custom.set(event_target_value(&ev)) />
+                    </label>
+                    <button type="submit">"Add"</button>
+                </form>
+                <form class="alloc-conf" on:submit=move |ev| { ev.prevent_default(); resimulate(); }>
+                    <label><code>"PYTORCH_CUDA_ALLOC_CONF"</code>" "
+                        <input id="alloc-conf" type="text" placeholder="default" prop:value=move || alloc_conf.get()
+                            on:input=move |ev| alloc_conf.set(event_target_value(&ev)) />
+                    </label>
+                    <button type="submit">"Apply"</button>
+                </form>
+            </section>
+
+            {move || shown.get().map(|shown| view! { <Results shown=shown /> })}
         </main>
+        <footer>
+            <p>"memcast runs entirely in this page: your trace is read by a Web Worker on this device and never uploaded. A shared link carries only the estimate."</p>
+        </footer>
+    }
+}
+
+async fn fetch_blob(url: &str) -> Result<Blob, String> {
+    let response = JsFuture::from(window().fetch_with_str(url))
+        .await
+        .map_err(|err| format!("cannot load the demo trace: {err:?}"))?;
+    let response: web_sys::Response = response
+        .dyn_into()
+        .map_err(|_| "cannot load the demo trace: not a response".to_string())?;
+    if !response.ok() {
+        return Err(format!(
+            "cannot load the demo trace: HTTP {}",
+            response.status()
+        ));
+    }
+    let blob = response
+        .blob()
+        .map_err(|err| format!("cannot load the demo trace: {err:?}"))?;
+    JsFuture::from(blob)
+        .await
+        .map_err(|err| format!("cannot load the demo trace: {err:?}"))?
+        .dyn_into::<Blob>()
+        .map_err(|_| "cannot load the demo trace: not a file".to_string())
+}
+
+/// The copy-paste snippet that records a compatible trace.
+#[component]
+fn CapturePanel() -> impl IntoView {
+    view! {
+        <details id="capture" class="capture">
+            <summary>"How to capture a trace"</summary>
+            <pre><code>{CAPTURE_SNIPPET}</code></pre>
+            <ul>
+                <li><code>"profile_memory=True"</code>" records every allocation and free — the blocks memcast replays."</li>
+                <li><code>"record_shapes=True"</code>" records tensor shapes — parameters are inferred from the gradient shapes."</li>
+                <li><code>"with_stack=True"</code>" records Python frames — the layers, forward and backward."</li>
+                <li>"Three iterations ("<code>"active=3"</code>") let optimizers create their state and reach a steady state."</li>
+                <li>"Run it on the CPU: no GPU is needed. Drop the exported "<code>".json"</code>" (or its "<code>".json.gz"</code>") here."</li>
+            </ul>
+        </details>
+    }
+}
+
+const CAPTURE_SNIPPET: &str = r#"import torch
+from torch.profiler import profile, schedule, ProfilerActivity
+
+model, optimizer, loader = ...  # your training setup, on the CPU
+
+with profile(activities=[ProfilerActivity.CPU],
+             profile_memory=True, record_shapes=True, with_stack=True,
+             schedule=schedule(wait=0, warmup=0, active=3)) as prof:
+    for step, (inputs, targets) in zip(range(3), loader):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        prof.step()
+
+prof.export_chrome_trace("trace.json")"#;
+
+fn breakdown_parts(breakdown: &Breakdown) -> [(&'static str, crate::Bytes); 9] {
+    [
+        ("parameters", breakdown.parameters),
+        ("buffers", breakdown.buffers),
+        ("gradients", breakdown.gradients),
+        ("optimizer state", breakdown.optimizer_state),
+        ("activations", breakdown.activations),
+        ("batch", breakdown.batch),
+        ("temporaries", breakdown.temporaries),
+        ("cached / fragmentation", breakdown.cached),
+        ("CUDA context + workspaces", breakdown.overheads),
+    ]
+}
+
+/// Draws a chart once its canvas is in the page.
+fn draw_on(
+    canvas: NodeRef<leptos::html::Canvas>,
+    draw: impl Fn(&HtmlCanvasElement) -> Result<(), String> + 'static,
+) {
+    Effect::new(move |_| {
+        if let Some(element) = canvas.get() {
+            if let Err(message) = draw(&element) {
+                web_sys::console::warn_1(&format!("chart not drawn: {message}").into());
+            }
+        }
+    });
+}
+
+/// The estimate: summary, charts with their tables, layers, warnings, link.
+#[component]
+fn Results(
+    /// The estimate to show.
+    shown: Shown,
+) -> impl IntoView {
+    let report = shown.report.clone();
+    let peak = report.peak.clone();
+    let parts = breakdown_parts(&report.breakdown_at_peak);
+
+    let timeline_canvas = NodeRef::<leptos::html::Canvas>::new();
+    let gpu_canvas = NodeRef::<leptos::html::Canvas>::new();
+    let breakdown_canvas = NodeRef::<leptos::html::Canvas>::new();
+    let bands: Vec<Band> = Vec::new();
+    {
+        let report = report.clone();
+        draw_on(timeline_canvas, move |canvas| {
+            charts::timeline(canvas, &report, &bands)
+        });
+    }
+    {
+        let report = report.clone();
+        draw_on(gpu_canvas, move |canvas| charts::gpus(canvas, &report));
+    }
+    draw_on(breakdown_canvas, move |canvas| {
+        charts::breakdown(canvas, &parts)
+    });
+
+    let link = format!(
+        "{}{}",
+        window()
+            .location()
+            .href()
+            .unwrap_or_default()
+            .split('#')
+            .next()
+            .unwrap_or_default(),
+        format_args!(
+            "#{}",
+            permalink::encode(&Shared::new(
+                shown.trace.clone(),
+                shown.gpus.clone(),
+                &report
+            ))
+        )
+    );
+    let copied = RwSignal::new(false);
+    let copy_link = {
+        let link = link.clone();
+        move |_| {
+            let clipboard = window().navigator().clipboard();
+            let promise = clipboard.write_text(&link);
+            leptos::task::spawn_local(async move {
+                copied.set(JsFuture::from(promise).await.is_ok());
+            });
+        }
+    };
+    let where_peak = {
+        let at = &peak.at;
+        let mut parts = Vec::new();
+        if let Some(iteration) = at.iteration {
+            parts.push(format!("iteration {iteration}"));
+        }
+        parts.push(format!("{:?}", at.phase).to_lowercase());
+        if let Some(op) = &at.op {
+            parts.push(format!("op {op}"));
+        }
+        if let Some(layer) = &at.layer {
+            parts.push(format!("layer {layer}"));
+        }
+        parts.join(", ")
+    };
+
+    view! {
+        <section id="results" class="result">
+            {shown.shared.then(|| view! {
+                <p id="shared-banner" class="shared-banner">
+                    "Shared estimate — computed elsewhere from "<strong>{shown.trace.name.clone()}</strong>
+                    " (SHA-256 "<code>{shown.trace.sha256.chars().take(16).collect::<String>()}"…"</code>"). No trace is loaded in this browser."
+                </p>
+            })}
+            <h2>"Peak GPU memory"</h2>
+            <p class="headline">
+                <span id="peak-total-gib" class="big">{gib(peak.total_bytes)}</span>
+                " "<span id="peak-total-bytes" class="exact">{exact(peak.total_bytes)}</span>
+            </p>
+            <dl class="summary">
+                <dt>"Trace"</dt><dd id="trace-name">{shown.trace.name.clone()}" ("{exact(shown.trace.size_bytes)}")"</dd>
+                <dt>"Reserved by PyTorch"</dt><dd id="peak-reserved">{format!("{} — {}", gib(peak.reserved_bytes), exact(peak.reserved_bytes))}</dd>
+                <dt>"Allocated (live tensors)"</dt><dd id="peak-allocated">{format!("{} — {}", gib(peak.allocated_bytes), exact(peak.allocated_bytes))}</dd>
+                <dt>"CUDA context"</dt><dd>{format!("{} — {}", gib(peak.context_bytes), exact(peak.context_bytes))}</dd>
+                <dt>"Where"</dt><dd id="peak-where">{where_peak}</dd>
+                <dt>"Run"</dt><dd>{format!("{} iterations simulated ({} captured), optimizer {}{}, {} parameters ({}), reference GPU {}",
+                    report.summary.iterations_simulated, report.summary.iterations_captured,
+                    report.summary.optimizer.clone().unwrap_or_else(|| "unknown".into()),
+                    if report.summary.foreach_modelled { " (foreach)" } else { "" },
+                    thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
+                    report.reference_gpu)}</dd>
+            </dl>
+
+            <h3>"Timeline"</h3>
+            <canvas id="timeline-chart" node_ref=timeline_canvas width="1040" height="320"></canvas>
+            <details class="numbers">
+                <summary>"Timeline numbers ("{report.timeline.len()}" points)"</summary>
+                <table id="timeline-table">
+                    <thead><tr><th>"time"</th><th>"allocated (B)"</th><th>"reserved (B)"</th></tr></thead>
+                    <tbody>
+                        {report.timeline.iter().map(|p| view! {
+                            <tr><td>{seconds(p.time_ns.get() - report.timeline.first().map_or(0, |f| f.time_ns.get()))}</td>
+                                <td>{thousands(p.allocated_bytes.get())}</td><td>{thousands(p.reserved_bytes.get())}</td></tr>
+                        }).collect_view()}
+                    </tbody>
+                </table>
+            </details>
+
+            <h3>"GPUs"</h3>
+            <div class="chart-and-table">
+                <canvas id="gpu-chart" node_ref=gpu_canvas width="620" height={(60 + 44 * report.gpus.len().max(1)).to_string()}></canvas>
+                <table id="gpu-table">
+                    <thead><tr><th>"GPU"</th><th>"capacity"</th><th>"verdict"</th><th>"headroom / shortfall"</th></tr></thead>
+                    <tbody>
+                        {report.gpus.iter().map(|gpu| view! {
+                            <tr class=if gpu.fits { "fits" } else { "oom" }>
+                                <td>{gpu.preset.clone()}</td>
+                                <td title=exact(gpu.capacity_bytes)>{gib(gpu.capacity_bytes)}</td>
+                                <td class="verdict">{if gpu.fits { "fits" } else { "out of memory" }}</td>
+                                <td>{match (gpu.headroom_bytes, gpu.shortfall_bytes) {
+                                    (Some(headroom), _) => format!("+{} free", short(headroom)),
+                                    (_, Some(shortfall)) => format!("needs {} more", short(shortfall)),
+                                    _ => String::new(),
+                                }}</td>
+                            </tr>
+                        }).collect_view()}
+                    </tbody>
+                </table>
+            </div>
+
+            <h3>"Breakdown at the peak"</h3>
+            <div class="chart-and-table">
+                <canvas id="breakdown-chart" node_ref=breakdown_canvas width="620" height="150"></canvas>
+                <table id="breakdown-table">
+                    <thead><tr><th></th><th>"category"</th><th>"bytes"</th><th>"GiB"</th></tr></thead>
+                    <tbody>
+                        {parts.iter().enumerate().map(|(idx, (label, bytes))| {
+                            let color = charts::CATEGORY_COLORS.get(idx).map_or(String::new(), |c| format!("background: rgb({},{},{})", c.0, c.1, c.2));
+                            view! {
+                                <tr><td><span class="swatch" style=color></span></td><td>{*label}</td>
+                                    <td class="num">{thousands(bytes.get())}</td><td class="num">{gib(*bytes)}</td></tr>
+                            }
+                        }).collect_view()}
+                        <tr class="total"><td></td><td>"total"</td><td class="num">{thousands(report.breakdown_at_peak.total().get())}</td>
+                            <td class="num">{gib(report.breakdown_at_peak.total())}</td></tr>
+                    </tbody>
+                </table>
+            </div>
+
+            <h3>"Top layers at the peak"</h3>
+            <table id="layers-table">
+                <thead><tr><th>"layer"</th><th>"live bytes"</th></tr></thead>
+                <tbody>
+                    {report.top_layers.iter().map(|layer| view! {
+                        <tr><td><code>{layer.layer.clone()}</code></td><td class="num">{thousands(layer.bytes.get())}</td></tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+
+            <h3>"Warnings"</h3>
+            <ul id="warnings" class="warnings">
+                {report.warnings.iter().map(|warning| view! {
+                    <li><code>{warning.code.clone()}</code>" "{warning.message.clone()}</li>
+                }).collect_view()}
+            </ul>
+
+            <h3>"Share"</h3>
+            <div class="share">
+                <input id="permalink" type="text" readonly value=link.clone() />
+                <button id="copy-link" type="button" on:click=copy_link>"Copy link"</button>
+                {move || copied.get().then(|| view! { <span class="copied">"Copied"</span> })}
+            </div>
+            <p class="hint">"The link carries this estimate (numbers, breakdown, a downsampled timeline, the GPUs and settings, the trace's name and SHA-256) — never the trace."</p>
+        </section>
     }
 }

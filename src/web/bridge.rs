@@ -37,12 +37,15 @@ pub fn spawn(on_response: impl Fn(Response) + 'static) -> Result<Worker, String>
     Ok(worker)
 }
 
-/// Posts `request` with `file` attached; the file is shared with the worker by
+/// Posts `request`, with `file` attached when given; the file is shared with the worker by
 /// structured clone (a `Blob` handle, not a copy of its bytes).
-pub fn post(worker: &Worker, request: &Request, file: &Blob) -> Result<(), String> {
+pub fn post(worker: &Worker, request: &Request, file: Option<&Blob>) -> Result<(), String> {
     let message = Object::new();
     Reflect::set(&message, &"request".into(), &request.to_json().into())
-        .and_then(|_| Reflect::set(&message, &"file".into(), file))
+        .and_then(|_| match file {
+            Some(file) => Reflect::set(&message, &"file".into(), file),
+            None => Ok(true),
+        })
         .map_err(|err| format!("cannot build the worker message: {err:?}"))?;
     worker
         .post_message(&message)

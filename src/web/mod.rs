@@ -7,6 +7,8 @@
 
 mod app;
 mod bridge;
+mod charts;
+mod format;
 pub mod worker;
 
 pub use app::mount;

@@ -1,16 +1,29 @@
-//! The Web Worker: receives a request with a `Blob`, reads the blob in chunks
-//! (so a file of hundreds of MB is never copied whole on the main thread), and
-//! posts [`Response`]s back as JSON strings.
+//! The Web Worker: runs the pipeline off the page's thread.
+//!
+//! It receives a [`Request`] with a `Blob`, reads the blob in slices (so a file
+//! of hundreds of MB is never copied whole on the main thread), runs
+//! [`crate::prepare`] and [`crate::estimate`], and posts [`Response`]s back as
+//! JSON strings. It keeps the last prepared trace, so a change of GPUs or
+//! allocator settings re-runs only the simulation.
+
+use std::cell::RefCell;
 
 use js_sys::{Reflect, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{Blob, DedicatedWorkerGlobalScope, File, FileReaderSync, MessageEvent};
+use web_sys::{Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent};
 
-use crate::protocol::{Request, Response};
+use crate::permalink::TraceIdentity;
+use crate::protocol::{Request, Response, WorkStage};
+use crate::{Config, Prepared, Progress};
 
-/// Bytes read per chunk from the blob.
+/// Bytes read per slice of the blob.
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
+
+thread_local! {
+    /// The last trace prepared, with its identity.
+    static PREPARED: RefCell<Option<(TraceIdentity, Prepared)>> = const { RefCell::new(None) };
+}
 
 /// Installs the message handler and tells the page the worker is ready.
 pub fn register() {
@@ -42,57 +55,124 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
         });
         return;
     };
-    let Request::Inspect { job } = request;
-    let Some(blob) = Reflect::get(data, &"file".into())
-        .ok()
-        .and_then(|value| value.dyn_into::<Blob>().ok())
-    else {
-        post(Response::Failed {
-            job,
-            message: "no file came with the request; drop the file again".into(),
-        });
-        return;
-    };
-    match inspect(job, &blob, post) {
-        Ok(response) => post(response),
-        Err(message) => post(Response::Failed { job, message }),
+    match request {
+        Request::Run { job, name, config } => {
+            let blob = Reflect::get(data, &"file".into())
+                .ok()
+                .and_then(|value| value.dyn_into::<Blob>().ok());
+            let Some(blob) = blob else {
+                post(Response::Failed {
+                    job,
+                    message: "no file came with the request; drop the file again".into(),
+                });
+                return;
+            };
+            match read_blob(job, &blob, post) {
+                Ok(bytes) => run(job, &name, &bytes, &config, post),
+                Err(message) => post(Response::Failed { job, message }),
+            }
+        }
+        Request::Resimulate { job, config } => resimulate(job, &config, post),
     }
 }
 
-/// Reads the whole blob chunk by chunk, reporting progress, and describes it.
-fn inspect(job: u32, blob: &Blob, post: &dyn Fn(Response)) -> Result<Response, String> {
-    let name = blob
-        .dyn_ref::<File>()
-        .map(File::name)
-        .unwrap_or_else(|| "unnamed".into());
-    let total_bytes = blob.size() as u64;
+/// Reads the whole blob slice by slice, reporting progress.
+fn read_blob(job: u32, blob: &Blob, post: &dyn Fn(Response)) -> Result<Vec<u8>, String> {
+    let total = blob.size() as u64;
     let reader = FileReaderSync::new().map_err(|err| format!("cannot read the file: {err:?}"))?;
-    let mut head = [0u8; 2];
-    let mut n_head = 0usize;
-    let mut done_bytes = 0u64;
-    while done_bytes < total_bytes {
-        let end = (done_bytes + CHUNK_BYTES).min(total_bytes);
+    let mut bytes = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    let mut done = 0u64;
+    while done < total {
+        let end = (done + CHUNK_BYTES).min(total);
         let chunk = blob
-            .slice_with_f64_and_f64(done_bytes as f64, end as f64)
+            .slice_with_f64_and_f64(done as f64, end as f64)
             .and_then(|slice| reader.read_as_array_buffer(&slice))
-            .map_err(|err| format!("cannot read the file {name:?}: {err:?}"))?;
-        let bytes = Uint8Array::new(&chunk);
-        while n_head < head.len() && (n_head as u32) < bytes.length() {
-            head[n_head] = bytes.get_index(n_head as u32);
-            n_head += 1;
-        }
-        done_bytes = end;
+            .map_err(|err| format!("cannot read the file: {err:?}"))?;
+        let view = Uint8Array::new(&chunk);
+        let start = bytes.len();
+        bytes.resize(start + view.length() as usize, 0);
+        view.copy_to(&mut bytes[start..]);
+        done = end;
         post(Response::Progress {
             job,
-            stage: "reading".into(),
-            done_bytes,
-            total_bytes,
+            stage: WorkStage::Reading,
+            done,
+            total,
         });
     }
-    Ok(Response::FileInfo {
-        job,
-        name,
-        size_bytes: total_bytes,
-        gzip: n_head == 2 && head == [0x1f, 0x8b],
-    })
+    Ok(bytes)
+}
+
+/// Posts pipeline progress, at most once per percent of each stage.
+fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + '_ {
+    let mut last: Option<(crate::Stage, u64)> = None;
+    move |progress: Progress| {
+        let percent = progress
+            .done
+            .saturating_mul(100)
+            .checked_div(progress.total)
+            .unwrap_or(0);
+        if last != Some((progress.stage, percent)) {
+            last = Some((progress.stage, percent));
+            post(Response::Progress {
+                job,
+                stage: WorkStage::Pipeline(progress.stage),
+                done: progress.done,
+                total: progress.total,
+            });
+        }
+    }
+}
+
+fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Response)) {
+    let trace = TraceIdentity::of(name, bytes);
+    let mut progress = progress_poster(job, post);
+    let prepared = match crate::prepare(bytes, config, &mut progress) {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            post(Response::Failed {
+                job,
+                message: format!("{name}: {err}"),
+            });
+            return;
+        }
+    };
+    let result = crate::estimate(&prepared, config, &mut progress);
+    // The previous trace is replaced only by one that prepared successfully.
+    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared)));
+    match result {
+        Ok(report) => post(Response::Done {
+            job,
+            trace,
+            report: Box::new(report.value),
+        }),
+        Err(err) => post(Response::Failed {
+            job,
+            message: err.to_string(),
+        }),
+    }
+}
+
+fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
+    let mut progress = progress_poster(job, post);
+    let outcome = PREPARED.with(|slot| {
+        slot.borrow().as_ref().map(|(trace, prepared)| {
+            (
+                trace.clone(),
+                crate::estimate(prepared, config, &mut progress),
+            )
+        })
+    });
+    match outcome {
+        None => post(Response::NeedTrace { job }),
+        Some((trace, Ok(report))) => post(Response::Done {
+            job,
+            trace,
+            report: Box::new(report.value),
+        }),
+        Some((_, Err(err))) => post(Response::Failed {
+            job,
+            message: err.to_string(),
+        }),
+    }
 }

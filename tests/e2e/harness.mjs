@@ -4,7 +4,8 @@
 
 import { createServer } from "node:http";
 import { readFile, stat, mkdir, mkdtemp } from "node:fs/promises";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync } from "node:fs";
+import { execFileSync } from "node:child_process";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -103,4 +104,49 @@ export async function screenshot(page, name) {
   const file = path.join(SHOTS, `${name}.png`);
   await page.screenshot({ path: file, fullPage: true });
   return file;
+}
+
+/** Every CPU trace fixture in ../shared/fixtures/traces, sorted; throws if none. */
+export function allFixtures() {
+  const dir = path.join(SHARED, "fixtures", "traces");
+  if (!existsSync(dir)) {
+    throw new Error(`missing shared fixtures folder ${dir}`);
+  }
+  const names = readdirSync(dir).filter((n) => n.endsWith(".json.gz")).sort();
+  if (names.length === 0) {
+    throw new Error(`no fixtures in ${dir}`);
+  }
+  return names;
+}
+
+/** The native CLI built by `cargo test` / `cargo build` (release if present). */
+export function cli() {
+  for (const profile of ["release", "debug"]) {
+    const bin = path.join(ROOT, "target", profile, "memcast");
+    if (existsSync(bin)) {
+      return bin;
+    }
+  }
+  throw new Error("no target/*/memcast binary: run `cargo build` first");
+}
+
+/** `memcast estimate --json` on a file, parsed. */
+export function cliEstimate(file) {
+  return JSON.parse(execFileSync(cli(), ["estimate", "--json", file], { encoding: "utf8", maxBuffer: 64 << 20 }));
+}
+
+/** Opens the app and waits until its worker has said "ready". */
+export async function openApp(browser, url) {
+  const page = await browser.newPage();
+  const problems = [];
+  page.on("pageerror", (err) => problems.push(String(err)));
+  const requests = recordRequests(page);
+  await page.goto(url);
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  return { page, problems, requests };
+}
+
+/** The digits of a "1,234 B" text as a number. */
+export function bytesOf(text) {
+  return Number(text.replace(/[^0-9]/g, ""));
 }

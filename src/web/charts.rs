@@ -1,0 +1,245 @@
+//! Charts drawn with plotters on `<canvas>` elements. Drawing only: every
+//! number comes ready-made from the report (downsampling happens in `report`).
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters_canvas::CanvasBackend;
+use web_sys::HtmlCanvasElement;
+
+use crate::report::Report;
+use crate::Bytes;
+
+const RESERVED: RGBColor = RGBColor(59, 111, 214);
+const ALLOCATED: RGBColor = RGBColor(230, 126, 34);
+const PEAK: RGBColor = RGBColor(192, 57, 43);
+const FITS: RGBColor = RGBColor(46, 139, 87);
+const OOM: RGBColor = RGBColor(192, 57, 43);
+const GRID: RGBColor = RGBColor(200, 205, 215);
+const FONT: &str = "sans-serif";
+
+/// One shaded time band on the timeline (an iteration's phase).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Band {
+    pub start_ns: i64,
+    pub end_ns: i64,
+    pub label: String,
+    /// Index into the band palette.
+    pub shade: usize,
+}
+
+/// Band colours, one per phase kind.
+pub const BAND_COLORS: [RGBColor; 6] = [
+    RGBColor(120, 180, 120),
+    RGBColor(180, 180, 180),
+    RGBColor(120, 160, 230),
+    RGBColor(230, 160, 110),
+    RGBColor(190, 130, 210),
+    RGBColor(220, 220, 220),
+];
+
+/// The colours of the breakdown categories, in the report's order.
+pub const CATEGORY_COLORS: [RGBColor; 9] = [
+    RGBColor(59, 111, 214),
+    RGBColor(100, 150, 230),
+    RGBColor(142, 68, 173),
+    RGBColor(211, 84, 0),
+    RGBColor(243, 156, 18),
+    RGBColor(39, 174, 96),
+    RGBColor(127, 140, 141),
+    RGBColor(189, 195, 199),
+    RGBColor(52, 73, 94),
+];
+
+fn gib(bytes: Bytes) -> f64 {
+    bytes.get() as f64 / Bytes::GIB as f64
+}
+
+fn area(canvas: &HtmlCanvasElement) -> Result<DrawingArea<CanvasBackend, Shift>, String> {
+    let backend = CanvasBackend::with_canvas_object(canvas.clone())
+        .ok_or_else(|| "this browser gave no 2D canvas to draw on".to_string())?;
+    let root = backend.into_drawing_area();
+    root.fill(&WHITE).map_err(|err| err.to_string())?;
+    Ok(root)
+}
+
+/// Allocated and reserved bytes over time, phases shaded, the peak marked.
+pub fn timeline(canvas: &HtmlCanvasElement, report: &Report, bands: &[Band]) -> Result<(), String> {
+    let root = area(canvas)?;
+    let points = &report.timeline;
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return Ok(());
+    };
+    let t0 = first.time_ns.get();
+    let secs = |t: i64| (t - t0) as f64 / 1e9;
+    let x_max = secs(last.time_ns.get()).max(1e-9);
+    let y_max = points
+        .iter()
+        .map(|p| gib(p.reserved_bytes).max(gib(p.allocated_bytes)))
+        .fold(0.0, f64::max)
+        .max(1e-6)
+        * 1.12;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|err| err.to_string())?;
+    chart
+        .configure_mesh()
+        .light_line_style(GRID.mix(0.3))
+        .x_desc("trace time (s)")
+        .y_desc("GiB")
+        .label_style((FONT, 13))
+        .draw()
+        .map_err(|err| err.to_string())?;
+    for band in bands {
+        let color = BAND_COLORS.get(band.shade).copied().unwrap_or(GRID);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(secs(band.start_ns), 0.0), (secs(band.end_ns), y_max)],
+                color.mix(0.18).filled(),
+            )))
+            .map_err(|err| err.to_string())?;
+    }
+    chart
+        .draw_series(AreaSeries::new(
+            points
+                .iter()
+                .map(|p| (secs(p.time_ns.get()), gib(p.reserved_bytes))),
+            0.0,
+            RESERVED.mix(0.25),
+        ))
+        .map_err(|err| err.to_string())?
+        .label("reserved")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], RESERVED.mix(0.5).filled()));
+    chart
+        .draw_series(LineSeries::new(
+            points
+                .iter()
+                .map(|p| (secs(p.time_ns.get()), gib(p.allocated_bytes))),
+            ALLOCATED.stroke_width(2),
+        ))
+        .map_err(|err| err.to_string())?
+        .label("allocated")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 14, y)], ALLOCATED.stroke_width(2)));
+    let peak_x = secs(report.peak.at.time_ns.get());
+    let peak_y = gib(report.peak.reserved_bytes);
+    chart
+        .draw_series(std::iter::once(Circle::new(
+            (peak_x, peak_y),
+            5,
+            PEAK.filled(),
+        )))
+        .map_err(|err| err.to_string())?
+        .label(format!("peak reserved {:.2} GiB", peak_y))
+        .legend(|(x, y)| Circle::new((x + 7, y), 4, PEAK.filled()));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(GRID)
+        .label_font((FONT, 13))
+        .draw()
+        .map_err(|err| err.to_string())?;
+    root.present().map_err(|err| err.to_string())
+}
+
+/// The estimate against each selected GPU: capacity bars, the peak total as
+/// a bar coloured by the verdict.
+pub fn gpus(canvas: &HtmlCanvasElement, report: &Report) -> Result<(), String> {
+    let root = area(canvas)?;
+    let n = report.gpus.len().max(1);
+    let x_max = report
+        .gpus
+        .iter()
+        .map(|g| gib(g.capacity_bytes).max(gib(g.peak_total_bytes)))
+        .fold(gib(report.peak.total_bytes), f64::max)
+        * 1.05;
+    let names: Vec<String> = report.gpus.iter().map(|g| g.preset.clone()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(130)
+        .build_cartesian_2d(0.0..x_max.max(1e-6), 0.0..n as f64)
+        .map_err(|err| err.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .light_line_style(GRID.mix(0.3))
+        .x_desc("GiB")
+        .y_labels(n * 2 + 1)
+        .y_label_formatter(&|y| {
+            let row = y.floor() as usize;
+            if (y - row as f64 - 0.5).abs() < 0.26 && row < n {
+                // Row 0 is at the bottom; the first GPU is drawn at the top.
+                names.get(n - 1 - row).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .label_style((FONT, 13))
+        .draw()
+        .map_err(|err| err.to_string())?;
+    for (idx, gpu) in report.gpus.iter().enumerate() {
+        let y = (n - 1 - idx) as f64;
+        let color = if gpu.fits { FITS } else { OOM };
+        let needed = gpu.shortfall_bytes.map_or(gpu.peak_total_bytes, |short| {
+            gpu.capacity_bytes.saturating_add(short)
+        });
+        chart
+            .draw_series([
+                Rectangle::new(
+                    [(0.0, y + 0.15), (gib(gpu.capacity_bytes), y + 0.85)],
+                    GRID.mix(0.6).filled(),
+                ),
+                Rectangle::new([(0.0, y + 0.3), (gib(needed), y + 0.7)], color.filled()),
+            ])
+            .map_err(|err| err.to_string())?;
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                [
+                    (gib(gpu.capacity_bytes), y + 0.1),
+                    (gib(gpu.capacity_bytes), y + 0.9),
+                ],
+                BLACK.stroke_width(2),
+            )))
+            .map_err(|err| err.to_string())?;
+    }
+    root.present().map_err(|err| err.to_string())
+}
+
+/// One stacked bar: the breakdown at the peak by category.
+pub fn breakdown(canvas: &HtmlCanvasElement, parts: &[(&str, Bytes)]) -> Result<(), String> {
+    let root = area(canvas)?;
+    let total: f64 = parts.iter().map(|(_, b)| gib(*b)).sum::<f64>().max(1e-9);
+    let mut chart = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(36)
+        .build_cartesian_2d(0.0..total * 1.02, 0.0..1.0)
+        .map_err(|err| err.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .light_line_style(GRID.mix(0.3))
+        .x_desc("GiB at the peak")
+        .label_style((FONT, 13))
+        .draw()
+        .map_err(|err| err.to_string())?;
+    let mut start = 0.0;
+    for (idx, (_, bytes)) in parts.iter().enumerate() {
+        let width = gib(*bytes);
+        if width <= 0.0 {
+            continue;
+        }
+        let color = CATEGORY_COLORS.get(idx).copied().unwrap_or(GRID);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(start, 0.35), (start + width, 0.95)],
+                color.filled(),
+            )))
+            .map_err(|err| err.to_string())?;
+        start += width;
+    }
+    root.present().map_err(|err| err.to_string())
+}
