@@ -4,3 +4,6 @@ mod common;
 
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
+
+// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
+mod replay;
