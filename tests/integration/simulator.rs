@@ -180,7 +180,7 @@ mod properties {
     fn config() -> Config {
         Config {
             cases: 96,
-            rng_seed: RngSeed::Fixed(0x6d65_6d63_6173_74),
+            rng_seed: RngSeed::Fixed(0x006d_656d_6361_7374),
             failure_persistence: None,
             ..Config::default()
         }
