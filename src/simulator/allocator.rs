@@ -723,6 +723,45 @@ impl CachingAllocator {
         }
     }
 
+    /// The cached segments `release_cached_blocks` would free now: whole,
+    /// free, non-expandable segments of both pools and all streams, as
+    /// `(address, size)` sorted by address.
+    pub fn releasable_segments(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = self
+            .pools
+            .iter()
+            .flat_map(|p| p.free.values())
+            .map(|&id| self.b(id))
+            .filter(|b| b.seg == NIL && b.whole())
+            .map(|b| (b.addr, b.size))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// `cudaFree`s the cached whole segment at `addr`, as the real allocator
+    /// did at a moment the caller knows (e.g. an OOM retry against a device
+    /// capacity the simulator was not given). False if there is no such
+    /// cached segment.
+    pub fn release_segment_at(&mut self, addr: u64) -> bool {
+        let found = self
+            .pools
+            .iter()
+            .flat_map(|p| p.free.values())
+            .copied()
+            .find(|&id| {
+                let b = self.b(id);
+                b.addr == addr && b.seg == NIL && b.whole()
+            });
+        let Some(id) = found else {
+            return false;
+        };
+        self.remove_free(id);
+        self.release_block(id);
+        self.note_fragmentation();
+        true
+    }
+
     /// `torch.cuda.empty_cache()`.
     pub fn empty_cache(&mut self) {
         self.release_cached_blocks();
@@ -882,7 +921,16 @@ impl CachingAllocator {
         }
         let page = self.page_size(pool);
         let size = self.va_size(page);
-        let base = self.synthetic_address(size);
+        // A fresh virtual range; the replay may know its real base.
+        let base = match self.next_segment_address.take() {
+            Some(a) => {
+                self.next_addr = self
+                    .next_addr
+                    .max(a.saturating_add(size).saturating_add(GIB));
+                a
+            }
+            None => self.synthetic_address(size),
+        };
         self.new_expandable(pool, stream, base, page, size)
     }
 
@@ -1179,6 +1227,120 @@ impl CachingAllocator {
             self.now.segments += 1;
         }
         self.bump_peaks();
+        Ok(out)
+    }
+
+    /// Loads one expandable segment: a virtual range starting at `base` with
+    /// the given mapped ranges (each a [`SegmentLayout`] whose blocks tile it;
+    /// sorted by address, page-aligned relative to `base`). The rest of the
+    /// range is unmapped. Returns the occupied blocks' allocations in order.
+    pub fn load_expandable(
+        &mut self,
+        base: u64,
+        pool: PoolKind,
+        stream: u32,
+        ranges: &[SegmentLayout],
+    ) -> Result<Vec<Allocation>, LayoutError> {
+        let stream_idx = self.stream_index(stream);
+        let page = self.page_size(pool);
+        let mut at = base;
+        for r in ranges {
+            let total: u64 = r.blocks.iter().map(|&(size, _, _)| size).sum();
+            if total != r.size || r.size == 0 || r.addr < at {
+                return Err(LayoutError::BlocksDoNotTile(r.addr));
+            }
+            at = r.addr + r.size;
+        }
+        let va = round_up(at - base, page).saturating_add(self.va_size(page));
+        let seg = self.expandable.len() as u32;
+        self.expandable.push(ExpandableSegment { base, page });
+        self.next_addr = self
+            .next_addr
+            .max(base.saturating_add(va).saturating_add(GIB));
+        let template = Block {
+            addr: base,
+            size: 0,
+            requested: 0,
+            stream: stream_idx,
+            pool,
+            allocated: false,
+            mapped: false,
+            seg,
+            prev: NIL,
+            next: NIL,
+            gc_base: 0,
+        };
+        let mut prev = NIL;
+        let mut at = base;
+        let mut out = Vec::new();
+        let mut push = |this: &mut Self, b: Block| -> u32 {
+            let id = this.new_block(Block { prev, ..b });
+            this.link_after(prev, id);
+            prev = id;
+            id
+        };
+        for r in ranges {
+            if r.addr > at {
+                let id = push(
+                    self,
+                    Block {
+                        addr: at,
+                        size: r.addr - at,
+                        ..template
+                    },
+                );
+                self.pools[pool.index()]
+                    .unmapped
+                    .insert((stream_idx, at), id);
+            }
+            let mut a = r.addr;
+            for &(size, occupied, requested) in &r.blocks {
+                let id = push(
+                    self,
+                    Block {
+                        addr: a,
+                        size,
+                        requested: if occupied { requested } else { 0 },
+                        allocated: occupied,
+                        mapped: true,
+                        ..template
+                    },
+                );
+                if occupied {
+                    self.now.allocated += size;
+                    self.now.active += size;
+                    self.now.requested += requested;
+                    self.now.allocations += 1;
+                    out.push(Allocation {
+                        handle: BlockHandle(id),
+                        addr: a,
+                        size: Bytes(size),
+                    });
+                } else {
+                    self.insert_free(id, true);
+                }
+                a += size;
+            }
+            self.now.reserved += r.size;
+            self.now.mapped_ranges += 1;
+            at = r.addr + r.size;
+        }
+        let end = base + va;
+        if end > at {
+            let id = push(
+                self,
+                Block {
+                    addr: at,
+                    size: end - at,
+                    ..template
+                },
+            );
+            self.pools[pool.index()]
+                .unmapped
+                .insert((stream_idx, at), id);
+        }
+        self.bump_peaks();
+        self.note_fragmentation();
         Ok(out)
     }
 
