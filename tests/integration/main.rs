@@ -9,3 +9,6 @@ mod common;
 mod simulator;
 // Source-text checks of the architecture invariants.
 mod tidy;
+
+// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
+mod replay;

@@ -1,4 +1,6 @@
 //! The `memcast` command line: a thin shell over the library.
+// The binary is the place that prints; the core never does.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod analyze;
 mod estimate;
@@ -8,6 +10,8 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+mod replay;
 
 /// Estimate the GPU memory of a PyTorch training job from a CPU profiler trace.
 #[derive(Debug, Parser)]
@@ -29,6 +33,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay real GPU allocator data (memory snapshot or profiler trace) through the simulator.
+    Replay(replay::ReplayArgs),
 }
 
 /// Writes command output; a closed pipe is not an error.
@@ -42,6 +48,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze::run(args),
         Command::Estimate(args) => estimate::run(args),
         Command::Presets { json } => presets::run(*json),
+        Command::Replay(args) => replay::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
