@@ -289,7 +289,7 @@ pub(crate) fn evidence(
                 numel: call.numel,
                 dtype: call.dtype.clone(),
                 bytes: Bytes(call.bytes),
-                layer: param_layer.get(n_params - 1 - index).copied().flatten(),
+                layer: param_layer.get(index).copied().flatten(),
             })
         })
         .collect();
