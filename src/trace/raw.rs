@@ -108,6 +108,7 @@ struct Builder<'p> {
     top_keys: Vec<String>,
     n_malformed: usize,
     n_memory_incomplete: usize,
+    n_memory_no_addr: usize,
     n_memory_no_total: usize,
     n_memory_no_device: usize,
     n_spans_no_ts: usize,
@@ -128,6 +129,7 @@ impl<'p> Builder<'p> {
             top_keys: Vec::new(),
             n_malformed: 0,
             n_memory_incomplete: 0,
+            n_memory_no_addr: 0,
             n_memory_no_total: 0,
             n_memory_no_device: 0,
             n_spans_no_ts: 0,
@@ -165,7 +167,11 @@ impl<'p> Builder<'p> {
             return Err(TraceError::NotAProfilerTrace(keys));
         }
         if self.trace.memory.is_empty() {
-            return Err(TraceError::NoMemoryEvents);
+            return Err(if self.n_memory_no_addr > 0 {
+                TraceError::MemoryEventsWithoutAddress(self.n_memory_no_addr)
+            } else {
+                TraceError::NoMemoryEvents
+            });
         }
         self.trace.memory.sort_by_key(|m| m.ts);
         let warnings: Vec<Warning> = [
@@ -265,6 +271,9 @@ impl<'p> Builder<'p> {
 
     fn add_memory(&mut self, ev: &RawEvent<'_>) {
         let args = &ev.args;
+        if args.addr.is_none() && args.bytes.is_some() {
+            self.n_memory_no_addr += 1;
+        }
         let (Some(ts), Some(addr), Some(bytes)) = (ev.ts, args.addr, args.bytes) else {
             self.n_memory_incomplete += 1;
             return;

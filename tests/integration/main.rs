@@ -8,3 +8,5 @@ mod analyzer;
 mod cli_analyze;
 // Trace reader: fixtures, tolerant parsing, bad-input errors.
 mod trace;
+// Real GPU traces from ../shared/ground-truth: read, recognised, counted.
+mod trace_gpu;
