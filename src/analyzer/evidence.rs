@@ -537,3 +537,27 @@ pub(crate) fn assemble(
 fn origin_of_trace(trace: &Trace) -> Nanos {
     super::origin_of(trace)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_sizes_follow_record_shapes_names() {
+        assert_eq!(dtype_size("float"), Some(4));
+        assert_eq!(dtype_size("c10::BFloat16"), Some(2));
+        assert_eq!(dtype_size("c10::Half"), Some(2));
+        assert_eq!(dtype_size("double"), Some(8));
+        assert_eq!(dtype_size("long int"), Some(8));
+        assert_eq!(dtype_size("bool"), Some(1));
+        assert_eq!(dtype_size("Scalar"), None);
+    }
+
+    #[test]
+    fn scratch_prefixes_match_onednn_ops() {
+        let config = AnalyzerConfig::standard();
+        assert!(is_scratch("aten::mkldnn_convolution", &config));
+        assert!(is_scratch("aten::to_mkldnn", &config));
+        assert!(!is_scratch("aten::convolution", &config));
+    }
+}
