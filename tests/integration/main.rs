@@ -4,3 +4,6 @@ mod common;
 
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
+
+// End-to-end estimates of the real fixtures: invariants and JSON snapshots.
+mod pipeline;
