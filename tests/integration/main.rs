@@ -1,5 +1,9 @@
 //! The one integration-test binary. Each module covers one area; see its doc.
 
+// Test helpers outside `#[test]` functions may panic too: a failed unwrap is a
+// failed test (clippy.toml only allows it inside `#[test]` functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 // Allocator behaviour: the spec's worked vectors and property tests.
