@@ -11,3 +11,6 @@ mod simulator;
 
 // End-to-end estimates of the real fixtures: invariants and JSON snapshots.
 mod pipeline;
+
+// The memcast binary: estimate and presets output, JSON contract, error exits.
+mod cli;
