@@ -6,6 +6,13 @@
 
 mod common;
 
+// Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
+mod analyzer;
+// The `memcast analyze` command: JSON schema, exit codes, error messages.
+mod cli_analyze;
+// Trace reader: fixtures, tolerant parsing, bad-input errors.
+mod trace;
+
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
 
