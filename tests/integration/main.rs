@@ -21,3 +21,6 @@ mod pipeline;
 
 // The memcast binary: estimate and presets output, JSON contract, error exits.
 mod cli;
+
+// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
+mod replay;

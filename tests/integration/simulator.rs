@@ -1,5 +1,9 @@
 //! Simulator: every worked sequence of `shared/docs/allocator-vectors.json`,
-//! run step by step through the public allocator API.
+//! run step by step through the public allocator API, and property tests of
+//! the allocator's invariants.
+
+// Test helpers below panic on malformed vectors by design, like the tests themselves.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 
