@@ -88,6 +88,16 @@ impl Config {
         }
     }
 
+    /// Assumes `context` bytes of CUDA context on every GPU instead of the
+    /// per-architecture figures of [`presets::CONTEXT`].
+    pub fn with_context(mut self, context: Bytes) -> Config {
+        self.reference.overheads.context_bytes = context;
+        for gpu in &mut self.gpus {
+            gpu.overheads.context_bytes = context;
+        }
+        self
+    }
+
     /// Sets the GPUs from `NAME|SIZE` strings; the first becomes the reference.
     /// An empty list keeps the current GPUs.
     pub fn with_gpus(mut self, specs: &[String]) -> Result<Config, Error> {

@@ -105,6 +105,13 @@ fn estimate_options_change_the_run() {
     assert_eq!(five["summary"]["iterations_simulated"], 5);
     let conf = run(&["--alloc-conf", "expandable_segments:True"]);
     assert_eq!(conf["summary"]["alloc_conf"], "expandable_segments:True");
+    let context = run(&["--context", "1GiB"]);
+    assert_eq!(context["peak"]["context_bytes"], 1u64 << 30);
+    assert_eq!(context["gpus"][0]["context_bytes"], 1u64 << 30);
+    assert_eq!(
+        context["peak"]["total_bytes"].as_u64().unwrap(),
+        context["peak"]["reserved_bytes"].as_u64().unwrap() + (1 << 30)
+    );
     let captured = run(&["--captured-optimizer"]);
     assert_eq!(captured["summary"]["foreach_modelled"], false);
 }
