@@ -375,7 +375,7 @@ pub(crate) fn plan_iterations(
             warnings.push(Warning::new(
                 "iterations_not_repeated",
                 format!(
-                    "{wanted} iterations were asked for but only {captured} were captured and no two steady-state iterations match, so {captured} are simulated; profile at least 3 iterations"
+                    "{wanted} iterations were asked for but the trace has {captured} and no two steady-state iterations that match, so only the captured ones are simulated; profile at least 3 iterations"
                 ),
             ));
         }
@@ -1730,6 +1730,14 @@ mod tests {
         assert!(matches!(
             orchestrate(&lp.analysis, &config),
             Err(super::super::OrchestrateError::NoIterations(0))
+        ));
+        let config = OrchestratorConfig {
+            iterations: u32::MAX,
+            optimizer_path: OptimizerPath::CudaDefault,
+        };
+        assert!(matches!(
+            orchestrate(&lp.analysis, &config),
+            Err(super::super::OrchestrateError::TooManyIterations(u32::MAX))
         ));
         let empty = Loop::new("SGD");
         assert!(matches!(
