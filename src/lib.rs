@@ -89,7 +89,7 @@ impl Config {
     }
 
     /// Assumes `context` bytes of CUDA context on every GPU instead of the
-    /// per-architecture figures of [`presets::CONTEXT`].
+    /// per-architecture figures of [`presets::OVERHEADS`].
     pub fn with_context(mut self, context: Bytes) -> Config {
         self.reference.overheads.context_bytes = context;
         for gpu in &mut self.gpus {
