@@ -15,22 +15,24 @@ use memcast::{Bytes, Nanos};
 
 use crate::common;
 
-struct Fixture {
-    name: String,
-    meta: serde_json::Value,
-    trace: Trace,
-    analysis: Analysis,
+pub(crate) struct Fixture {
+    pub name: String,
+    pub meta: serde_json::Value,
+    pub trace: Trace,
+    pub parse_warnings: Vec<memcast::Warning>,
+    pub analysis: Analysis,
 }
 
-/// Every real fixture, parsed and analyzed once for all tests.
-fn fixtures() -> &'static [Fixture] {
+/// Every real fixture, parsed and analyzed once for all tests of the binary.
+pub(crate) fn fixtures() -> &'static [Fixture] {
     static CELL: OnceLock<Vec<Fixture>> = OnceLock::new();
     CELL.get_or_init(|| {
         common::trace_fixtures()
             .into_iter()
             .map(|name| {
                 let bytes = common::read_shared(&format!("fixtures/traces/{name}"));
-                let trace = trace::parse(&bytes).unwrap().value;
+                let parsed = trace::parse(&bytes).unwrap();
+                let (trace, parse_warnings) = (parsed.value, parsed.warnings);
                 let analyzed = analyzer::analyze(&trace, &AnalyzerConfig::standard()).unwrap();
                 assert!(
                     analyzed.warnings.is_empty(),
@@ -46,6 +48,7 @@ fn fixtures() -> &'static [Fixture] {
                     name,
                     meta,
                     trace,
+                    parse_warnings,
                     analysis: analyzed.value,
                 }
             })
@@ -580,4 +583,38 @@ fn no_python_frames_is_an_error_naming_with_stack() {
         analyzer::analyze(&Trace::default(), &AnalyzerConfig::standard()).unwrap_err(),
         AnalyzeError::NoMemoryEvents
     );
+}
+
+#[test]
+fn iterations_are_inferred_when_step_markers_are_removed() {
+    for f in fixtures()
+        .iter()
+        .filter(|f| f.name.starts_with("resnet18_sgd_bs16_pos1") || f.name.starts_with("mobilenet"))
+    {
+        let mut unmarked = f.trace.clone();
+        unmarked
+            .annotations
+            .retain(|a| !f.trace.name(a.name).starts_with("ProfilerStep#"));
+        let analyzed = analyzer::analyze(&unmarked, &AnalyzerConfig::standard()).unwrap();
+        assert!(analyzed
+            .warnings
+            .iter()
+            .any(|w| w.code == "iterations_inferred"));
+        let a = analyzed.value;
+        assert_eq!(
+            a.iterations.len(),
+            f.analysis.iterations.len(),
+            "{}",
+            f.name
+        );
+        // Every phase is the same span as with markers.
+        for (inferred, marked) in a.iterations.iter().zip(&f.analysis.iterations) {
+            assert_eq!(inferred.phases, marked.phases, "{}", f.name);
+            assert_eq!(inferred.zero_grad, marked.zero_grad, "{}", f.name);
+        }
+        let roles = |a: &Analysis| a.blocks.iter().map(|b| b.role).collect::<Vec<_>>();
+        assert_eq!(roles(&a), roles(&f.analysis), "{}", f.name);
+        assert_eq!(a.parameter_totals, f.analysis.parameter_totals);
+        assert_eq!(a.zero_grad, f.analysis.zero_grad);
+    }
 }

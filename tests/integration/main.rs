@@ -12,6 +12,8 @@ mod analyzer;
 mod cli_analyze;
 // Trace reader: fixtures, tolerant parsing, bad-input errors.
 mod trace;
+// Real GPU traces from ../shared/ground-truth: read, recognised, counted.
+mod trace_gpu;
 
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;

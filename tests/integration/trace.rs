@@ -25,21 +25,12 @@ fn gunzip(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-fn meta(name: &str) -> serde_json::Value {
-    let meta_name = name.replace(".json.gz", ".meta.json");
-    serde_json::from_slice(&common::read_shared(&format!(
-        "fixtures/traces/{meta_name}"
-    )))
-    .unwrap()
-}
-
 #[test]
 fn every_fixture_has_the_memory_events_its_sidecar_counts() {
-    for name in common::trace_fixtures() {
-        let bytes = common::read_shared(&format!("fixtures/traces/{name}"));
-        let parsed = trace::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let meta = meta(&name);
-        let t = &parsed.value;
+    for fixture in crate::analyzer::fixtures() {
+        let name = &fixture.name;
+        let meta = &fixture.meta;
+        let t = &fixture.trace;
         let stats = &meta["trace"];
         assert_eq!(t.memory.len() as u64, stats["num_memory_events"], "{name}");
         let allocs = t.memory.iter().filter(|m| m.bytes > 0).count() as u64;
@@ -59,7 +50,11 @@ fn every_fixture_has_the_memory_events_its_sidecar_counts() {
         assert_eq!(t.header.profile_memory, Some(true), "{name}");
         assert_eq!(t.header.with_stack, Some(true), "{name}");
         assert!(t.memory.windows(2).all(|w| w[0].ts <= w[1].ts), "{name}");
-        assert!(parsed.warnings.is_empty(), "{name}: {:?}", parsed.warnings);
+        assert!(
+            fixture.parse_warnings.is_empty(),
+            "{name}: {:?}",
+            fixture.parse_warnings
+        );
         // AccumulateGrad ops keep their shapes; other ops drop them.
         let acc = t
             .ops
@@ -67,6 +62,11 @@ fn every_fixture_has_the_memory_events_its_sidecar_counts() {
             .filter(|o| t.name(o.name) == "torch::autograd::AccumulateGrad");
         assert!(acc.clone().all(|o| !o.input_dims.is_empty()), "{name}");
         assert!(acc.count() > 0, "{name}");
+        assert!(t
+            .ops
+            .iter()
+            .filter(|o| t.name(o.name) == "aten::conv2d" || t.name(o.name) == "aten::mm")
+            .all(|o| o.input_dims.is_empty()));
     }
 }
 
