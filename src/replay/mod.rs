@@ -47,8 +47,6 @@ pub enum ReplayError {
     PickleObject(usize, u8),
     #[error("the snapshot lacks a field the replay needs; pass a snapshot from torch.cuda.memory._dump_snapshot, got no usable {0:?}")]
     SnapshotField(&'static str),
-    #[error("the snapshot maps or unmaps expandable-segment pages inside the recording, which the backward state rebuild does not support yet; record without expandable_segments, got segment_map/segment_unmap events")]
-    ExpandableGrowth,
     #[error("the rebuilt start state cannot be loaded into the simulator; the snapshot is inconsistent, got {0:?}")]
     StartState(String),
     #[error(
@@ -100,6 +98,10 @@ pub struct ReplayReport {
     pub segment_events_simulated: u64,
     /// Real segment events reproduced (same size, same event).
     pub segment_events_matched: u64,
+    /// Real segment frees applied as recorded because they were not a cache
+    /// flush the simulator agreed with (GC, max_split release, OOM retries
+    /// against an unknown capacity); not counted as matched.
+    pub segment_frees_forced: u64,
     pub allocs: u64,
     /// Allocations placed at the same address as the real allocator.
     pub address_exact_allocs: u64,
@@ -133,6 +135,7 @@ impl ReplayReport {
             segment_events_real: 0,
             segment_events_simulated: 0,
             segment_events_matched: 0,
+            segment_frees_forced: 0,
             allocs: 0,
             address_exact_allocs: 0,
             start_reserved_bytes: 0,

@@ -11,7 +11,7 @@ use super::{Divergence, ReplayError, ReplayKind, ReplayReport};
 use crate::diag::Warning;
 use crate::simulator::{
     AllocatorConfig, BlockHandle, CachingAllocator, Device, PoolKind, RuleVersion, SegmentChange,
-    SegmentLayout, DIVISION_INTERVALS, SMALL_BUFFER, SMALL_SIZE,
+    SegmentLayout, DIVISION_INTERVALS, LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE,
 };
 use crate::units::Bytes;
 
@@ -187,7 +187,8 @@ fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReplayError> {
             let action = match p.dict_get(e, "action").and_then(|v| p.as_str(v)) {
                 Some("alloc") => Action::Alloc,
                 Some("free_requested") => Action::FreeRequested,
-                Some("free_completed") => Action::FreeCompleted,
+                // Older recordings log a single `free`.
+                Some("free_completed" | "free") => Action::FreeCompleted,
                 Some("segment_alloc") => Action::SegmentAlloc,
                 Some("segment_free") => Action::SegmentFree,
                 Some("segment_map") => Action::SegmentMap,
@@ -371,8 +372,76 @@ fn rebuild_start(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<StartS
                     inconsistencies += 1;
                 }
             }
-            Action::SegmentMap | Action::SegmentUnmap => {
-                return Err(ReplayError::ExpandableGrowth);
+            Action::SegmentMap => {
+                // Before the mapping, [addr, addr + size) was unmapped.
+                let found = segs
+                    .range(..=e.addr)
+                    .next_back()
+                    .map(|(&a, &g)| (a, g))
+                    .filter(|&(a, g)| g.expandable && e.addr + e.size <= a + g.size);
+                let Some((start, seg)) = found else {
+                    inconsistencies += 1;
+                    continue;
+                };
+                segs.remove(&start);
+                if e.addr > start {
+                    segs.insert(
+                        start,
+                        Seg {
+                            size: e.addr - start,
+                            ..seg
+                        },
+                    );
+                }
+                let end = start + seg.size;
+                if end > e.addr + e.size {
+                    segs.insert(
+                        e.addr + e.size,
+                        Seg {
+                            size: end - e.addr - e.size,
+                            ..seg
+                        },
+                    );
+                }
+            }
+            Action::SegmentUnmap => {
+                // Before the unmapping, the range was mapped: merge it with
+                // mapped neighbours of the same expandable segment.
+                let mut start = e.addr;
+                let mut size = e.size;
+                let mut like: Option<Seg> = None;
+                if let Some((&a, &g)) = segs.range(..e.addr).next_back() {
+                    if g.expandable && g.stream == e.stream && a + g.size == e.addr {
+                        segs.remove(&a);
+                        start = a;
+                        size += g.size;
+                        like = Some(g);
+                    }
+                }
+                if let Some(&g) = segs.get(&(e.addr + e.size)) {
+                    if g.expandable && g.stream == e.stream {
+                        segs.remove(&(e.addr + e.size));
+                        size += g.size;
+                        like = like.or(Some(g));
+                    }
+                }
+                let pool = like.map_or(
+                    if e.size % LARGE_BUFFER == 0 {
+                        PoolKind::Large
+                    } else {
+                        PoolKind::Small
+                    },
+                    |g| g.pool,
+                );
+                segs.insert(
+                    start,
+                    Seg {
+                        size,
+                        stream: e.stream,
+                        pool,
+                        expandable: true,
+                    },
+                );
             }
             Action::FreeRequested | Action::Oom | Action::Other => {}
         }
@@ -456,9 +525,30 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
     let start = rebuild_start(snap, repairs)?;
     let mut sim = CachingAllocator::new(snap.config.clone(), Device::unlimited());
     let mut live: HashMap<u64, BlockHandle> = HashMap::new();
+    // Expandable mapped ranges of one pool and stream share a virtual range
+    // (one expandable segment per pool and stream, allocator.md §9.1).
+    let mut groups: BTreeMap<(u32, u8), (Vec<SegmentLayout>, Vec<u64>)> = BTreeMap::new();
     for (layout, addrs) in start.layouts.iter().zip(&start.occupied_addrs) {
+        if layout.expandable {
+            let pool = u8::from(layout.pool == PoolKind::Large);
+            let g = groups.entry((layout.stream, pool)).or_default();
+            g.0.push(layout.clone());
+            g.1.extend(addrs);
+            continue;
+        }
         let handles = sim
             .load_segment(layout)
+            .map_err(|e| ReplayError::StartState(e.to_string()))?;
+        for (a, &addr) in handles.iter().zip(addrs) {
+            live.insert(addr, a.handle);
+        }
+    }
+    for ((stream, _), (ranges, addrs)) in &groups {
+        let Some(first) = ranges.first() else {
+            continue;
+        };
+        let handles = sim
+            .load_expandable(first.addr, first.pool, *stream, ranges)
             .map_err(|e| ReplayError::StartState(e.to_string()))?;
         for (a, &addr) in handles.iter().zip(addrs) {
             live.insert(addr, a.handle);
@@ -478,6 +568,8 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
     let mut pending_segments: Vec<(u64, u64)> = Vec::new();
     let mut burst_frees: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut prev_action = Action::Other;
+    let mut forcing_burst = false;
+    let mut pending_maps: Vec<(u64, u64)> = Vec::new();
     let mut unknown_frees = 0u64;
     let mut real_ooms = 0u64;
     let mut repair = None;
@@ -490,21 +582,58 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
                 r.segment_events_real += 1;
                 pending_segments.push((e.addr, e.size));
             }
-            Action::SegmentFree => {
+            Action::SegmentFree | Action::SegmentUnmap => {
                 real_reserved = real_reserved.saturating_sub(e.size);
                 r.segment_events_real += 1;
-                if prev_action != Action::SegmentFree {
-                    // A burst of cudaFree: the real allocator flushed its cache
-                    // (empty_cache or an OOM retry); its timing is an input.
-                    sim.release_cached_blocks();
-                    for c in sim.take_segment_changes() {
-                        r.segment_events_simulated += 1;
-                        if let SegmentChange::Free { addr, size } = c {
-                            burst_frees.insert((addr, size));
+                let releasing = |a: Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
+                if !releasing(prev_action) {
+                    // A burst of cudaFree. If it is exactly what flushing the
+                    // cache would free, the real allocator ran
+                    // release_cached_blocks (empty_cache or the last-resort OOM
+                    // retry), whose timing is an input: flush the simulator too.
+                    // Otherwise (garbage collection, max_split release, a flush
+                    // the simulator's state disagrees with) apply the recorded
+                    // frees one by one and count them as forced.
+                    let burst_events: Vec<&Event> = snap.events[index as usize..]
+                        .iter()
+                        .take_while(|b| releasing(b.action))
+                        .collect();
+                    let unmaps = burst_events
+                        .iter()
+                        .any(|b| b.action == Action::SegmentUnmap);
+                    let mut burst: Vec<(u64, u64)> =
+                        burst_events.iter().map(|b| (b.addr, b.size)).collect();
+                    burst.sort_unstable();
+                    // Unmapping only happens in release_cached_blocks.
+                    forcing_burst = !unmaps && burst != sim.releasable_segments();
+                    if !forcing_burst {
+                        sim.release_cached_blocks();
+                        for c in sim.take_segment_changes() {
+                            r.segment_events_simulated += 1;
+                            match c {
+                                SegmentChange::Free { addr, size }
+                                | SegmentChange::Unmap { addr, size } => {
+                                    burst_frees.insert((addr, size));
+                                }
+                                _ => {}
+                            }
                         }
                     }
                 }
-                if burst_frees.remove(&(e.addr, e.size)) {
+                if forcing_burst {
+                    if sim.release_segment_at(e.addr) {
+                        r.segment_frees_forced += 1;
+                        let _ = sim.take_segment_changes();
+                    } else {
+                        r.note_divergence(Divergence {
+                            event_index: index,
+                            what: "segment_free".to_owned(),
+                            expected: e.size,
+                            got: 0,
+                            detail: format!("the real allocator freed the segment at {:#x}, which is not a whole cached segment in the simulator", e.addr),
+                        });
+                    }
+                } else if burst_frees.remove(&(e.addr, e.size)) {
                     r.segment_events_matched += 1;
                 } else {
                     r.note_divergence(Divergence {
@@ -519,11 +648,16 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
                     });
                 }
             }
-            Action::SegmentMap | Action::SegmentUnmap => return Err(ReplayError::ExpandableGrowth),
+            Action::SegmentMap => {
+                real_reserved += e.size;
+                r.segment_events_real += 1;
+                pending_maps.push((e.addr, e.size));
+            }
             Action::Alloc => {
                 r.allocs += 1;
                 let real_new = pending_segments.first().copied();
-                sim.set_next_segment_address(real_new.map(|(a, _)| a));
+                let seed = real_new.or(pending_maps.first().copied());
+                sim.set_next_segment_address(seed.map(|(a, _)| a));
                 let result = sim.malloc(Bytes(e.size), e.stream);
                 sim.set_next_segment_address(None);
                 let changes = sim.take_segment_changes();
@@ -561,6 +695,36 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
                     });
                 }
                 pending_segments.clear();
+                let mut sim_maps: BTreeSet<(u64, u64)> = changes
+                    .iter()
+                    .filter_map(|c| match c {
+                        SegmentChange::Map { addr, size } => Some((*addr, *size)),
+                        _ => None,
+                    })
+                    .collect();
+                for &(addr, size) in &pending_maps {
+                    if sim_maps.remove(&(addr, size)) {
+                        r.segment_events_matched += 1;
+                    } else {
+                        r.note_divergence(Divergence {
+                            event_index: index,
+                            what: "segment_map".to_owned(),
+                            expected: size,
+                            got: 0,
+                            detail: format!("alloc of {} B: the real allocator mapped {size} B at {addr:#x}; the simulator did not", e.size),
+                        });
+                    }
+                }
+                if let Some(&(addr, size)) = sim_maps.iter().next() {
+                    r.note_divergence(Divergence {
+                        event_index: index,
+                        what: "segment_map".to_owned(),
+                        expected: 0,
+                        got: size,
+                        detail: format!("alloc of {} B: the simulator mapped {size} B at {addr:#x}; the real allocator did not", e.size),
+                    });
+                }
+                pending_maps.clear();
                 match result {
                     Ok(a) => {
                         if a.addr == e.addr {
@@ -704,4 +868,250 @@ pub fn replay_snapshot(data: &[u8]) -> Result<ReplayReport, ReplayError> {
     }
     outcome.report.start_state_repairs = repairs.len() as u64;
     Ok(outcome.report)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Synthetic snapshots written with a tiny pickle writer: a complete
+    //! recording is cut at every possible start, so the backward rebuild has
+    //! to recover the state the cut removed.
+
+    use super::*;
+
+    enum Pv {
+        Int(i64),
+        Str(&'static str),
+        Bool(bool),
+        List(Vec<Pv>),
+        Dict(Vec<(&'static str, Pv)>),
+    }
+
+    fn write(v: &Pv, out: &mut Vec<u8>) {
+        match v {
+            Pv::Int(i) => {
+                out.extend([0x8a, 8]);
+                out.extend(i.to_le_bytes());
+            }
+            Pv::Str(s) => {
+                out.push(b'X');
+                out.extend((s.len() as u32).to_le_bytes());
+                out.extend(s.as_bytes());
+            }
+            Pv::Bool(b) => out.push(if *b { 0x88 } else { 0x89 }),
+            Pv::List(items) => {
+                out.extend([b']', b'(']);
+                for i in items {
+                    write(i, out);
+                }
+                out.push(b'e');
+            }
+            Pv::Dict(items) => {
+                out.extend([b'}', b'(']);
+                for (k, v) in items {
+                    write(&Pv::Str(k), out);
+                    write(v, out);
+                }
+                out.push(b'u');
+            }
+        }
+    }
+
+    fn event(action: &'static str, addr: u64, size: u64) -> Pv {
+        Pv::Dict(vec![
+            ("action", Pv::Str(action)),
+            ("addr", Pv::Int(addr as i64)),
+            ("size", Pv::Int(size as i64)),
+            ("stream", Pv::Int(0)),
+        ])
+    }
+
+    /// `(address, size, expandable, pool, blocks: (address, size, active))`.
+    type Seg = (u64, u64, bool, &'static str, Vec<(u64, u64, bool)>);
+
+    fn snapshot(
+        events: &[(&'static str, u64, u64)],
+        segments: &[Seg],
+        conf: &'static str,
+    ) -> Vec<u8> {
+        let segs = segments
+            .iter()
+            .map(|(addr, size, exp, pool, blocks)| {
+                Pv::Dict(vec![
+                    ("device", Pv::Int(0)),
+                    ("address", Pv::Int(*addr as i64)),
+                    ("total_size", Pv::Int(*size as i64)),
+                    ("stream", Pv::Int(0)),
+                    ("segment_type", Pv::Str(pool)),
+                    ("is_expandable", Pv::Bool(*exp)),
+                    (
+                        "blocks",
+                        Pv::List(
+                            blocks
+                                .iter()
+                                .map(|(a, s, active)| {
+                                    Pv::Dict(vec![
+                                        ("address", Pv::Int(*a as i64)),
+                                        ("size", Pv::Int(*s as i64)),
+                                        ("requested_size", Pv::Int(*s as i64)),
+                                        (
+                                            "state",
+                                            Pv::Str(if *active {
+                                                "active_allocated"
+                                            } else {
+                                                "inactive"
+                                            }),
+                                        ),
+                                    ])
+                                })
+                                .collect(),
+                        ),
+                    ),
+                ])
+            })
+            .collect();
+        let trace = events
+            .iter()
+            .map(|&(a, addr, size)| event(a, addr, size))
+            .collect();
+        let root = Pv::Dict(vec![
+            ("segments", Pv::List(segs)),
+            ("device_traces", Pv::List(vec![Pv::List(trace)])),
+            (
+                "allocator_settings",
+                Pv::Dict(vec![
+                    ("PYTORCH_CUDA_ALLOC_CONF", Pv::Str(conf)),
+                    ("expandable_segments", Pv::Bool(conf.contains("expandable"))),
+                    ("max_split_size", Pv::Int(-1)),
+                ]),
+            ),
+        ]);
+        let mut out = vec![0x80, 2];
+        write(&root, &mut out);
+        out.push(b'.');
+        out
+    }
+
+    const MIB: u64 = Bytes::MIB;
+
+    fn check_every_start(
+        events: &[(&'static str, u64, u64)],
+        segments: &[Seg],
+        conf: &'static str,
+    ) {
+        for cut in 0..events.len() {
+            let data = snapshot(&events[cut..], segments, conf);
+            let r = replay_snapshot(&data).unwrap();
+            assert!(
+                r.is_exact() && r.final_segments_match == Some(true),
+                "start at event {cut}: {r:#?}"
+            );
+            if cut == 0 {
+                assert!(r.start_complete);
+            }
+        }
+    }
+
+    #[test]
+    fn expandable_growth_unmap_and_new_range_replay_exactly() {
+        let (a, b) = (0x7000_0000_0000u64, 0x7100_0000_0000u64);
+        let events = [
+            ("segment_map", a, 20 * MIB),
+            ("alloc", a, 5 * MIB),
+            ("alloc", a + 5 * MIB, 10 * MIB),
+            ("segment_map", a + 20 * MIB, 20 * MIB),
+            ("alloc", a + 15 * MIB, 10 * MIB),
+            ("free_requested", a, 5 * MIB),
+            ("free_completed", a, 5 * MIB),
+            ("free_requested", a + 5 * MIB, 10 * MIB),
+            ("free_completed", a + 5 * MIB, 10 * MIB),
+            ("alloc", a, 4 * MIB),
+            ("free_requested", a + 15 * MIB, 10 * MIB),
+            ("free_completed", a + 15 * MIB, 10 * MIB),
+            ("free_requested", a, 4 * MIB),
+            ("free_completed", a, 4 * MIB),
+            ("segment_unmap", a, 40 * MIB),
+            ("segment_map", b, 40 * MIB),
+            ("alloc", b, 30 * MIB),
+        ];
+        let segments: Vec<Seg> = vec![(
+            b,
+            40 * MIB,
+            true,
+            "large",
+            vec![(b, 30 * MIB, true), (b + 30 * MIB, 10 * MIB, false)],
+        )];
+        check_every_start(&events, &segments, "expandable_segments:True");
+    }
+
+    #[test]
+    fn segment_allocs_and_an_empty_cache_burst_replay_exactly() {
+        let (s1, s2, s3, s4) = (
+            0x7f00_0000_0000u64,
+            0x7f00_4000_0000u64,
+            0x7f00_8000_0000u64,
+            0x7f00_c000_0000u64,
+        );
+        let events = [
+            ("segment_alloc", s1, 20 * MIB),
+            ("alloc", s1, 5 * MIB),
+            ("alloc", s1 + 5 * MIB, 12 * MIB),
+            ("segment_alloc", s2, 2 * MIB),
+            ("alloc", s2, 1000),
+            ("segment_alloc", s3, 100 * MIB),
+            ("alloc", s3, 100 * MIB),
+            ("free_requested", s3, 100 * MIB),
+            ("free_completed", s3, 100 * MIB),
+            ("free_requested", s2, 1000),
+            ("free_completed", s2, 1000),
+            ("segment_free", s2, 2 * MIB),
+            ("segment_free", s3, 100 * MIB),
+            ("segment_alloc", s4, 50 * MIB),
+            ("alloc", s4, 50 * MIB),
+            ("alloc", s1 + 17 * MIB, 3 * MIB),
+        ];
+        let segments: Vec<Seg> = vec![
+            (
+                s1,
+                20 * MIB,
+                false,
+                "large",
+                vec![
+                    (s1, 5 * MIB, true),
+                    (s1 + 5 * MIB, 12 * MIB, true),
+                    (s1 + 17 * MIB, 3 * MIB, true),
+                ],
+            ),
+            (s4, 50 * MIB, false, "large", vec![(s4, 50 * MIB, true)]),
+        ];
+        check_every_start(&events, &segments, "");
+    }
+
+    #[test]
+    fn a_partial_release_is_forced_and_reported() {
+        // Two cached segments but only one is freed: not a cache flush (a GC
+        // or an oversize release), so the free is applied as recorded.
+        let (s1, s2) = (0x7f00_0000_0000u64, 0x7f00_4000_0000u64);
+        let events = [
+            ("segment_alloc", s1, 40 * MIB),
+            ("alloc", s1, 40 * MIB),
+            ("segment_alloc", s2, 60 * MIB),
+            ("alloc", s2, 60 * MIB),
+            ("free_completed", s1, 40 * MIB),
+            ("free_completed", s2, 60 * MIB),
+            ("segment_free", s1, 40 * MIB),
+            ("alloc", s2, 50 * MIB),
+        ];
+        let segments: Vec<Seg> = vec![(
+            s2,
+            60 * MIB,
+            false,
+            "large",
+            vec![(s2, 50 * MIB, true), (s2 + 50 * MIB, 10 * MIB, false)],
+        )];
+        let r = replay_snapshot(&snapshot(&events, &segments, "")).unwrap();
+        assert_eq!(r.segment_frees_forced, 1);
+        assert_eq!(r.segment_events_matched, 2);
+        assert_eq!(r.reserved_exact_events, r.compared_events);
+        assert_eq!(r.address_exact_allocs, r.allocs);
+    }
 }
