@@ -275,15 +275,15 @@ pub(crate) fn rule_constructor_state(analysis: &Analysis, first_rank: u64) -> Ve
         .collect()
 }
 
-/// Rule `other_device`: a CUDA trace's CPU blocks are host memory; a CPU
-/// trace's blocks stand for the GPU run's.
+/// Rule `other_device`: a GPU trace's CPU blocks are host memory; a CPU
+/// trace's blocks stand for the GPU run's. GPU blocks are CUDA or HIP (ROCm
+/// builds use the same caching allocator).
 pub(crate) fn rule_other_device(analysis: &Analysis, block: &Block) -> bool {
-    let wanted = if analysis.devices.recorded_on_cuda {
-        crate::trace::Device::Cuda
+    if analysis.devices.recorded_on_cuda {
+        !block.device.is_gpu()
     } else {
-        crate::trace::Device::Cpu
-    };
-    block.device != wanted
+        block.device != crate::trace::Device::Cpu
+    }
 }
 
 /// Rule `cpu_scratch`: oneDNN/mkldnn operator-internal blocks have no CUDA
@@ -1417,6 +1417,18 @@ mod tests {
         let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
         assert_eq!(blocks_of(&schedule, Category::Activation).len(), 3);
         assert!(blocks_of(&schedule, Category::Gradient).is_empty());
+    }
+
+    #[test]
+    fn a_rocm_trace_keeps_its_hip_blocks() {
+        let mut lp = Loop::training("SGD");
+        lp.analysis.devices.recorded_on_cuda = true;
+        for block in &mut lp.analysis.blocks {
+            block.device = Device::Hip;
+        }
+        let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
+        assert_eq!(blocks_of(&schedule, Category::Activation).len(), 3);
+        assert_eq!(blocks_of(&schedule, Category::Gradient).len(), 9);
     }
 
     #[test]
