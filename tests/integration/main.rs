@@ -5,14 +5,6 @@
 
 mod common;
 
-// Allocator behaviour: the spec's worked vectors and property tests.
-mod simulator;
-// Source-text checks of the architecture invariants.
-mod tidy;
-
-// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
-mod replay;
-
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
 // The `memcast analyze` command: JSON schema, exit codes, error messages.
@@ -21,3 +13,18 @@ mod cli_analyze;
 mod trace;
 // Real GPU traces from ../shared/ground-truth: read, recognised, counted.
 mod trace_gpu;
+
+// Allocator behaviour: the spec's worked vectors and property tests.
+mod simulator;
+
+// End-to-end estimates of the real fixtures: invariants and JSON snapshots.
+mod pipeline;
+
+// The memcast binary: estimate and presets output, JSON contract, error exits.
+mod cli;
+
+// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
+mod replay;
+
+// Source-text checks of the architecture invariants.
+mod tidy;

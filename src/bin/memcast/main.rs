@@ -5,13 +5,12 @@
 mod analyze;
 mod estimate;
 mod presets;
+mod replay;
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-mod replay;
 
 /// Estimate the GPU memory of a PyTorch training job from a CPU profiler trace.
 #[derive(Debug, Parser)]
