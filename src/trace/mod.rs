@@ -198,6 +198,18 @@ impl Trace {
     }
 }
 
+/// The most bytes a gzip trace may decompress to. Past it the file is refused
+/// as [`TraceError::GzipTooLarge`] instead of exhausting memory (a "gzip
+/// bomb" of a few MB can expand to many GB). Real traces of a few profiled
+/// steps are tens of MB; 2 GiB is also about what a 32-bit WebAssembly worker
+/// can hold next to the parsed events, so the browser and the CLI agree.
+pub const MAX_DECOMPRESSED_BYTES: u64 = 2 << 30;
+
+/// The largest size one `[memory]` event may record, 2^50 bytes (1 PiB): no
+/// device has that much memory, so a bigger value is a corrupt number, refused
+/// as [`TraceError::MemorySizeOutOfRange`] rather than estimated.
+pub const MAX_EVENT_BYTES: u64 = 1 << 50;
+
 /// Why bytes could not be read as a profiler trace.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TraceError {
@@ -207,6 +219,8 @@ pub enum TraceError {
     NotJson(String),
     #[error("the gzip data is truncated: the file was cut off while copying or writing; copy it again (gzip -t checks it)")]
     TruncatedGzip,
+    #[error("the gzip data expands to more than {limit} bytes, the most memcast reads: pass a trace of fewer profiled steps (schedule(active=3)) or check that this is really a profiler trace")]
+    GzipTooLarge { limit: u64 },
     #[error("the gzip data is corrupt: copy the trace again; decoder said {0:?}")]
     CorruptGzip(String),
     #[error("the trace is truncated at line {line}, column {column}: the export did not finish or the file was cut off; export it again and wait until prof.export_chrome_trace returns")]
@@ -221,6 +235,8 @@ pub enum TraceError {
     NotAProfilerTrace(String),
     #[error("the trace's {0} [memory] events have no \"Addr\", so allocations cannot be paired with their frees (PyTorch before 1.10 did not record it): profile again with a recent PyTorch and torch.profiler.profile(profile_memory=True)")]
     MemoryEventsWithoutAddress(usize),
+    #[error("a [memory] event records {0} bytes, more than any device holds (the limit is 2^50 bytes): the number is corrupt; export the trace again")]
+    MemorySizeOutOfRange(i64),
     #[error("the trace has no [memory] events: profile with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) and export again")]
     NoMemoryEvents,
 }
@@ -239,9 +255,21 @@ pub fn parse_with_progress(
     bytes: &[u8],
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Warned<Trace>, TraceError> {
+    parse_with_limit(bytes, MAX_DECOMPRESSED_BYTES, progress)
+}
+
+/// Parses like [`parse_with_progress`] with another limit than
+/// [`MAX_DECOMPRESSED_BYTES`] on what gzip input may expand to.
+pub fn parse_with_limit(
+    bytes: &[u8],
+    max_decompressed_bytes: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Warned<Trace>, TraceError> {
     let total = bytes.len() as u64;
     if raw::is_gzip(bytes) {
-        let json = raw::gunzip(bytes, &mut |done| progress(done / 2, total))?;
+        let json = raw::gunzip(bytes, max_decompressed_bytes, &mut |done| {
+            progress(done / 2, total)
+        })?;
         let half = total / 2;
         let json_len = json.len().max(1) as u64;
         raw::parse_json(&json, &mut |done| {

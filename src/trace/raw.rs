@@ -14,7 +14,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 
 use super::{
     count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent,
-    Trace, TraceError,
+    Trace, TraceError, MAX_EVENT_BYTES,
 };
 use crate::diag::{Warned, Warning};
 use crate::units::Nanos;
@@ -30,9 +30,15 @@ pub(super) fn is_gzip(bytes: &[u8]) -> bool {
 }
 
 /// Decompresses a (possibly multi-member) gzip file fully into memory.
-pub(super) fn gunzip(bytes: &[u8], progress: &mut dyn FnMut(u64)) -> Result<Vec<u8>, TraceError> {
+/// Output past `max_bytes` is refused as [`TraceError::GzipTooLarge`].
+pub(super) fn gunzip(
+    bytes: &[u8],
+    max_bytes: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Vec<u8>, TraceError> {
     let mut decoder = flate2::bufread::MultiGzDecoder::new(bytes);
-    let mut out = Vec::with_capacity(bytes.len().saturating_mul(8));
+    let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+    let mut out = Vec::with_capacity(bytes.len().saturating_mul(8).min(limit));
     let mut chunk = vec![0_u8; 1 << 20];
     let mut last_report = 0_u64;
     loop {
@@ -42,6 +48,9 @@ pub(super) fn gunzip(bytes: &[u8], progress: &mut dyn FnMut(u64)) -> Result<Vec<
         })?;
         if n == 0 {
             break;
+        }
+        if out.len().saturating_add(n) > limit {
+            return Err(TraceError::GzipTooLarge { limit: max_bytes });
         }
         out.extend_from_slice(chunk.get(..n).unwrap_or_default());
         // The decoder reads its input slice front to back; what is left of it
@@ -115,6 +124,8 @@ struct Builder<'p> {
     n_spans_no_dur: usize,
     n_flows_incomplete: usize,
     n_no_tid: usize,
+    /// The first `[memory]` size beyond [`MAX_EVENT_BYTES`], if any.
+    size_out_of_range: Option<i64>,
 }
 
 impl<'p> Builder<'p> {
@@ -136,6 +147,7 @@ impl<'p> Builder<'p> {
             n_spans_no_dur: 0,
             n_flows_incomplete: 0,
             n_no_tid: 0,
+            size_out_of_range: None,
         }
     }
 
@@ -158,6 +170,9 @@ impl<'p> Builder<'p> {
     }
 
     fn finish(mut self) -> Result<Warned<Trace>, TraceError> {
+        if let Some(bytes) = self.size_out_of_range {
+            return Err(TraceError::MemorySizeOutOfRange(bytes));
+        }
         if !self.saw_trace_events {
             let keys = if self.top_keys.is_empty() {
                 "an object without keys".to_owned()
@@ -280,6 +295,10 @@ impl<'p> Builder<'p> {
         };
         if bytes == 0 {
             self.n_memory_incomplete += 1;
+            return;
+        }
+        if bytes.unsigned_abs() > MAX_EVENT_BYTES {
+            self.size_out_of_range.get_or_insert(bytes);
             return;
         }
         if args.total_allocated.is_none() {
@@ -1193,5 +1212,41 @@ mod tests {
         assert_eq!(parsed.value.memory.len(), PROGRESS_EVERY * 2);
         assert_eq!(seen.len(), 2);
         assert!(seen[0] < seen[1] && seen[1] < json.len() as u64);
+    }
+
+    #[test]
+    fn sizes_beyond_the_limit_are_refused() {
+        for bytes in ["1e30", "-1e30", "1125899906842625", "9223372036854775808"] {
+            let json = format!(
+                r#"{{"traceEvents": [{{"ph": "i", "name": "[memory]", "ts": 1, "args": {{"Addr": 1, "Bytes": {bytes}}}}}]}}"#
+            );
+            let err = parse_json(json.as_bytes(), &mut |_| {}).unwrap_err();
+            assert!(
+                matches!(err, TraceError::MemorySizeOutOfRange(_)),
+                "{bytes}: {err:?}"
+            );
+        }
+        // Exactly at the limit is still a size.
+        let json = format!(
+            r#"{{"traceEvents": [{{"ph": "i", "name": "[memory]", "ts": 1, "args": {{"Addr": 1, "Bytes": {MAX_EVENT_BYTES}}}}}]}}"#
+        );
+        let parsed = parse_json(json.as_bytes(), &mut |_| {});
+        assert!(parsed.is_ok(), "{parsed:?}");
+    }
+
+    #[test]
+    fn gzip_past_the_limit_is_refused_while_decompressing() {
+        use std::io::Write as _;
+        // 8 MiB of zeros compress to a few KiB; with a 4 MiB limit the
+        // decoder stops at the first chunk past it.
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(&vec![0_u8; 8 << 20]).unwrap();
+        let bomb = encoder.finish().unwrap();
+        assert!(bomb.len() < 64 << 10, "{}", bomb.len());
+        let err = gunzip(&bomb, 4 << 20, &mut |_| {}).unwrap_err();
+        assert_eq!(err, TraceError::GzipTooLarge { limit: 4 << 20 });
+        assert!(err.to_string().contains("4194304 bytes"), "{err}");
+        // At exactly its size the same stream is read.
+        assert_eq!(gunzip(&bomb, 8 << 20, &mut |_| {}).unwrap().len(), 8 << 20);
     }
 }
