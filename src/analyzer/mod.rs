@@ -21,7 +21,7 @@ mod lifecycle;
 mod phases;
 mod spans;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -374,6 +374,10 @@ pub enum AnalyzeError {
     NoMemoryEvents,
     #[error("the trace has no python_function events, so layers and the forward/backward split cannot be found: profile with torch.profiler.profile(with_stack=True) and export again")]
     NoPythonFrames,
+    #[error("this is a GPU profiler trace without python_function events: to check memcast against the memory it recorded use replay mode (`memcast replay FILE`); to estimate a job, profile it on the CPU with torch.profiler.profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True)")]
+    GpuTraceWithoutPythonFrames,
+    #[error("the trace has [memory] events for several GPUs, but memcast estimates one device: profile a single-process run on one device (CUDA_VISIBLE_DEVICES=0) or on the CPU, got device ids {0:?}")]
+    SeveralGpus(Vec<i64>),
 }
 
 /// Analyzes a parsed trace.
@@ -382,9 +386,28 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
         return Err(AnalyzeError::NoMemoryEvents);
     }
     if config.require_python_frames && trace.python.is_empty() {
-        return Err(AnalyzeError::NoPythonFrames);
+        return Err(if trace.recorded_on_cuda() {
+            AnalyzeError::GpuTraceWithoutPythonFrames
+        } else {
+            AnalyzeError::NoPythonFrames
+        });
+    }
+    let gpu_ids: BTreeSet<i64> = trace
+        .memory
+        .iter()
+        .filter(|m| m.device.is_gpu())
+        .map(|m| m.device_id.unwrap_or(0))
+        .collect();
+    if gpu_ids.len() > 1 {
+        return Err(AnalyzeError::SeveralGpus(gpu_ids.into_iter().collect()));
     }
     let mut warnings: Vec<Warning> = Vec::new();
+    if trace.recorded_on_cuda() {
+        warnings.push(Warning::new(
+            "gpu_trace",
+            "this trace was recorded on a GPU, so its GPU blocks are taken as they are; to check memcast's allocator model against what the GPU really reserved, use replay mode (`memcast replay FILE`)",
+        ));
+    }
     let mut names = Names::from_trace(trace);
     let origin = origin_of(trace);
 
