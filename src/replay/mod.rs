@@ -37,6 +37,8 @@ pub enum ReplayError {
         "the gzip stream is corrupt; pass an intact .gz file or the uncompressed file, got {0:?}"
     )]
     Gzip(String),
+    #[error("the gzip data expands to more than {0} bytes, the most memcast reads (a damaged file or a gzip bomb); pass a smaller capture, got more")]
+    GzipTooLarge(u64),
     #[error("file is neither a pickled memory snapshot nor a profiler trace; pass a torch.cuda.memory._dump_snapshot pickle or a torch.profiler .json trace, got first byte {0:?}")]
     UnknownFormat(u8),
     #[error("the pickle ends early; pass the complete snapshot file, got truncation at byte {0}")]
@@ -169,10 +171,16 @@ impl ReplayReport {
 /// Decompresses gzip input; returns other input unchanged.
 pub fn maybe_gunzip(data: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ReplayError> {
     if data.starts_with(&[0x1f, 0x8b]) {
+        let limit = crate::trace::MAX_DECOMPRESSED_BYTES;
         let mut out = Vec::new();
+        // Read one byte past the limit to tell "at the limit" from "beyond".
         flate2::read::MultiGzDecoder::new(data)
+            .take(limit.saturating_add(1))
             .read_to_end(&mut out)
             .map_err(|e| ReplayError::Gzip(e.to_string()))?;
+        if out.len() as u64 > limit {
+            return Err(ReplayError::GzipTooLarge(limit));
+        }
         Ok(std::borrow::Cow::Owned(out))
     } else {
         Ok(std::borrow::Cow::Borrowed(data))

@@ -185,12 +185,25 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, ReplayError> {
         }
         Ok(stack.split_off(m))
     }
-    fn memo_put(memo: &mut Vec<ValueId>, idx: usize, id: ValueId) {
+    // A pickler numbers memo entries from 0 and each PUT takes at least two
+    // bytes, so no real index reaches the file's length; refusing larger ones
+    // keeps a hostile index from allocating gigabytes.
+    let max_memo = data.len();
+    let memo_put = |memo: &mut Vec<ValueId>, idx: usize, id: ValueId, at: usize| {
+        if idx > max_memo {
+            return Err(ReplayError::PickleMalformed(
+                at,
+                "memo index beyond the file",
+            ));
+        }
         if memo.len() <= idx {
             memo.resize(idx + 1, ValueId::MAX);
         }
-        memo[idx] = id;
-    }
+        if let Some(slot) = memo.get_mut(idx) {
+            *slot = id;
+        }
+        Ok(())
+    };
     fn utf8(bytes: &[u8], at: usize) -> Result<&str, ReplayError> {
         std::str::from_utf8(bytes)
             .map_err(|_| ReplayError::PickleMalformed(at, "invalid utf-8 string"))
@@ -297,14 +310,14 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, ReplayError> {
                 let top = *stack
                     .last()
                     .ok_or(ReplayError::PickleMalformed(at, "memo of empty stack"))?;
-                memo_put(&mut memo, idx, top);
+                memo_put(&mut memo, idx, top, at)?;
             }
             0x94 => {
                 let top = *stack
                     .last()
                     .ok_or(ReplayError::PickleMalformed(at, "memo of empty stack"))?;
                 let idx = memo.len();
-                memo_put(&mut memo, idx, top);
+                memo_put(&mut memo, idx, top, at)?;
             }
             b'h' | b'j' => {
                 let idx = r.len(if op == b'h' { 1 } else { 4 })?;
