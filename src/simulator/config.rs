@@ -246,10 +246,13 @@ impl AllocatorConfig {
             if d.iter().all(|&v| v == d[0]) {
                 parts.push(format!("roundup_power2_divisions:{}", d[0]));
             } else {
-                // One key per interval, which every version parses back the same.
+                // One key per interval, which every version parses back the
+                // same; the old rules reject a 0 in a list, and a 0 there can
+                // only come from an interval no key set, so it is left out.
                 let list: Vec<String> = d
                     .iter()
                     .enumerate()
+                    .filter(|&(_, &v)| v != 0 || self.version != RuleVersion::Old)
                     .map(|(i, v)| format!("{}:{v}", 1u64 << i))
                     .collect();
                 parts.push(format!("roundup_power2_divisions:[{}]", list.join(",")));
@@ -533,5 +536,19 @@ mod tests {
                 assert_eq!(a, b, "{conf}");
             }
         }
+    }
+
+    #[test]
+    fn old_rule_lists_with_unset_intervals_print_and_parse_back() {
+        // Found by the alloc_conf fuzzer: the printed list had `8:0`, which
+        // the old rules reject.
+        let conf = "max_split_size_mb:66,roundup_power2_divisions:[,2:2,4:4]";
+        let parsed = AllocatorConfig::parse(conf, RuleVersion::Old).unwrap();
+        let printed = parsed.to_conf_string();
+        assert!(!printed.contains(":0"), "{printed}");
+        assert_eq!(
+            AllocatorConfig::parse(&printed, RuleVersion::Old).unwrap(),
+            parsed
+        );
     }
 }
