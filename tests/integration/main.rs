@@ -1,7 +1,12 @@
 //! The one integration-test binary. Each module covers one area; see its doc.
 
 // Test code may panic on a broken expectation: that is how it fails.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
 
 mod common;
 
@@ -25,6 +30,10 @@ mod cli;
 
 // Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
 mod replay;
+
+// Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong
+// traces) through the library and the CLI, and fuzzer crash reproducers.
+mod hostile;
 
 // Source-text checks of the architecture invariants.
 mod tidy;
