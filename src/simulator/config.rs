@@ -233,12 +233,12 @@ impl AllocatorConfig {
     pub fn to_conf_string(&self) -> String {
         let mut parts = Vec::new();
         if let Some(m) = self.max_split_size {
-            parts.push(format!("max_split_size_mb:{}", m.get() / MIB));
+            parts.push(format!("max_split_size_mb:{}", mib_text(m)));
         }
         if self.max_non_split_rounding.get() != LARGE_BUFFER {
             parts.push(format!(
                 "max_non_split_rounding_mb:{}",
-                self.max_non_split_rounding.get() / MIB
+                mib_text(self.max_non_split_rounding)
             ));
         }
         let d = &self.roundup_power2_divisions;
@@ -267,7 +267,7 @@ impl AllocatorConfig {
         if self.large_segment_size.get() != LARGE_BUFFER {
             parts.push(format!(
                 "large_segment_size_mb:{}",
-                self.large_segment_size.get() / MIB
+                mib_text(self.large_segment_size)
             ));
         }
         if let Some(f) = self.per_process_memory_fraction {
@@ -328,6 +328,16 @@ fn bad(key: &'static str, reason: &'static str, value: &str) -> ConfigError {
 
 fn parse_u64(s: &str) -> Option<u64> {
     s.parse().ok()
+}
+
+/// A size as the whole MiB the options take. A size the parser saturated to
+/// `u64::MAX` prints as a number of MiB that saturates again, so it parses back.
+fn mib_text(size: Bytes) -> u64 {
+    if size.get() == u64::MAX {
+        u64::MAX / MIB + 1
+    } else {
+        size.get() / MIB
+    }
 }
 
 /// Rounds up to a multiple of `to` (saturating).
@@ -550,5 +560,28 @@ mod tests {
             AllocatorConfig::parse(&printed, RuleVersion::Old).unwrap(),
             parsed
         );
+    }
+
+    #[test]
+    fn saturated_sizes_print_and_parse_back() {
+        // Found by the alloc_conf fuzzer: 677777738888888 MiB saturates to
+        // u64::MAX bytes, which printed as a smaller number of MiB.
+        let mut checked = 0;
+        for conf in [
+            "max_split_size_mb:677777738888888",
+            "large_segment_size_mb:677777738888888",
+        ] {
+            let Ok(parsed) = AllocatorConfig::parse(conf, RuleVersion::New) else {
+                continue;
+            };
+            checked += 1;
+            let printed = parsed.to_conf_string();
+            assert_eq!(
+                AllocatorConfig::parse(&printed, RuleVersion::New).unwrap(),
+                parsed,
+                "{conf} printed as {printed}"
+            );
+        }
+        assert!(checked > 0, "no saturating size parsed");
     }
 }
