@@ -632,13 +632,24 @@ fn an_inference_loop_is_cut_at_its_repeated_module_calls() {
     ]}"#;
     let t = trace::parse(text.as_bytes()).unwrap().value;
     let analyzed = analyzer::analyze(&t, &AnalyzerConfig::standard()).unwrap();
-    assert!(analyzed.warnings.iter().any(|w| w.code == "iterations_inferred"));
+    assert!(analyzed
+        .warnings
+        .iter()
+        .any(|w| w.code == "iterations_inferred"));
     let a = analyzed.value;
-    let starts: Vec<i64> = a.iterations.iter().map(|it| it.start.get() / 1000).collect();
+    let starts: Vec<i64> = a
+        .iterations
+        .iter()
+        .map(|it| it.start.get() / 1000)
+        .collect();
     assert_eq!(starts, [0, 400, 700]);
     let block = &a.blocks[0];
     assert_eq!(
-        (block.alloc_iteration, block.alloc_phase, block.free_iteration),
+        (
+            block.alloc_iteration,
+            block.alloc_phase,
+            block.free_iteration
+        ),
         (Some(0), Phase::Forward, Some(1))
     );
     assert_eq!(a.name(block.layer.unwrap()), "Net_0");
@@ -662,7 +673,13 @@ fn random_traces_keep_the_invariants() {
         "aten::mkldnn_convolution",
         "aten::zero_",
     ];
-    let span = (0usize..4, 0usize..NAMES.len(), 0i64..1000, 0i64..300, 0i64..3);
+    let span = (
+        0usize..4,
+        0usize..NAMES.len(),
+        0i64..1000,
+        0i64..300,
+        0i64..3,
+    );
     let memory = (0i64..1300, 0u64..6, 1i64..5, any::<bool>());
     let strategy = (
         proptest::collection::vec(span, 0..40),
