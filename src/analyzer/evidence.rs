@@ -74,6 +74,15 @@ pub(crate) fn attribute(
     }
 }
 
+/// Whether `t` lies in one of `spans` (sorted by start, not overlapping).
+fn in_sorted_spans(spans: &[(Nanos, Nanos)], t: Nanos) -> bool {
+    let n_started = spans.partition_point(|&(start, _)| start <= t);
+    n_started
+        .checked_sub(1)
+        .and_then(|i| spans.get(i))
+        .is_some_and(|&(_, end)| t <= end)
+}
+
 fn is_scratch(name: &str, config: &AnalyzerConfig) -> bool {
     config
         .cpu_scratch_op_prefixes
@@ -195,6 +204,7 @@ pub(crate) fn evidence(
     }
     let mut claimed = vec![false; life.blocks.len()];
     let mut param_layer: Vec<Option<NameId>> = vec![None; n_params];
+    let mut grad_of_param: Vec<Option<usize>> = vec![None; n_params];
     let mut n_unlinked = 0_usize;
     for calls_of_iteration in per_iteration.values() {
         for (k, &call_idx) in calls_of_iteration.iter().enumerate() {
@@ -206,19 +216,58 @@ pub(crate) fn evidence(
                 continue;
             };
             let candidates = by_size.get(&call.bytes).map_or(&[][..], Vec::as_slice);
-            let n_before = candidates
-                .partition_point(|&b| life.blocks.get(b).is_some_and(|b| b.alloc_ts <= op.start));
-            let found = candidates.get(..n_before).and_then(|before| {
-                before.iter().rev().copied().find(|&b| {
-                    !claimed.get(b).copied().unwrap_or(true)
-                        && life
-                            .blocks
-                            .get(b)
-                            .is_some_and(|b| b.free_ts.is_none_or(|f| f >= op.start))
+            // A gradient is made by the backward of the same iteration, before
+            // or (when AccumulateGrad copies a non-contiguous gradient) inside
+            // the call, and outlives that backward (it is freed by the next
+            // zero_grad or never). Activation gradients can have the same size
+            // (t5-small: 8x64x512 = 512x512), so prefer the latest block that
+            // outlives backward; then the latest one still live when the call
+            // starts (a buffer added into an existing `.grad`).
+            let backward_end = iterations
+                .get(call.iteration)
+                .and_then(|it| it.phases.iter().find(|p| p.phase == Phase::Backward))
+                .map_or(op.end, |p| p.end.max(op.end));
+            let n_until_end = candidates
+                .partition_point(|&b| life.blocks.get(b).is_some_and(|b| b.alloc_ts <= op.end));
+            let eligible = |b: &super::Block| {
+                !claimed.get(b.id).copied().unwrap_or(true)
+                    && b.alloc_iteration == Some(call.iteration)
+                    && b.alloc_phase == Phase::Backward
+            };
+            // Only this iteration's blocks qualify: never scan earlier ones.
+            let iteration_start = iterations
+                .get(call.iteration)
+                .map_or(Nanos::ZERO, |it| it.start);
+            let n_before_iteration = candidates.partition_point(|&b| {
+                life.blocks
+                    .get(b)
+                    .is_some_and(|b| b.alloc_ts < iteration_start)
+            });
+            let until_end = candidates
+                .get(n_before_iteration..n_until_end)
+                .unwrap_or_default();
+            let pick = |keep: &dyn Fn(&super::Block) -> bool| {
+                until_end.iter().rev().copied().find(|&b| {
+                    life.blocks
+                        .get(b)
+                        .is_some_and(|block| eligible(block) && keep(block))
                 })
+            };
+            let found = pick(&|b| b.free_ts.is_none_or(|f| f > backward_end)).or_else(|| {
+                pick(&|b| b.alloc_ts <= op.start && b.free_ts.is_none_or(|f| f >= op.start))
             });
             let Some(block_id) = found else {
-                n_unlinked += 1;
+                // With zero_grad(set_to_none=False) the backward may add into
+                // the existing `.grad` in place: no new block is expected.
+                let has_live_grad = grad_of_param
+                    .get(param)
+                    .copied()
+                    .flatten()
+                    .and_then(|g| life.blocks.get(g))
+                    .is_some_and(|g| g.free_ts.is_none_or(|f| f >= op.start));
+                if !has_live_grad {
+                    n_unlinked += 1;
+                }
                 continue;
             };
             if let Some(slot) = claimed.get_mut(block_id) {
@@ -232,10 +281,13 @@ pub(crate) fn evidence(
                     *slot = block.layer;
                 }
             }
-            // A buffer freed inside AccumulateGrad was added into an existing
+            // A buffer freed before backward ends was added into an existing
             // `.grad` (zero_grad(set_to_none=False)): a temporary, not a gradient.
-            if block.free_ts.is_none_or(|f| f > op.end) {
+            if block.free_ts.is_none_or(|f| f > backward_end) {
                 block.role = BlockRole::Gradient { param };
+                if let Some(slot) = grad_of_param.get_mut(param) {
+                    *slot = Some(block_id);
+                }
             }
         }
     }
@@ -257,7 +309,7 @@ pub(crate) fn evidence(
                 numel: call.numel,
                 dtype: call.dtype.clone(),
                 bytes: Bytes(call.bytes),
-                layer: param_layer.get(n_params - 1 - index).copied().flatten(),
+                layer: param_layer.get(index).copied().flatten(),
             })
         })
         .collect();
@@ -291,7 +343,8 @@ fn optimizer_facts(life: &mut Life, index: &SpanIndex, names: &Names) -> Optimiz
     let full = names.get(first_name);
     let class = full.strip_prefix(OPT_STEP_PREFIX).unwrap_or(full);
     facts.class_name = Some(class.strip_suffix(".step").unwrap_or(class).to_owned());
-    let in_a_step = |t: Nanos| steps.iter().any(|&(_, s, e)| s <= t && t <= e);
+    let step_spans: Vec<(Nanos, Nanos)> = steps.iter().map(|&(_, s, e)| (s, e)).collect();
+    let in_a_step = |t: Nanos| in_sorted_spans(&step_spans, t);
     facts.uses_foreach = index
         .ops
         .spans
@@ -347,10 +400,11 @@ fn zero_grad_facts(
                 .map_or(0, |evs| evs.iter().filter(|ev| ev.delta < 0).count())
         })
         .sum::<usize>();
-    let runs_zero = index.ops.spans.iter().any(|o| {
-        names.get(o.name) == "aten::zero_"
-            && spans.iter().any(|&(s, e)| s <= o.start && o.start <= e)
-    });
+    let runs_zero = index
+        .ops
+        .spans
+        .iter()
+        .any(|o| names.get(o.name) == "aten::zero_" && in_sorted_spans(&spans, o.start));
     let set_to_none = if n_frees > 0 {
         Some(true)
     } else if runs_zero {
@@ -504,4 +558,39 @@ pub(crate) fn assemble(
 
 fn origin_of_trace(trace: &Trace) -> Nanos {
     super::origin_of(trace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_sizes_follow_record_shapes_names() {
+        assert_eq!(dtype_size("float"), Some(4));
+        assert_eq!(dtype_size("c10::BFloat16"), Some(2));
+        assert_eq!(dtype_size("c10::Half"), Some(2));
+        assert_eq!(dtype_size("double"), Some(8));
+        assert_eq!(dtype_size("long int"), Some(8));
+        assert_eq!(dtype_size("bool"), Some(1));
+        assert_eq!(dtype_size("Scalar"), None);
+    }
+
+    #[test]
+    fn sorted_span_lookup() {
+        let spans = [(Nanos(0), Nanos(10)), (Nanos(20), Nanos(30))];
+        let hits: Vec<i64> = (-1..32)
+            .filter(|&t| in_sorted_spans(&spans, Nanos(t)))
+            .collect();
+        let expected: Vec<i64> = (0..=10).chain(20..=30).collect();
+        assert_eq!(hits, expected);
+        assert!(!in_sorted_spans(&[], Nanos(0)));
+    }
+
+    #[test]
+    fn scratch_prefixes_match_onednn_ops() {
+        let config = AnalyzerConfig::standard();
+        assert!(is_scratch("aten::mkldnn_convolution", &config));
+        assert!(is_scratch("aten::to_mkldnn", &config));
+        assert!(!is_scratch("aten::convolution", &config));
+    }
 }

@@ -10,7 +10,15 @@
 
 mod common;
 
+// Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
+mod analyzer;
+// The `memcast analyze` command: JSON schema, exit codes, error messages.
+mod cli_analyze;
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
 // Source-text checks of the architecture invariants.
 mod tidy;
+// Trace reader: fixtures, tolerant parsing, bad-input errors.
+mod trace;
+// Real GPU traces from ../shared/ground-truth: read, recognised, counted.
+mod trace_gpu;
