@@ -63,6 +63,9 @@ pub enum SimOp {
     EmptyCache,
 }
 
+/// The name the pipeline contract uses for one input event.
+pub type SimEvent = SimOp;
+
 /// Allocated and reserved bytes after one event (compact, for timelines).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sample {
@@ -154,10 +157,49 @@ impl Hasher for IdHasher {
     }
 }
 
+/// Caller ids to live block handles: a vector for small ids (the common,
+/// dense case; its size is bounded by the schedule length), a hash map for
+/// the rest.
+struct IdMap {
+    dense: Vec<Option<BlockHandle>>,
+    limit: u64,
+    sparse: HashMap<u64, BlockHandle, BuildHasherDefault<IdHasher>>,
+}
+
+impl IdMap {
+    fn new(n_events: usize) -> IdMap {
+        IdMap {
+            dense: Vec::new(),
+            limit: (n_events as u64).saturating_mul(2).saturating_add(1024),
+            sparse: HashMap::default(),
+        }
+    }
+
+    fn insert(&mut self, id: u64, h: BlockHandle) -> Option<BlockHandle> {
+        if id < self.limit {
+            let i = id as usize;
+            if self.dense.len() <= i {
+                self.dense.resize(i + 1, None);
+            }
+            self.dense.get_mut(i).and_then(|slot| slot.replace(h))
+        } else {
+            self.sparse.insert(id, h)
+        }
+    }
+
+    fn remove(&mut self, id: &u64) -> Option<BlockHandle> {
+        if *id < self.limit {
+            self.dense.get_mut(*id as usize).and_then(Option::take)
+        } else {
+            self.sparse.remove(id)
+        }
+    }
+}
+
 /// Runs a schedule through a fresh [`CachingAllocator`].
 pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> Simulation {
     let mut alloc = CachingAllocator::new(config.clone(), *device);
-    let mut live: HashMap<u64, BlockHandle, BuildHasherDefault<IdHasher>> = HashMap::default();
+    let mut live = IdMap::new(events.len());
     let mut after_event = Vec::with_capacity(events.len());
     let mut oom = None;
     let mut unknown_frees = 0u64;
