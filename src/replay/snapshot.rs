@@ -452,7 +452,7 @@ fn rebuild_start(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<StartS
     let mut reserved = 0u64;
     let mut placed = 0usize;
     for (&addr, seg) in &segs {
-        reserved += seg.size;
+        reserved = reserved.saturating_add(seg.size);
         let end = addr + seg.size;
         let inside: Vec<(u64, Occ)> = occupied.range(addr..end).map(|(&a, &o)| (a, o)).collect();
         placed += inside.len();
@@ -588,7 +588,7 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
         let index = index as u64;
         match e.action {
             Action::SegmentAlloc => {
-                real_reserved += e.size;
+                real_reserved = real_reserved.saturating_add(e.size);
                 r.segment_events_real += 1;
                 pending_segments.push((e.addr, e.size));
             }
@@ -659,7 +659,7 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
                 }
             }
             Action::SegmentMap => {
-                real_reserved += e.size;
+                real_reserved = real_reserved.saturating_add(e.size);
                 r.segment_events_real += 1;
                 pending_maps.push((e.addr, e.size));
             }

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use allocator::{
     Allocation, BlockHandle, BlockView, CachingAllocator, LayoutError, NotAllocated, OutOfMemory,
-    PoolKind, SegmentChange, SegmentLayout, SegmentView,
+    PoolKind, SegmentChange, SegmentLayout, SegmentView, MAX_REQUEST,
 };
 pub use config::{
     AllocatorConfig, ConfigError, RuleVersion, DIVISION_INTERVALS, LARGE_BUFFER, MIN_BLOCK_SIZE,
@@ -365,5 +365,32 @@ mod tests {
         assert_eq!(sim.peak.fragmentation, Bytes(15 * MIB));
         assert_eq!(sim.final_stats.fragmentation, Bytes(15 * MIB));
         assert_eq!(sim.final_stats.largest_free_block, Bytes(10 * MIB));
+    }
+
+    #[test]
+    fn absurd_requests_are_out_of_memory_not_a_panic() {
+        for config in ["", "expandable_segments:True", "roundup_power2_divisions:8"] {
+            let config = AllocatorConfig::parse(config, RuleVersion::New).unwrap();
+            let ops: Vec<SimOp> = (0..5000)
+                .map(|i| {
+                    alloc(
+                        i,
+                        if i % 2 == 0 {
+                            u64::MAX - i
+                        } else {
+                            MAX_REQUEST
+                        },
+                    )
+                })
+                .collect();
+            let sim = simulate(&ops, &config, &Device::unlimited());
+            let oom = sim.oom.unwrap();
+            assert_eq!(oom.event_index, 0);
+            let ops: Vec<SimOp> = (0..5000).map(|i| alloc(i, MAX_REQUEST)).collect();
+            let sim = simulate(&ops, &config, &Device::unlimited());
+            // 1 PiB segments exhaust the synthetic address space: an OOM.
+            assert!(sim.oom.is_some());
+            assert!(sim.peak.reserved.get() < 1 << 62);
+        }
     }
 }
