@@ -11,9 +11,18 @@
 //! and an [`OomRecord`] if the device ran out after releasing cached segments
 //! and retrying — the simulation stops at the first one.
 //!
+//! [`simulate_detailed`] also returns the full [`Stats`] after every event.
+//!
 //! For incremental use (the replay, what-if tools) drive a
 //! [`CachingAllocator`] directly: `malloc`/`free`/`empty_cache`/`stats`, block
-//! addresses, segment views and the device-level [`SegmentChange`] log.
+//! addresses, segment views, loading a known start state
+//! ([`CachingAllocator::load_segment`], [`CachingAllocator::load_expandable`])
+//! and the device-level [`SegmentChange`] log.
+//!
+//! Rule revisions: [`RuleVersion::Old`]/`Mid`/`New` select the version
+//! differences of allocator.md §15 (division lists, divisions == 1, value
+//! validation, which keys exist, GC and oversize release skipping expandable
+//! segments in all versions — the older behaviour hit internal asserts).
 //!
 //! Invariants:
 //! - Deterministic and clock-free: time is the schedule's order; addresses of
