@@ -9,6 +9,9 @@
 //! 4. [`simulator`] — replay it through a model of PyTorch's CUDA caching allocator;
 //! 5. [`report`] — peak, timeline, breakdown and per-GPU verdicts as plain data.
 //!
+//! [`replay`] is the validation mode: it replays real GPU-side allocator data
+//! (memory snapshots, profiler memory events) through the simulator.
+//!
 //! Architecture invariant: everything outside `web` (and the binaries in
 //! `src/bin`) is core — it does no I/O, reads no clock or environment, never
 //! prints and never panics on user data.
@@ -19,6 +22,7 @@ pub mod orchestrator;
 pub mod permalink;
 pub mod presets;
 pub mod protocol;
+pub mod replay;
 pub mod report;
 pub mod simulator;
 pub mod trace;

@@ -14,6 +14,8 @@ mod common;
 mod analyzer;
 // The `memcast analyze` command: JSON schema, exit codes, error messages.
 mod cli_analyze;
+// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
+mod replay;
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
 // Source-text checks of the architecture invariants.
@@ -22,3 +24,4 @@ mod tidy;
 mod trace;
 // Real GPU traces from ../shared/ground-truth: read, recognised, counted.
 mod trace_gpu;
+
