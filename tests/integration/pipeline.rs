@@ -375,3 +375,24 @@ fn timelines_keep_the_peak_and_stay_small() {
         );
     }
 }
+
+#[test]
+fn new_gpus_rerun_only_the_simulation_from_a_prepared_schedule() {
+    let name = "resnet18_sgd_bs16_pos1.json.gz";
+    let prepared = prepared_fixture(name);
+    let mut other = Config::standard()
+        .with_gpus(&["h200".to_owned(), "8GiB".to_owned()])
+        .unwrap();
+    other.alloc_conf = "expandable_segments:True".to_owned();
+    let from_prepared = estimate(prepared, &other);
+    let bytes = common::read_shared(&trace_path(name));
+    let from_bytes = memcast::run(&bytes, &other, &mut |_| {}).unwrap().value;
+    assert_eq!(from_prepared, from_bytes);
+    assert_eq!(from_prepared.gpus.len(), 2);
+    assert_eq!(from_prepared.reference_gpu, "h200");
+    // A prepared schedule survives a trip through JSON (a worker can keep it).
+    let json = serde_json::to_string(prepared).unwrap();
+    let back: Prepared = serde_json::from_str(&json).unwrap();
+    assert_eq!(&back, prepared);
+    assert_eq!(estimate(&back, &other), from_prepared);
+}
