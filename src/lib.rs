@@ -397,3 +397,80 @@ pub fn simulate_schedule(
     }
     SimulatedRun { samples, oom_at }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &[u8] = include_bytes!("../tests/fixtures/tiny_step.json");
+
+    #[test]
+    fn progress_walks_through_every_stage_in_order() {
+        let config = Config::standard()
+            .with_gpus(&["t4".to_owned(), "l4".to_owned()])
+            .unwrap();
+        let mut seen: Vec<Progress> = Vec::new();
+        run(TINY, &config, &mut |p| seen.push(p)).unwrap();
+        let mut stages: Vec<Stage> = seen.iter().map(|p| p.stage).collect();
+        stages.dedup();
+        assert_eq!(
+            stages,
+            vec![
+                Stage::Parsing,
+                Stage::Analyzing,
+                Stage::Orchestrating,
+                Stage::Simulating,
+                Stage::Reporting
+            ]
+        );
+        let simulating: Vec<(u64, u64)> = seen
+            .iter()
+            .filter(|p| p.stage == Stage::Simulating)
+            .map(|p| (p.done, p.total))
+            .collect();
+        assert_eq!(simulating, vec![(0, 3), (1, 3), (2, 3)]);
+        assert!(seen.iter().all(|p| p.done <= p.total));
+    }
+
+    #[test]
+    fn stage_errors_reach_the_caller_with_their_advice() {
+        let config = Config::standard();
+        let err = run(b"", &config, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::Trace(TraceError::Empty)));
+        let bad_conf = Config {
+            alloc_conf: "no_such_option:1".to_owned(),
+            ..Config::standard()
+        };
+        let err = run(TINY, &bad_conf, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::AllocatorConfig(_)), "{err}");
+        assert!(err.to_string().contains("no_such_option"), "{err}");
+        let err = Config::standard()
+            .with_gpus(&["a100".to_owned()])
+            .unwrap_err();
+        assert!(matches!(err, Error::Gpu(PresetError::Unknown(_))));
+        let zero = Config {
+            orchestrator: OrchestratorConfig {
+                iterations: 0,
+                ..OrchestratorConfig::standard()
+            },
+            ..Config::standard()
+        };
+        let err = run(TINY, &zero, &mut |_| {}).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Orchestrate(OrchestrateError::NoIterations(0))
+        ));
+    }
+
+    #[test]
+    fn the_context_override_applies_to_every_gpu() {
+        let config = Config::standard().with_context(Bytes(123));
+        assert_eq!(config.reference.overheads.context_bytes, Bytes(123));
+        assert!(config
+            .gpus
+            .iter()
+            .all(|g| g.overheads.context_bytes == Bytes(123)));
+        assert_eq!(config.gpus.len(), presets::PRESETS.len());
+        assert_eq!(config.reference.name, "a100-80gb");
+    }
+}
