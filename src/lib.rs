@@ -305,7 +305,19 @@ pub fn estimate(
             })
             .collect(),
         summary,
-        warnings: prepared.warnings.clone(),
+        warnings: {
+            let mut warnings = prepared.warnings.clone();
+            let context = config.reference.overheads.context_bytes;
+            warnings.push(Warning::new(
+                "context_assumed",
+                format!(
+                    "the CUDA context outside the allocator is assumed to be {} MiB on {} (a bare context with lazy module loading); a training process that has loaded cuBLAS and cuDNN kernels can hold a few hundred MiB more, so measure nvidia-smi used minus torch.cuda.memory_reserved() after one step and pass it with --context",
+                    context.get() / Bytes::MIB,
+                    config.reference.name
+                ),
+            ));
+            warnings
+        },
         max_timeline_points: config.max_timeline_points,
     };
     let report = report::build(&input)?;
