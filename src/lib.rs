@@ -308,14 +308,20 @@ pub fn estimate(
         warnings: {
             let mut warnings = prepared.warnings.clone();
             let context = config.reference.overheads.context_bytes;
-            warnings.push(Warning::new(
-                "context_assumed",
-                format!(
-                    "the CUDA context outside the allocator is assumed to be {} MiB on {} (a bare context with lazy module loading); a training process that has loaded cuBLAS and cuDNN kernels can hold a few hundred MiB more, so measure nvidia-smi used minus torch.cuda.memory_reserved() after one step and pass it with --context",
-                    context.get() / Bytes::MIB,
-                    config.reference.name
-                ),
-            ));
+            let sourced = presets::DeviceOverheads::for_arch(
+                config.reference.arch.unwrap_or(presets::Arch::Ampere),
+            )
+            .context_bytes;
+            if context == sourced {
+                warnings.push(Warning::new(
+                    "context_assumed",
+                    format!(
+                        "the CUDA context outside the allocator is assumed to be {} MiB on {} (a bare context with lazy module loading); a training process that has loaded cuBLAS and cuDNN kernels can hold a few hundred MiB more, so measure nvidia-smi used minus torch.cuda.memory_reserved() after one step and pass it with --context",
+                        context.get() / Bytes::MIB,
+                        config.reference.name
+                    ),
+                ));
+            }
             warnings
         },
         max_timeline_points: config.max_timeline_points,
@@ -472,6 +478,17 @@ mod tests {
             err,
             Error::Orchestrate(OrchestrateError::NoIterations(0))
         ));
+    }
+
+    #[test]
+    fn the_context_warning_is_only_given_for_the_assumed_value() {
+        let assumed = Config::standard().with_gpus(&["t4".to_owned()]).unwrap();
+        let report = run(TINY, &assumed, &mut |_| {}).unwrap();
+        assert!(report.warnings.iter().any(|w| w.code == "context_assumed"));
+        let measured = assumed.with_context(Bytes(700 * Bytes::MIB));
+        let report = run(TINY, &measured, &mut |_| {}).unwrap();
+        assert!(!report.warnings.iter().any(|w| w.code == "context_assumed"));
+        assert_eq!(report.value.peak.context_bytes, Bytes(700 * Bytes::MIB));
     }
 
     #[test]
