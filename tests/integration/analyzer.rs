@@ -618,3 +618,133 @@ fn iterations_are_inferred_when_step_markers_are_removed() {
         assert_eq!(a.zero_grad, f.analysis.zero_grad);
     }
 }
+
+#[test]
+fn an_inference_loop_is_cut_at_its_repeated_module_calls() {
+    let text = r#"{"traceEvents": [
+      {"ph": "X", "cat": "python_function", "name": "infer.py(1): <module>", "tid": 1, "ts": 0, "dur": 1000, "args": {"Python id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Tokenizer_0", "tid": 1, "ts": 5, "dur": 10, "args": {"Python id": 2, "Python parent id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "tid": 1, "ts": 100, "dur": 100, "args": {"Python id": 3, "Python parent id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "tid": 1, "ts": 400, "dur": 100, "args": {"Python id": 4, "Python parent id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "tid": 1, "ts": 700, "dur": 100, "args": {"Python id": 5, "Python parent id": 1}},
+      {"ph": "i", "name": "[memory]", "tid": 1, "ts": 150, "args": {"Addr": 1, "Bytes": 8, "Total Allocated": 8, "Device Type": 0}},
+      {"ph": "i", "name": "[memory]", "tid": 1, "ts": 450, "args": {"Addr": 1, "Bytes": -8, "Total Allocated": 0, "Device Type": 0}}
+    ]}"#;
+    let t = trace::parse(text.as_bytes()).unwrap().value;
+    let analyzed = analyzer::analyze(&t, &AnalyzerConfig::standard()).unwrap();
+    assert!(analyzed
+        .warnings
+        .iter()
+        .any(|w| w.code == "iterations_inferred"));
+    let a = analyzed.value;
+    let starts: Vec<i64> = a
+        .iterations
+        .iter()
+        .map(|it| it.start.get() / 1000)
+        .collect();
+    assert_eq!(starts, [0, 400, 700]);
+    let block = &a.blocks[0];
+    assert_eq!(
+        (
+            block.alloc_iteration,
+            block.alloc_phase,
+            block.free_iteration
+        ),
+        (Some(0), Phase::Forward, Some(1))
+    );
+    assert_eq!(a.name(block.layer.unwrap()), "Net_0");
+}
+
+/// Random small traces: the analyzer never panics, every allocation becomes
+/// one block, and the blocks reproduce the running total.
+#[test]
+fn random_traces_keep_the_invariants() {
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 10] = [
+        "ProfilerStep#0",
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        "Optimizer.zero_grad#SGD.zero_grad",
+        "Optimizer.step#SGD.step",
+        "nn.Module: Net_0",
+        "torch/_tensor.py(1): backward",
+        "autograd::engine::evaluate_function: MmBackward0",
+        "torch::autograd::AccumulateGrad",
+        "aten::mkldnn_convolution",
+        "aten::zero_",
+    ];
+    let span = (
+        0usize..4,
+        0usize..NAMES.len(),
+        0i64..1000,
+        0i64..300,
+        0i64..3,
+    );
+    let memory = (0i64..1300, 0u64..6, 1i64..5, any::<bool>());
+    let strategy = (
+        proptest::collection::vec(span, 0..40),
+        proptest::collection::vec(memory, 1..60),
+    );
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    runner
+        .run(&strategy, |(spans, memory)| {
+            let mut events = Vec::new();
+            for (kind, name, ts, dur, seq) in spans {
+                let cat = ["cpu_op", "python_function", "user_annotation", "cpu_op"][kind];
+                events.push(serde_json::json!({
+                    "ph": "X", "cat": cat, "name": NAMES[name], "tid": 1, "ts": ts, "dur": dur,
+                    "args": {"Sequence number": seq, "Fwd thread id": seq % 2,
+                             "Input Dims": [[seq + 1, 2]], "Input type": ["float"]}
+                }));
+            }
+            // Allocations and frees that always pair up, with address reuse.
+            let mut live: std::collections::BTreeMap<u64, i64> = Default::default();
+            let mut total = 0;
+            let mut memory = memory;
+            memory.sort_by_key(|m| m.0);
+            for (ts, addr, size, free) in memory {
+                let bytes = match live.remove(&addr) {
+                    Some(size) if free => -size,
+                    Some(size) => {
+                        live.insert(addr, size);
+                        continue;
+                    }
+                    None => {
+                        live.insert(addr, size * 8);
+                        size * 8
+                    }
+                };
+                total += bytes;
+                events.push(serde_json::json!({
+                    "ph": "i", "name": "[memory]", "tid": 1, "ts": ts,
+                    "args": {"Addr": addr, "Bytes": bytes, "Total Allocated": total, "Device Type": 0}
+                }));
+            }
+            let text = serde_json::json!({ "traceEvents": events }).to_string();
+            let Ok(parsed) = trace::parse(text.as_bytes()) else {
+                return Ok(());
+            };
+            let config = AnalyzerConfig {
+                require_python_frames: false,
+                ..AnalyzerConfig::standard()
+            };
+            let a = analyzer::analyze(&parsed.value, &config).unwrap().value;
+            let n_allocs = a.events.iter().filter(|e| e.delta > 0).count();
+            prop_assert_eq!(a.blocks.len(), n_allocs);
+            prop_assert!(a.unmatched_frees.is_empty());
+            let mut running = 0;
+            for event in &a.events {
+                running += event.delta;
+                prop_assert_eq!(Some(running), event.total_allocated);
+            }
+            for block in &a.blocks {
+                prop_assert!(!block.cpu_scratch || block.op_internal);
+                if let BlockRole::Gradient { param } = block.role {
+                    prop_assert!(param < a.parameters.len());
+                }
+            }
+            prop_assert!(a.iterations.windows(2).all(|w| w[0].start <= w[1].start));
+            Ok(())
+        })
+        .unwrap();
+}
