@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use allocator::{
     Allocation, BlockHandle, BlockView, CachingAllocator, LayoutError, NotAllocated, OutOfMemory,
-    PoolKind, SegmentChange, SegmentLayout, SegmentView,
+    PoolKind, SegmentChange, SegmentLayout, SegmentView, MAX_REQUEST,
 };
 pub use config::{
     AllocatorConfig, ConfigError, RuleVersion, DIVISION_INTERVALS, LARGE_BUFFER, MIN_BLOCK_SIZE,
@@ -62,6 +62,9 @@ pub enum SimOp {
     /// `torch.cuda.empty_cache()`.
     EmptyCache,
 }
+
+/// The name the pipeline contract uses for one input event.
+pub type SimEvent = SimOp;
 
 /// Allocated and reserved bytes after one event (compact, for timelines).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,10 +157,49 @@ impl Hasher for IdHasher {
     }
 }
 
+/// Caller ids to live block handles: a vector for small ids (the common,
+/// dense case; its size is bounded by the schedule length), a hash map for
+/// the rest.
+struct IdMap {
+    dense: Vec<Option<BlockHandle>>,
+    limit: u64,
+    sparse: HashMap<u64, BlockHandle, BuildHasherDefault<IdHasher>>,
+}
+
+impl IdMap {
+    fn new(n_events: usize) -> IdMap {
+        IdMap {
+            dense: Vec::new(),
+            limit: (n_events as u64).saturating_mul(2).saturating_add(1024),
+            sparse: HashMap::default(),
+        }
+    }
+
+    fn insert(&mut self, id: u64, h: BlockHandle) -> Option<BlockHandle> {
+        if id < self.limit {
+            let i = id as usize;
+            if self.dense.len() <= i {
+                self.dense.resize(i + 1, None);
+            }
+            self.dense.get_mut(i).and_then(|slot| slot.replace(h))
+        } else {
+            self.sparse.insert(id, h)
+        }
+    }
+
+    fn remove(&mut self, id: &u64) -> Option<BlockHandle> {
+        if *id < self.limit {
+            self.dense.get_mut(*id as usize).and_then(Option::take)
+        } else {
+            self.sparse.remove(id)
+        }
+    }
+}
+
 /// Runs a schedule through a fresh [`CachingAllocator`].
 pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> Simulation {
     let mut alloc = CachingAllocator::new(config.clone(), *device);
-    let mut live: HashMap<u64, BlockHandle, BuildHasherDefault<IdHasher>> = HashMap::default();
+    let mut live = IdMap::new(events.len());
     let mut after_event = Vec::with_capacity(events.len());
     let mut oom = None;
     let mut unknown_frees = 0u64;
@@ -323,5 +365,32 @@ mod tests {
         assert_eq!(sim.peak.fragmentation, Bytes(15 * MIB));
         assert_eq!(sim.final_stats.fragmentation, Bytes(15 * MIB));
         assert_eq!(sim.final_stats.largest_free_block, Bytes(10 * MIB));
+    }
+
+    #[test]
+    fn absurd_requests_are_out_of_memory_not_a_panic() {
+        for config in ["", "expandable_segments:True", "roundup_power2_divisions:8"] {
+            let config = AllocatorConfig::parse(config, RuleVersion::New).unwrap();
+            let ops: Vec<SimOp> = (0..5000)
+                .map(|i| {
+                    alloc(
+                        i,
+                        if i % 2 == 0 {
+                            u64::MAX - i
+                        } else {
+                            MAX_REQUEST
+                        },
+                    )
+                })
+                .collect();
+            let sim = simulate(&ops, &config, &Device::unlimited());
+            let oom = sim.oom.unwrap();
+            assert_eq!(oom.event_index, 0);
+            let ops: Vec<SimOp> = (0..5000).map(|i| alloc(i, MAX_REQUEST)).collect();
+            let sim = simulate(&ops, &config, &Device::unlimited());
+            // 1 PiB segments exhaust the synthetic address space: an OOM.
+            assert!(sim.oom.is_some());
+            assert!(sim.peak.reserved.get() < 1 << 62);
+        }
     }
 }
