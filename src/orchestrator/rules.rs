@@ -395,7 +395,13 @@ pub(crate) fn plan_iterations(
             repeated: None,
         };
     };
-    let period = last_it.start.saturating_sub(previous_it.start);
+    // Copies follow each other without overlap: the repeated iteration's
+    // length plus the gap that separated it from the one before.
+    let gap = last_it.start.saturating_sub(previous_it.end).max(Nanos(1));
+    let period = last_it
+        .end
+        .saturating_sub(last_it.start)
+        .saturating_add(gap);
     for k in 1..=(wanted_usize - captured) {
         let offset = Nanos(period.get().saturating_mul(k as i64));
         copies.push(((last + k) as u32, last, offset));
@@ -1659,6 +1665,41 @@ mod tests {
                 .collect()
         };
         assert_eq!(cut(&three), cut(&five));
+    }
+
+    #[test]
+    fn repeated_iterations_never_overlap_a_long_last_iteration() {
+        // Captured step times vary: the last iteration here lasts 1,600 ns
+        // although iterations start 1,000 ns apart.
+        let mut lp = Loop::training("SGD");
+        lp.analysis.iterations[2].end = Nanos(2 * PERIOD + 1_600);
+        let (five, _) = run(&lp.analysis, 5, OptimizerPath::Captured);
+        let spans = &five.iterations;
+        for pair in spans.windows(2) {
+            assert!(pair[1].start > pair[0].end, "{pair:?}");
+        }
+        assert_eq!(spans[3].start, Nanos(2 * PERIOD + 1_600 + 1));
+        for event in &five.events {
+            let block = five.block(event.block).unwrap();
+            if event.kind == EventKind::Alloc {
+                if let Some(iteration) = block.iteration {
+                    let span = spans[iteration as usize];
+                    assert!(
+                        span.start <= event.time && event.time <= span.end,
+                        "{block:?} at {:?} outside {span:?}",
+                        event.time
+                    );
+                }
+            }
+        }
+        // Steady state: iterations 1 to 4 hold the same gradients mid-backward.
+        for span in &spans[1..] {
+            let mid_backward = span.start.get() + 650;
+            assert_eq!(
+                live_bytes_at(&five, mid_backward, Category::Gradient),
+                4_080
+            );
+        }
     }
 
     #[test]
