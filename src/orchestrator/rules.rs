@@ -567,16 +567,14 @@ pub(crate) fn captured_items(
         {
             continue;
         }
-        {
-            let free = block.free_ts.zip(block.free_event).and_then(|(ts, event)| {
-                plan.cut.is_none_or(|cut| ts < cut).then_some(Key {
-                    time: ts,
-                    group: 1,
-                    rank: event as u64,
-                })
-            });
-            items.push(item_of(analysis, block, None, Nanos::ZERO, 0, free));
-        }
+        let free = block.free_ts.zip(block.free_event).and_then(|(ts, event)| {
+            plan.cut.is_none_or(|cut| ts < cut).then_some(Key {
+                time: ts,
+                group: 1,
+                rank: event as u64,
+            })
+        });
+        items.push(item_of(analysis, block, None, Nanos::ZERO, 0, free));
     }
     (items, dropped)
 }
