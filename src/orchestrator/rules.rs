@@ -1768,6 +1768,44 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+        /// Any mix of blocks, roles and lifetimes gives a consistent schedule
+        /// (every block allocated once, freed at most once, never before its
+        /// allocation, events in time order), for any iteration count.
+        #[test]
+        fn any_analysis_gives_a_consistent_schedule(
+            blocks in proptest::collection::vec(
+                (0usize..3, 0i64..999, proptest::option::of(0i64..3_000), 1u64..100_000, 0usize..6, 0usize..4),
+                1..60,
+            ),
+            iterations in 1u32..7,
+            foreach in proptest::bool::ANY,
+        ) {
+            let phases = [P::DataLoading, P::ZeroGrad, P::Forward, P::Backward, P::OptimizerStep, P::Other];
+            let mut lp = Loop::new("Adam");
+            for (iteration, alloc, free, size, phase, role) in blocks {
+                let start = iteration as i64 * PERIOD + alloc;
+                let free = free.map(|f| start + f).filter(|&f| f < 3 * PERIOD);
+                let role = match role {
+                    0 => BlockRole::Gradient { param: 0 },
+                    1 => BlockRole::OptimizerState,
+                    2 => BlockRole::Batch,
+                    _ => BlockRole::Other,
+                };
+                lp.block(iteration, alloc, free, size, phases[phase], role);
+            }
+            let config = OrchestratorConfig {
+                iterations,
+                optimizer_path: if foreach { OptimizerPath::CudaDefault } else { OptimizerPath::Captured },
+            };
+            let first = orchestrate(&lp.analysis, &config).unwrap();
+            proptest::prop_assert_eq!(first.value.schedule.check(), Ok(()));
+            let again = orchestrate(&lp.analysis, &config).unwrap();
+            proptest::prop_assert_eq!(first, again);
+        }
+    }
+
     #[test]
     fn orchestration_is_deterministic_and_rejects_bad_input() {
         let lp = Loop::training("Adam");
