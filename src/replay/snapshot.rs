@@ -214,6 +214,21 @@ fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReplayError> {
             });
         }
     }
+    // A recording without any `free_completed` (an older or trimmed format)
+    // frees blocks at `free_requested`.
+    let has_completed = events.iter().any(|e| e.action == Action::FreeCompleted);
+    let has_requested = events.iter().any(|e| e.action == Action::FreeRequested);
+    if has_requested && !has_completed {
+        for e in &mut events {
+            if e.action == Action::FreeRequested {
+                e.action = Action::FreeCompleted;
+            }
+        }
+        warnings.push(Warning::new(
+            "frees_at_request",
+            "the recording has no free_completed entries, so blocks are freed at free_requested",
+        ));
+    }
     let (config, conf_note) = read_settings(&p, root)?;
     Ok(Snapshot {
         segments,
@@ -1160,5 +1175,26 @@ mod tests {
         let r = replay_snapshot(&data).unwrap();
         assert!(r.is_exact(), "{r:#?}");
         assert!(r.allocator_conf.contains("max_split_size_mb:100"));
+    }
+
+    #[test]
+    fn recordings_without_free_completed_free_at_request() {
+        let s1 = 0x7f00_0000_0000u64;
+        let events = [
+            ("segment_alloc", s1, 20 * MIB),
+            ("alloc", s1, 5 * MIB),
+            ("free_requested", s1, 5 * MIB),
+            ("alloc", s1, 5 * MIB),
+        ];
+        let segments: Vec<Seg> = vec![(
+            s1,
+            20 * MIB,
+            false,
+            "large",
+            vec![(s1, 5 * MIB, true), (s1 + 5 * MIB, 15 * MIB, false)],
+        )];
+        let r = replay_snapshot(&snapshot(&events, &segments, "")).unwrap();
+        assert!(r.is_exact(), "{r:#?}");
+        assert!(r.warnings.iter().any(|w| w.code == "frees_at_request"));
     }
 }

@@ -319,20 +319,36 @@ impl CachingAllocator {
             .map(|b| b.size)
     }
 
-    /// The statistics now. `largest_free_block` scans the free blocks.
+    /// The statistics now (O(streams · log blocks)).
     pub fn stats(&self) -> Stats {
-        let largest = self
-            .pools
-            .iter()
-            .flat_map(|p| p.free.values())
-            .map(|&id| self.b(id).size)
-            .max()
-            .unwrap_or(0);
-        self.make_stats(&self.now, largest)
+        self.make_stats(&self.now, self.largest_free_block())
+    }
+
+    /// The largest cached free block: the last entry of each stream's range
+    /// in each pool's size-ordered free set.
+    pub fn largest_free_block(&self) -> u64 {
+        let mut largest = 0;
+        for pool in &self.pools {
+            for stream in 0..self.streams.len().max(1) as u32 {
+                let below_next = free_key(stream.saturating_add(1), 0, 0);
+                let top = if stream >= 0xffff {
+                    pool.free.iter().next_back()
+                } else {
+                    pool.free.range(..below_next).next_back()
+                };
+                if let Some((_, &id)) = top {
+                    if self.b(id).stream == stream {
+                        largest = largest.max(self.b(id).size);
+                    }
+                }
+            }
+        }
+        largest
     }
 
     /// The peak of each statistic since the allocator was created.
-    /// `largest_free_block` is the largest block ever cached as free.
+    /// `largest_free_block` is the largest block ever left cached at the end
+    /// of an operation (transient merges inside one `malloc` do not count).
     pub fn peak_stats(&self) -> Stats {
         let mut s = self.make_stats(&self.peak, self.peak_largest_free);
         s.fragmentation = Bytes(self.peak_fragmentation);

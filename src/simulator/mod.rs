@@ -11,9 +11,18 @@
 //! and an [`OomRecord`] if the device ran out after releasing cached segments
 //! and retrying — the simulation stops at the first one.
 //!
+//! [`simulate_detailed`] also returns the full [`Stats`] after every event.
+//!
 //! For incremental use (the replay, what-if tools) drive a
 //! [`CachingAllocator`] directly: `malloc`/`free`/`empty_cache`/`stats`, block
-//! addresses, segment views and the device-level [`SegmentChange`] log.
+//! addresses, segment views, loading a known start state
+//! ([`CachingAllocator::load_segment`], [`CachingAllocator::load_expandable`])
+//! and the device-level [`SegmentChange`] log.
+//!
+//! Rule revisions: [`RuleVersion::Old`]/`Mid`/`New` select the version
+//! differences of allocator.md §15 (division lists, divisions == 1, value
+//! validation, which keys exist, GC and oversize release skipping expandable
+//! segments in all versions — the older behaviour hit internal asserts).
 //!
 //! Invariants:
 //! - Deterministic and clock-free: time is the schedule's order; addresses of
@@ -198,6 +207,15 @@ impl IdMap {
 
 /// Runs a schedule through a fresh [`CachingAllocator`].
 pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> Simulation {
+    run(events, config, device, |_| {})
+}
+
+fn run(
+    events: &[SimOp],
+    config: &AllocatorConfig,
+    device: &Device,
+    mut observe: impl FnMut(&CachingAllocator),
+) -> Simulation {
     let mut alloc = CachingAllocator::new(config.clone(), *device);
     let mut live = IdMap::new(events.len());
     let mut after_event = Vec::with_capacity(events.len());
@@ -252,6 +270,7 @@ pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> 
             allocated: alloc.allocated().get(),
             reserved: alloc.reserved().get(),
         });
+        observe(&alloc);
         if oom.is_some() {
             break;
         }
@@ -278,6 +297,19 @@ pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> 
         oom,
         warnings,
     }
+}
+
+/// [`simulate`] plus the full [`Stats`] after every event (allocated,
+/// reserved, active, segments, largest free block, fragmentation, counters).
+/// Costs about 100 bytes per event: meant for inspection, not sweeps.
+pub fn simulate_detailed(
+    events: &[SimOp],
+    config: &AllocatorConfig,
+    device: &Device,
+) -> (Simulation, Vec<Stats>) {
+    let mut stats = Vec::with_capacity(events.len());
+    let sim = run(events, config, device, |a| stats.push(a.stats()));
+    (sim, stats)
 }
 
 #[cfg(test)]
@@ -392,5 +424,53 @@ mod tests {
             assert!(sim.oom.is_some());
             assert!(sim.peak.reserved.get() < 1 << 62);
         }
+    }
+
+    #[test]
+    fn detailed_stats_follow_every_event_and_peak_matches() {
+        let ops = [
+            alloc(1, 5 * MIB),
+            alloc(2, 5 * MIB),
+            SimOp::Alloc {
+                block: 3,
+                size: Bytes(3 * MIB),
+                stream: 1,
+            },
+            SimOp::Free { block: 1 },
+            SimOp::Free { block: 3 },
+            alloc(4, 600),
+            SimOp::EmptyCache,
+        ];
+        let config = AllocatorConfig::pytorch_defaults();
+        let (sim, stats) = simulate_detailed(&ops, &config, &Device::unlimited());
+        assert_eq!(sim, simulate(&ops, &config, &Device::unlimited()));
+        assert_eq!(stats.len(), ops.len());
+        let largest: Vec<u64> = stats.iter().map(|s| s.largest_free_block.get()).collect();
+        assert_eq!(
+            largest,
+            [
+                15 * MIB,
+                10 * MIB,
+                17 * MIB,
+                17 * MIB,
+                20 * MIB,
+                20 * MIB,
+                10 * MIB
+            ]
+        );
+        assert_eq!(
+            sim.peak.largest_free_block.get(),
+            *largest.iter().max().unwrap()
+        );
+        for (s, sample) in stats.iter().zip(&sim.after_event) {
+            assert_eq!(
+                (s.allocated.get(), s.reserved.get()),
+                (sample.allocated, sample.reserved)
+            );
+            assert_eq!(s.fragmentation.get(), s.reserved.get() - s.allocated.get());
+        }
+        let frag = stats.iter().map(|s| s.fragmentation).max().unwrap();
+        assert_eq!(sim.peak.fragmentation, frag);
+        assert_eq!(stats[2].segments, 2);
     }
 }
