@@ -1,6 +1,7 @@
 //! The one integration-test binary. Each module covers one area; see its doc.
 
-// Test code may panic on a broken expectation: that is how it fails.
+// Test code may panic on a broken expectation: that is how it fails (clippy.toml
+// only allows it inside `#[test]` functions, not in shared helpers).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,8 +13,12 @@ mod common;
 
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
+// The memcast binary: estimate and presets output, JSON contract, error exits.
+mod cli;
 // The `memcast analyze` command: JSON schema, exit codes, error messages.
 mod cli_analyze;
+// End-to-end estimates of the real fixtures: invariants and JSON snapshots.
+mod pipeline;
 // Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
 mod replay;
 // Allocator behaviour: the spec's worked vectors and property tests.
@@ -24,4 +29,3 @@ mod tidy;
 mod trace;
 // Real GPU traces from ../shared/ground-truth: read, recognised, counted.
 mod trace_gpu;
-

@@ -18,12 +18,18 @@ pub struct Args {
     trace: PathBuf,
     /// A GPU preset (see `memcast presets`) or a capacity such as 24GiB,
     /// 80000MiB or 12884377600; repeat for several. The first one's overheads
-    /// are used for the headline peak. Default: every preset.
+    /// are used for the headline peak. Default: every preset, with the
+    /// a100-80gb overheads for the headline.
     #[arg(long = "gpu", value_name = "NAME|SIZE")]
     gpus: Vec<String>,
     /// A `PYTORCH_CUDA_ALLOC_CONF` string, e.g. `expandable_segments:True`.
     #[arg(long, value_name = "STR", default_value = "")]
     alloc_conf: String,
+    /// CUDA context size to assume on every GPU instead of the sourced
+    /// per-architecture figure (e.g. 1GiB, as measured with
+    /// `nvidia-smi used − torch.cuda.memory_reserved()` after one step).
+    #[arg(long, value_name = "SIZE")]
+    context: Option<String>,
     /// Training iterations to simulate.
     #[arg(long, value_name = "N", default_value_t = 3)]
     iterations: u32,
@@ -41,6 +47,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.trace)
         .with_context(|| format!("failed to read trace {:?}", args.trace))?;
     let mut config = Config::standard().with_gpus(&args.gpus)?;
+    if let Some(context) = &args.context {
+        let bytes = if context.trim() == "0" {
+            Bytes::ZERO
+        } else {
+            memcast::presets::parse_size(context).context("invalid --context")?
+        };
+        config = config.with_context(bytes);
+    }
     config.alloc_conf = args.alloc_conf.clone();
     config.orchestrator.iterations = args.iterations;
     if args.captured_optimizer {
