@@ -694,6 +694,11 @@ fn Results(
                 }).collect_view()}
             </ul>
 
+            <details class="numbers">
+                <summary>"Report JSON (the same as "<code>"memcast estimate --json"</code>")"</summary>
+                <textarea id="report-json" readonly rows="12">{serde_json::to_string_pretty(&report).unwrap_or_default()}</textarea>
+            </details>
+
             <h3>"Share"</h3>
             <div class="share">
                 <input id="permalink" type="text" readonly value=link.clone() />

@@ -42,6 +42,12 @@ test("every fixture dropped in the page gives the same peak as `memcast estimate
     assert.equal(bytesOf(await page.textContent("#peak-total-bytes")), expected.peak.total_bytes, name);
     assert.match(await page.textContent("#peak-reserved"), new RegExp(expected.peak.reserved_bytes.toLocaleString("en-US")), name);
     assert.match(await page.textContent("#peak-allocated"), new RegExp(expected.peak.allocated_bytes.toLocaleString("en-US")), name);
+    // The page's report is the CLI's, field for field, except the GPU list,
+    // which the page lets the user choose.
+    const shown = JSON.parse(await page.inputValue("#report-json"));
+    for (const key of ["schema", "reference_gpu", "summary", "peak", "breakdown_at_peak", "top_layers", "timeline", "warnings"]) {
+      assert.deepEqual(shown[key], expected[key], `${name}: ${key}`);
+    }
   }
   console.log(`drop-to-result times:\n  ${timings.join("\n  ")}`);
   await screenshot(page, "estimate");
@@ -141,5 +147,32 @@ test("changing the GPUs re-simulates without reading the trace again", async () 
   await page.locator("#gpu-table tr.oom").waitFor({ timeout: 30_000 });
   assert.match(await page.textContent("#gpu-table"), /300MiB.*out of memory/s);
   await screenshot(page, "custom-gpu");
+  await page.close();
+});
+
+test("cancel stops the work, restarts the worker and keeps the previous estimate", async () => {
+  const { page, problems } = await openApp(browser, site.url);
+  await page.setInputFiles("#file-input", fixture("resnet18_sgd_bs16_pos1.json.gz"));
+  await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
+  const before = await page.textContent("#peak-total-bytes");
+
+  await page.setInputFiles("#file-input", fixture("t5-small_adamw_bs8_pos1.json.gz"));
+  await page.locator("#cancel").waitFor({ timeout: 30_000 });
+  // The page stays responsive while the worker parses: a round trip through
+  // the main thread's event loop takes well under a frame budget or two.
+  const lag = await page.evaluate(
+    () => new Promise((resolve) => { const t = performance.now(); setTimeout(() => resolve(performance.now() - t), 0); }),
+  );
+  assert.ok(lag < 100, `the main thread was blocked for ${lag} ms`);
+  await page.click("#cancel");
+  await page.locator("#error", { hasText: "cancelled" }).waitFor({ timeout: 10_000 });
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  assert.equal(await page.textContent("#peak-total-bytes"), before, "the previous estimate is kept");
+  assert.doesNotMatch(await page.textContent("#trace-name"), /t5-small/);
+
+  // The restarted worker works.
+  await page.setInputFiles("#file-input", fixture("resnet18_sgd_bs32_pos1.json.gz"));
+  await page.locator("#trace-name", { hasText: "resnet18_sgd_bs32_pos1" }).waitFor({ timeout: 60_000 });
+  assert.deepEqual(problems, [], "the page threw");
   await page.close();
 });

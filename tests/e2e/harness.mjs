@@ -119,15 +119,13 @@ export function allFixtures() {
   return names;
 }
 
-/** The native CLI built by `cargo test` / `cargo build` (release if present). */
+/** The native CLI: $MEMCAST_CLI, or the debug build that `cargo test` leaves. */
 export function cli() {
-  for (const profile of ["release", "debug"]) {
-    const bin = path.join(ROOT, "target", profile, "memcast");
-    if (existsSync(bin)) {
-      return bin;
-    }
+  const bin = process.env.MEMCAST_CLI ?? path.join(ROOT, "target", "debug", "memcast");
+  if (!existsSync(bin)) {
+    throw new Error(`no CLI at ${bin}: run \`cargo build\` (or set MEMCAST_CLI)`);
   }
-  throw new Error("no target/*/memcast binary: run `cargo build` first");
+  return bin;
 }
 
 /** `memcast estimate --json` on a file, parsed. */

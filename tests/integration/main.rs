@@ -1,6 +1,7 @@
 //! The one integration-test binary. Each module covers one area; see its doc.
 
-// Test code may panic on a broken expectation: that is how it fails.
+// Test code may panic on a broken expectation: that is how it fails (clippy.toml
+// only allows it inside `#[test]` functions, not in shared helpers).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,28 +13,22 @@ mod common;
 
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
+// The memcast binary: estimate and presets output, JSON contract, error exits.
+mod cli;
+// Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong
+// traces) through the library and the CLI, and fuzzer crash reproducers.
+mod hostile;
 // The `memcast analyze` command: JSON schema, exit codes, error messages.
 mod cli_analyze;
+// End-to-end estimates of the real fixtures: invariants and JSON snapshots.
+mod pipeline;
+// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
+mod replay;
+// Allocator behaviour: the spec's worked vectors and property tests.
+mod simulator;
+// Source-text checks of the architecture invariants.
+mod tidy;
 // Trace reader: fixtures, tolerant parsing, bad-input errors.
 mod trace;
 // Real GPU traces from ../shared/ground-truth: read, recognised, counted.
 mod trace_gpu;
-
-// Allocator behaviour: the spec's worked vectors and property tests.
-mod simulator;
-
-// End-to-end estimates of the real fixtures: invariants and JSON snapshots.
-mod pipeline;
-
-// The memcast binary: estimate and presets output, JSON contract, error exits.
-mod cli;
-
-// Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
-mod replay;
-
-// Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong
-// traces) through the library and the CLI, and fuzzer crash reproducers.
-mod hostile;
-
-// Source-text checks of the architecture invariants.
-mod tidy;
