@@ -161,3 +161,36 @@ test("a whole session sends nothing outside the origin and no trace bytes anywhe
     assert.equal(search, "", `${r.url} has a query string`);
   }
 });
+
+test("the built page's Content-Security-Policy forbids remote scripts and connections", async () => {
+  const { DIST } = await import("./harness.mjs");
+  const html = readFileSync(path.join(DIST, "index.html"), "utf8");
+  const match = html.match(/http-equiv="Content-Security-Policy"\s+content="([^"]+)"/);
+  assert.ok(match, "no CSP meta in dist/index.html");
+  const directives = Object.fromEntries(
+    match[1].split(";").map((d) => d.trim().split(/\s+/)).filter((d) => d[0]).map(([name, ...values]) => [name, values]),
+  );
+  for (const name of ["default-src", "script-src", "connect-src", "worker-src"]) {
+    const values = directives[name];
+    assert.ok(values, `${name} missing`);
+    const remote = values.filter((v) => v === "*" || /^(https?:|wss?:|data:|blob:)/.test(v) || v.includes("."));
+    // Hashes of inline scripts are allowed; they contain '=' and '+' but no scheme.
+    const hosts = remote.filter((v) => !v.startsWith("'sha256-"));
+    assert.deepEqual(hosts, [], `${name} allows remote sources`);
+  }
+  assert.deepEqual(directives["connect-src"], ["'self'"]);
+  assert.deepEqual(directives["object-src"], ["'none'"]);
+  // And the browser enforces it: a fetch to another origin raises a CSP
+  // violation (a refused connection alone would not).
+  const { page } = await openApp(browser, site.url);
+  const blocked = await page.evaluate(async () => {
+    const violation = new Promise((resolve) => {
+      document.addEventListener("securitypolicyviolation", (e) => resolve(e.effectiveDirective), { once: true });
+      setTimeout(() => resolve(null), 5000);
+    });
+    fetch("http://127.0.0.2:9/x", { method: "POST", body: "trace" }).catch(() => {});
+    return violation;
+  });
+  assert.equal(blocked, "connect-src", "a cross-origin fetch was not blocked by the CSP");
+  await page.close();
+});
