@@ -9,6 +9,7 @@ use web_sys::{Blob, File, HtmlCanvasElement, HtmlInputElement, Worker};
 use super::bridge;
 use super::charts::{self, Band};
 use super::format::{exact, gib, seconds, short, thousands};
+use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
 use crate::presets::{self, PRESETS};
 use crate::protocol::{Request, Response};
@@ -507,6 +508,33 @@ fn breakdown_parts(breakdown: &Breakdown) -> [(&'static str, crate::Bytes); 9] {
     ]
 }
 
+/// The shaded phases of the timeline, and their names for the legend.
+const BAND_PHASES: [(Phase, &str); 5] = [
+    (Phase::DataLoading, "data loading"),
+    (Phase::ZeroGrad, "zero_grad"),
+    (Phase::Forward, "forward"),
+    (Phase::Backward, "backward"),
+    (Phase::OptimizerStep, "optimizer step"),
+];
+
+fn phase_bands(report: &Report) -> Vec<Band> {
+    report
+        .phases
+        .iter()
+        .filter_map(|window| {
+            let shade = BAND_PHASES
+                .iter()
+                .position(|(phase, _)| *phase == window.phase)?;
+            Some(Band {
+                start_ns: window.start.get(),
+                end_ns: window.end.get(),
+                label: BAND_PHASES[shade].1.to_string(),
+                shade,
+            })
+        })
+        .collect()
+}
+
 /// Draws a chart once its canvas is in the page.
 fn draw_on(
     canvas: NodeRef<leptos::html::Canvas>,
@@ -534,7 +562,7 @@ fn Results(
     let timeline_canvas = NodeRef::<leptos::html::Canvas>::new();
     let gpu_canvas = NodeRef::<leptos::html::Canvas>::new();
     let breakdown_canvas = NodeRef::<leptos::html::Canvas>::new();
-    let bands: Vec<Band> = Vec::new();
+    let bands = phase_bands(&report);
     {
         let report = report.clone();
         draw_on(timeline_canvas, move |canvas| {
@@ -623,6 +651,24 @@ fn Results(
 
             <h3>"Timeline"</h3>
             <canvas id="timeline-chart" node_ref=timeline_canvas width="1040" height="320"></canvas>
+            <p class="legend">
+                {BAND_PHASES.iter().enumerate().map(|(idx, (_, name))| {
+                    let c = charts::BAND_COLORS[idx];
+                    view! { <span class="swatch" style=format!("background: rgba({},{},{},0.35)", c.0, c.1, c.2)></span>" "{*name}" " }
+                }).collect_view()}
+            </p>
+            <table id="iterations-table">
+                <thead><tr><th>"iteration"</th><th>"from captured"</th><th>"start"</th><th>"end"</th><th>"peak allocated (B)"</th><th>"peak reserved (B)"</th></tr></thead>
+                <tbody>
+                    {report.iterations.iter().map(|it| {
+                        let t0 = report.timeline.first().map_or(0, |f| f.time_ns.get());
+                        view! {
+                            <tr><td>{it.index}</td><td>{it.source}</td><td>{seconds(it.start_ns.get() - t0)}</td><td>{seconds(it.end_ns.get() - t0)}</td>
+                                <td class="num">{thousands(it.peak_allocated_bytes.get())}</td><td class="num">{thousands(it.peak_reserved_bytes.get())}</td></tr>
+                        }
+                    }).collect_view()}
+                </tbody>
+            </table>
             <details class="numbers">
                 <summary>"Timeline numbers ("{report.timeline.len()}" points)"</summary>
                 <table id="timeline-table">
