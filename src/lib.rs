@@ -9,6 +9,9 @@
 //! 4. [`simulator`] — replay it through a model of PyTorch's CUDA caching allocator;
 //! 5. [`report`] — peak, timeline, breakdown and per-GPU verdicts as plain data.
 //!
+//! [`replay`] is the validation mode: it replays real GPU-side allocator data
+//! (memory snapshots, profiler memory events) through the simulator.
+//!
 //! Architecture invariant: everything outside `web` (and the binaries in
 //! `src/bin`) is core — it does no I/O, reads no clock or environment, never
 //! prints and never panics on user data.
@@ -19,6 +22,7 @@ pub mod orchestrator;
 pub mod permalink;
 pub mod presets;
 pub mod protocol;
+pub mod replay;
 pub mod report;
 pub mod simulator;
 pub mod trace;
@@ -83,6 +87,16 @@ impl Config {
             gpus,
             max_timeline_points: report::DEFAULT_MAX_POINTS,
         }
+    }
+
+    /// Assumes `context` bytes of CUDA context on every GPU instead of the
+    /// per-architecture figures of [`presets::OVERHEADS`].
+    pub fn with_context(mut self, context: Bytes) -> Config {
+        self.reference.overheads.context_bytes = context;
+        for gpu in &mut self.gpus {
+            gpu.overheads.context_bytes = context;
+        }
+        self
     }
 
     /// Sets the GPUs from `NAME|SIZE` strings; the first becomes the reference.
@@ -155,10 +169,16 @@ pub struct Prepared {
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
 ///
-/// ```no_run
-/// let bytes = std::fs::read("trace.json.gz").unwrap();
-/// let report = memcast::run(&bytes, &memcast::Config::standard(), &mut |_| {}).unwrap();
-/// println!("{}", report.value.peak.total_bytes.get());
+/// ```
+/// // A one-iteration trace of a tiny Linear model, as torch.profiler writes it.
+/// let bytes = include_bytes!("../tests/fixtures/tiny_step.json");
+/// let config = memcast::Config::standard()
+///     .with_gpus(&["t4".to_owned()])
+///     .unwrap();
+/// let report = memcast::run(bytes, &config, &mut |_| {}).unwrap().value;
+/// assert_eq!(report.schema, "memcast.estimate/1");
+/// assert_eq!(report.breakdown_at_peak.total(), report.peak.total_bytes);
+/// assert!(report.gpus[0].fits);
 /// ```
 pub fn run(
     bytes: &[u8],

@@ -263,9 +263,19 @@ pub const PRESETS: &[GpuPreset] = &[
     },
 ];
 
+/// What an overhead row is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overhead {
+    /// The CUDA context: outside the caching allocator.
+    Context,
+    /// One cuBLAS workspace: requested from the caching allocator.
+    CublasWorkspace,
+}
+
 /// One row of the overhead table: a value and where it comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverheadRow {
+    pub kind: Overhead,
     /// What the value is.
     pub item: &'static str,
     /// The architectures it applies to.
@@ -279,38 +289,40 @@ const ADA: &[Arch] = &[Arch::Ada];
 const HOPPER_ON: &[Arch] = &[Arch::Hopper, Arch::Blackwell];
 const NOT_HOPPER: &[Arch] = &[Arch::Volta, Arch::Turing, Arch::Ampere, Arch::Ada];
 
-/// CUDA context size (outside the caching allocator, allocator.md §12.1).
-pub const CONTEXT: &[OverheadRow] = &[
+/// Device memory outside the tensors, per architecture: the CUDA context
+/// (outside the caching allocator, allocator.md §12.1) and one cuBLAS
+/// workspace (through the caching allocator, allocator.md §12.2), with sources.
+pub const OVERHEADS: &[OverheadRow] = &[
     OverheadRow {
+        kind: Overhead::Context,
         item: "cuda context (lazy module loading)",
         archs: PRE_HOPPER,
         bytes: Bytes(256 * MIB),
         source: "RTX 3090, torch 2.7.1+cu128, bare context 256 MiB: invoke-ai/InvokeAI#9413",
     },
     OverheadRow {
+        kind: Overhead::Context,
         item: "cuda context (lazy module loading)",
         archs: ADA,
         bytes: Bytes(426 * MIB),
         source: "RTX 6000 Ada, torch 2.10.0+cu130, mem_get_info with allocator 0/0: 426 MiB: unslothai/unsloth-zoo PR #1053",
     },
     OverheadRow {
+        kind: Overhead::Context,
         item: "cuda context (lazy module loading)",
         archs: HOPPER_ON,
         bytes: Bytes(512 * MIB),
         source: "planning figure 0.4-0.6 GiB for CUDA 12 + lazy loading (allocator.md 12.1); no sourced bare-context measurement on Hopper or Blackwell",
     },
-];
-
-/// One cuBLAS workspace (allocated through the caching allocator,
-/// allocator.md §12.2).
-pub const CUBLAS_WORKSPACE: &[OverheadRow] = &[
     OverheadRow {
+        kind: Overhead::CublasWorkspace,
         item: "cublas workspace per (thread, stream), default :4096:2:16:8",
         archs: NOT_HOPPER,
         bytes: Bytes(8_519_680),
         source: "CUBLAS_WORKSPACE_CONFIG default = 2 x 4 MiB + 8 x 16 KiB: pytorch/pytorch#89027, #91564",
     },
     OverheadRow {
+        kind: Overhead::CublasWorkspace,
         item: "cublas workspace per (thread, stream), sm_90 and later",
         archs: HOPPER_ON,
         bytes: Bytes(32 * MIB),
@@ -335,17 +347,17 @@ pub struct DeviceOverheads {
 }
 
 impl DeviceOverheads {
-    /// The overheads for an architecture, from [`CONTEXT`] and
-    /// [`CUBLAS_WORKSPACE`].
+    /// The overheads for an architecture, from [`OVERHEADS`].
     pub fn for_arch(arch: Arch) -> DeviceOverheads {
-        let lookup = |rows: &[OverheadRow]| {
-            rows.iter()
-                .find(|row| row.archs.contains(&arch))
+        let lookup = |kind: Overhead| {
+            OVERHEADS
+                .iter()
+                .find(|row| row.kind == kind && row.archs.contains(&arch))
                 .map_or(Bytes::ZERO, |row| row.bytes)
         };
         DeviceOverheads {
-            context_bytes: lookup(CONTEXT),
-            cublas_workspace_bytes: lookup(CUBLAS_WORKSPACE),
+            context_bytes: lookup(Overhead::Context),
+            cublas_workspace_bytes: lookup(Overhead::CublasWorkspace),
             cublas_workspaces: CUBLAS_WORKSPACES_PER_TRAINING_RUN,
         }
     }
@@ -570,6 +582,27 @@ mod tests {
         assert!(matches!(parse_size(""), Err(PresetError::Unknown(_))));
         let message = parse_gpu("a100").unwrap_err().to_string();
         assert!(message.ends_with("\"a100\""), "{message}");
+    }
+
+    #[test]
+    fn every_architecture_has_exactly_one_row_of_each_overhead() {
+        for arch in [
+            Arch::Volta,
+            Arch::Turing,
+            Arch::Ampere,
+            Arch::Ada,
+            Arch::Hopper,
+            Arch::Blackwell,
+        ] {
+            for kind in [Overhead::Context, Overhead::CublasWorkspace] {
+                let rows = OVERHEADS
+                    .iter()
+                    .filter(|row| row.kind == kind && row.archs.contains(&arch))
+                    .count();
+                assert_eq!(rows, 1, "{arch:?} {kind:?}");
+            }
+        }
+        assert!(OVERHEADS.iter().all(|row| !row.source.is_empty()));
     }
 
     #[test]

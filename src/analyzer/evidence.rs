@@ -195,6 +195,7 @@ pub(crate) fn evidence(
     }
     let mut claimed = vec![false; life.blocks.len()];
     let mut param_layer: Vec<Option<NameId>> = vec![None; n_params];
+    let mut grad_of_param: Vec<Option<usize>> = vec![None; n_params];
     let mut n_unlinked = 0_usize;
     for calls_of_iteration in per_iteration.values() {
         for (k, &call_idx) in calls_of_iteration.iter().enumerate() {
@@ -206,19 +207,47 @@ pub(crate) fn evidence(
                 continue;
             };
             let candidates = by_size.get(&call.bytes).map_or(&[][..], Vec::as_slice);
-            let n_before = candidates
-                .partition_point(|&b| life.blocks.get(b).is_some_and(|b| b.alloc_ts <= op.start));
-            let found = candidates.get(..n_before).and_then(|before| {
-                before.iter().rev().copied().find(|&b| {
-                    !claimed.get(b).copied().unwrap_or(true)
-                        && life
-                            .blocks
-                            .get(b)
-                            .is_some_and(|b| b.free_ts.is_none_or(|f| f >= op.start))
+            // A gradient is made by the backward of the same iteration, before
+            // or (when AccumulateGrad copies a non-contiguous gradient) inside
+            // the call, and outlives that backward (it is freed by the next
+            // zero_grad or never). Activation gradients can have the same size
+            // (t5-small: 8x64x512 = 512x512), so prefer the latest block that
+            // outlives backward; then the latest one still live when the call
+            // starts (a buffer added into an existing `.grad`).
+            let backward_end = iterations
+                .get(call.iteration)
+                .and_then(|it| it.phases.iter().find(|p| p.phase == Phase::Backward))
+                .map_or(op.end, |p| p.end.max(op.end));
+            let n_until_end = candidates
+                .partition_point(|&b| life.blocks.get(b).is_some_and(|b| b.alloc_ts <= op.end));
+            let eligible = |b: &super::Block| {
+                !claimed.get(b.id).copied().unwrap_or(true)
+                    && b.alloc_iteration == Some(call.iteration)
+                    && b.alloc_phase == Phase::Backward
+            };
+            let until_end = candidates.get(..n_until_end).unwrap_or_default();
+            let pick = |keep: &dyn Fn(&super::Block) -> bool| {
+                until_end.iter().rev().copied().find(|&b| {
+                    life.blocks
+                        .get(b)
+                        .is_some_and(|block| eligible(block) && keep(block))
                 })
+            };
+            let found = pick(&|b| b.free_ts.is_none_or(|f| f > backward_end)).or_else(|| {
+                pick(&|b| b.alloc_ts <= op.start && b.free_ts.is_none_or(|f| f >= op.start))
             });
             let Some(block_id) = found else {
-                n_unlinked += 1;
+                // With zero_grad(set_to_none=False) the backward may add into
+                // the existing `.grad` in place: no new block is expected.
+                let has_live_grad = grad_of_param
+                    .get(param)
+                    .copied()
+                    .flatten()
+                    .and_then(|g| life.blocks.get(g))
+                    .is_some_and(|g| g.free_ts.is_none_or(|f| f >= op.start));
+                if !has_live_grad {
+                    n_unlinked += 1;
+                }
                 continue;
             };
             if let Some(slot) = claimed.get_mut(block_id) {
@@ -232,10 +261,13 @@ pub(crate) fn evidence(
                     *slot = block.layer;
                 }
             }
-            // A buffer freed inside AccumulateGrad was added into an existing
+            // A buffer freed before backward ends was added into an existing
             // `.grad` (zero_grad(set_to_none=False)): a temporary, not a gradient.
-            if block.free_ts.is_none_or(|f| f > op.end) {
+            if block.free_ts.is_none_or(|f| f > backward_end) {
                 block.role = BlockRole::Gradient { param };
+                if let Some(slot) = grad_of_param.get_mut(param) {
+                    *slot = Some(block_id);
+                }
             }
         }
     }
@@ -257,7 +289,7 @@ pub(crate) fn evidence(
                 numel: call.numel,
                 dtype: call.dtype.clone(),
                 bytes: Bytes(call.bytes),
-                layer: param_layer.get(n_params - 1 - index).copied().flatten(),
+                layer: param_layer.get(index).copied().flatten(),
             })
         })
         .collect();

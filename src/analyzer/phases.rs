@@ -178,7 +178,12 @@ pub(crate) fn find_iterations(
                     .unwrap_or(prev.end);
                 starts.push(opener);
             }
-            let ends = starts.iter().skip(1).copied().chain([trace_end]);
+            // Closed intervals: each ends just before the next one opens.
+            let ends = starts
+                .iter()
+                .skip(1)
+                .map(|s| s.saturating_sub(Nanos(1)))
+                .chain([trace_end]);
             starts
                 .iter()
                 .zip(ends)

@@ -93,9 +93,15 @@ pub enum OrchestrateError {
     NoBlocks,
     #[error("at least one iteration must be simulated: pass --iterations 1 or more, got {0:?}")]
     NoIterations(u32),
+    #[error("too many iterations: peak memory is steady after the first few, pass --iterations {MAX_ITERATIONS} or fewer, got {0:?}")]
+    TooManyIterations(u32),
     #[error("the orchestrated schedule is inconsistent, which is a bug in memcast: please report it with the trace, details {0:?}")]
     Inconsistent(String),
 }
+
+/// The most iterations [`orchestrate`] simulates: memory is in steady state
+/// after the second, and each repeated iteration grows the schedule.
+pub const MAX_ITERATIONS: u32 = 64;
 
 /// Turns the analyzer's CPU lifetimes into a CUDA allocation sequence.
 pub fn orchestrate(
@@ -104,6 +110,9 @@ pub fn orchestrate(
 ) -> Result<Warned<Orchestrated>, OrchestrateError> {
     if config.iterations == 0 {
         return Err(OrchestrateError::NoIterations(config.iterations));
+    }
+    if config.iterations > MAX_ITERATIONS {
+        return Err(OrchestrateError::TooManyIterations(config.iterations));
     }
     if analysis.blocks.is_empty() {
         return Err(OrchestrateError::NoBlocks);

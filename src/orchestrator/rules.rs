@@ -275,15 +275,15 @@ pub(crate) fn rule_constructor_state(analysis: &Analysis, first_rank: u64) -> Ve
         .collect()
 }
 
-/// Rule `other_device`: a CUDA trace's CPU blocks are host memory; a CPU
-/// trace's blocks stand for the GPU run's.
+/// Rule `other_device`: a GPU trace's CPU blocks are host memory; a CPU
+/// trace's blocks stand for the GPU run's. GPU blocks are CUDA or HIP (ROCm
+/// builds use the same caching allocator).
 pub(crate) fn rule_other_device(analysis: &Analysis, block: &Block) -> bool {
-    let wanted = if analysis.devices.recorded_on_cuda {
-        crate::trace::Device::Cuda
+    if analysis.devices.recorded_on_cuda {
+        !block.device.is_gpu()
     } else {
-        crate::trace::Device::Cpu
-    };
-    block.device != wanted
+        block.device != crate::trace::Device::Cpu
+    }
 }
 
 /// Rule `cpu_scratch`: oneDNN/mkldnn operator-internal blocks have no CUDA
@@ -375,7 +375,7 @@ pub(crate) fn plan_iterations(
             warnings.push(Warning::new(
                 "iterations_not_repeated",
                 format!(
-                    "{wanted} iterations were asked for but only {captured} were captured and no two steady-state iterations match, so {captured} are simulated; profile at least 3 iterations"
+                    "{wanted} iterations were asked for but the trace has {captured} and no two steady-state iterations that match, so only the captured ones are simulated; profile at least 3 iterations"
                 ),
             ));
         }
@@ -634,9 +634,10 @@ pub(crate) fn rule_gradients(items: &mut [Item], zero_grads: &[(Nanos, Nanos)]) 
 }
 
 /// Rule `batch_handover`: a batch is freed just after the next batch is
-/// loaded, so it never outlives the data loading of the next iteration: a
-/// later (or missing) free is moved to the end of that data loading.
-/// `loads` are `(iteration, end of data loading)`. Returns how many moved.
+/// loaded (the loop rebinds its variables), so both are alive at the
+/// hand-over, and it never outlives that point: a free after the next
+/// iteration's first phase after data loading (or a missing free) is moved
+/// there. `loads` are `(iteration, deadline)`. Returns how many moved.
 pub(crate) fn rule_batch_handover(items: &mut [Item], loads: &[(u32, Nanos)]) -> u32 {
     let mut moved = 0;
     for item in items.iter_mut().filter(|i| i.category == Category::Batch) {
@@ -720,34 +721,65 @@ pub(crate) fn rule_foreach(
     (dropped, added)
 }
 
-/// Rule `cublas_workspaces`: workspace blocks (sized per GPU at simulation
-/// time) at the first forward and the first backward of the run.
-pub(crate) fn rule_cublas_workspaces(forward: Option<Nanos>, backward: Option<Nanos>) -> Vec<Item> {
-    let mut items = Vec::new();
-    for (index, (time, phase)) in [(forward, Phase::Forward), (backward, Phase::Backward)]
+/// CPU ops whose CUDA counterparts call cuBLAS (matrix products). The
+/// allocation of their output marks the first cuBLAS call of a thread.
+pub const CUBLAS_OPS: &[&str] = &[
+    "aten::addmm",
+    "aten::mm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::addbmm",
+    "aten::addmv",
+    "aten::mv",
+    "aten::dot",
+    "aten::_addmm_activation",
+];
+
+/// Rule `cublas_workspaces`: one workspace block (sized per GPU at simulation
+/// time) for the main thread, at the first allocation of a matrix-product op in
+/// the forward pass of the first iteration, and one for the autograd thread at
+/// the first one in its backward pass. Without a matrix product in a pass, the
+/// workspace goes to the pass's start (cuBLAS is still loaded by the first
+/// `Linear` or `matmul` of most models). Items sort after the op's output
+/// allocation at the same key.
+pub(crate) fn rule_cublas_workspaces(items: &[Item], passes: [Option<Nanos>; 2]) -> Vec<Item> {
+    let mut out = Vec::new();
+    for (index, (phase, start)) in [Phase::Forward, Phase::Backward]
         .into_iter()
+        .zip(passes)
         .enumerate()
     {
-        let Some(time) = time.or(forward) else {
+        let first_product = items
+            .iter()
+            .filter(|i| {
+                i.iteration == Some(0)
+                    && i.phase == phase
+                    && i.source.is_some()
+                    && i.op.as_deref().is_some_and(|op| CUBLAS_OPS.contains(&op))
+            })
+            .map(|i| i.alloc)
+            .min();
+        let fallback = start.map(|time| Key {
+            time,
+            group: 0,
+            rank: index as u64,
+        });
+        let Some(alloc) = first_product.or(fallback) else {
             continue;
         };
-        items.push(Item {
+        out.push(Item {
             size: Bytes::ZERO,
             category: Category::Workspace,
             iteration: Some(0),
             phase,
             op: Some("cuBLAS workspace".to_owned()),
             layer: None,
-            alloc: Key {
-                time,
-                group: 0,
-                rank: index as u64,
-            },
+            alloc,
             free: None,
             source: None,
         });
     }
-    items
+    out
 }
 
 /// Turns items into a schedule: blocks in allocation order, events sorted by
@@ -876,7 +908,14 @@ pub(crate) fn apply_all(
     let mut loads: Vec<(u32, Nanos)> = Vec::new();
     for &(sim, phase, _, end) in &phase_spans {
         if phase == Phase::DataLoading && !loads.iter().any(|(i, _)| *i == sim) {
-            loads.push((sim, end));
+            // The deadline: the start of the iteration's next phase.
+            let next = phase_spans
+                .iter()
+                .filter(|s| s.0 == sim && s.1 != Phase::DataLoading && s.2 >= end)
+                .map(|s| s.2)
+                .min()
+                .unwrap_or(end);
+            loads.push((sim, next));
         }
     }
     counts.insert("batch_handover", rule_batch_handover(&mut items, &loads));
@@ -897,14 +936,17 @@ pub(crate) fn apply_all(
             .map(|s| s.2)
             .min()
     };
+    let start_of_first_iteration = plan
+        .copies
+        .first()
+        .and_then(|c| analysis.iterations.get(c.1))
+        .map(|it| it.start);
     let workspaces = rule_cublas_workspaces(
-        first(Phase::Forward).or_else(|| {
-            plan.copies
-                .first()
-                .and_then(|c| analysis.iterations.get(c.1))
-                .map(|it| it.start)
-        }),
-        first(Phase::Backward),
+        &items,
+        [
+            first(Phase::Forward).or(start_of_first_iteration),
+            first(Phase::Backward),
+        ],
     );
     counts.insert("cublas_workspaces", workspaces.len() as u32);
     items.extend(workspaces);
@@ -1378,6 +1420,18 @@ mod tests {
     }
 
     #[test]
+    fn a_rocm_trace_keeps_its_hip_blocks() {
+        let mut lp = Loop::training("SGD");
+        lp.analysis.devices.recorded_on_cuda = true;
+        for block in &mut lp.analysis.blocks {
+            block.device = Device::Hip;
+        }
+        let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
+        assert_eq!(blocks_of(&schedule, Category::Activation).len(), 3);
+        assert_eq!(blocks_of(&schedule, Category::Gradient).len(), 9);
+    }
+
+    #[test]
     fn categories_follow_roles_and_lifetimes() {
         let lp = Loop::training("SGD");
         let b = &lp.analysis.blocks;
@@ -1653,6 +1707,29 @@ mod tests {
     }
 
     #[test]
+    fn workspaces_follow_the_first_matrix_product_of_each_pass() {
+        let mut lp = Loop::training("SGD");
+        lp.analysis.names[3] = "aten::addmm".to_owned();
+        let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
+        let mut previous: Option<&ScheduledBlock> = None;
+        let mut found = Vec::new();
+        for event in &schedule.events {
+            let block = schedule.block(event.block).unwrap();
+            if block.category == Category::Workspace {
+                // Right after the output of the product that needs it.
+                let before = previous.unwrap();
+                assert_eq!(before.op.as_deref(), Some("aten::addmm"));
+                found.push((event.time, block.phase));
+            }
+            previous = Some(block);
+        }
+        assert_eq!(
+            found,
+            vec![(Nanos(200), Phase::Forward), (Nanos(500), Phase::Backward)]
+        );
+    }
+
+    #[test]
     fn orchestration_is_deterministic_and_rejects_bad_input() {
         let lp = Loop::training("Adam");
         let a = run(&lp.analysis, 4, OptimizerPath::CudaDefault);
@@ -1665,6 +1742,14 @@ mod tests {
         assert!(matches!(
             orchestrate(&lp.analysis, &config),
             Err(super::super::OrchestrateError::NoIterations(0))
+        ));
+        let config = OrchestratorConfig {
+            iterations: u32::MAX,
+            optimizer_path: OptimizerPath::CudaDefault,
+        };
+        assert!(matches!(
+            orchestrate(&lp.analysis, &config),
+            Err(super::super::OrchestrateError::TooManyIterations(u32::MAX))
         ));
         let empty = Loop::new("SGD");
         assert!(matches!(

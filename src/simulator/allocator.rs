@@ -144,7 +144,7 @@ pub enum LayoutError {
     Overlap(u64),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Block {
     addr: u64,
     size: u64,
@@ -166,9 +166,20 @@ impl Block {
     }
 }
 
+/// The free-set key: `(stream, size, address)` packed into one `u128` so the
+/// ordered map compares and moves 16-byte keys. Streams are dense internal
+/// indices (clamped to 16 bits) and sizes are clamped to 48 bits (256 TiB);
+/// lookups verify the block's own stream, so clamping can only make a lookup
+/// miss, never hand out another stream's block.
+fn free_key(stream: u32, size: u64, addr: u64) -> u128 {
+    let st = u128::from(stream.min(0xffff));
+    let sz = u128::from(size.min((1 << 48) - 1));
+    (st << 112) | (sz << 64) | u128::from(addr)
+}
+
 #[derive(Debug, Clone, Default)]
 struct Pool {
-    free: BTreeMap<(u32, u64, u64), u32>,
+    free: BTreeMap<u128, u32>,
     unmapped: BTreeMap<(u32, u64), u32>,
     gc_clock: u64,
 }
@@ -217,6 +228,8 @@ pub struct CachingAllocator {
     record_changes: bool,
     changes: Vec<SegmentChange>,
     shortfall: u64,
+    /// External stream ids by internal index (blocks store the index).
+    streams: Vec<u32>,
 }
 
 impl CachingAllocator {
@@ -249,6 +262,7 @@ impl CachingAllocator {
             record_changes: false,
             changes: Vec::new(),
             shortfall: 0,
+            streams: Vec::new(),
         }
     }
 
@@ -296,8 +310,8 @@ impl CachingAllocator {
         let largest = self
             .pools
             .iter()
-            .flat_map(|p| p.free.keys())
-            .map(|&(_, size, _)| size)
+            .flat_map(|p| p.free.values())
+            .map(|&id| self.b(id).size)
             .max()
             .unwrap_or(0);
         self.make_stats(&self.now, largest)
@@ -373,18 +387,19 @@ impl CachingAllocator {
 
     fn insert_free(&mut self, id: u32, count_peak: bool) {
         let b = &self.blocks[id as usize];
-        let (pool, key) = (b.pool.index(), (b.stream, b.size, b.addr));
+        let (pool, key) = (b.pool.index(), free_key(b.stream, b.size, b.addr));
+        let size = b.size;
         let clock = self.pools[pool].gc_clock;
         self.pools[pool].free.insert(key, id);
         if count_peak {
-            self.peak_largest_free = self.peak_largest_free.max(key.1);
+            self.peak_largest_free = self.peak_largest_free.max(size);
         }
         self.bm(id).gc_base = clock;
     }
 
     fn remove_free(&mut self, id: u32) {
         let b = &self.blocks[id as usize];
-        let (pool, key) = (b.pool.index(), (b.stream, b.size, b.addr));
+        let (pool, key) = (b.pool.index(), free_key(b.stream, b.size, b.addr));
         self.pools[pool].free.remove(&key);
     }
 
@@ -412,6 +427,19 @@ impl CachingAllocator {
         }
     }
 
+    /// The dense internal index of an external stream id.
+    fn stream_index(&mut self, stream: u32) -> u32 {
+        if let Some(i) = self.streams.iter().position(|&s| s == stream) {
+            return i as u32;
+        }
+        self.streams.push(stream);
+        (self.streams.len() - 1) as u32
+    }
+
+    fn stream_id(&self, index: u32) -> u32 {
+        self.streams.get(index as usize).copied().unwrap_or(index)
+    }
+
     fn gc_enabled(&self) -> bool {
         self.memory_limit.is_some() && self.config.garbage_collection_threshold.is_some()
     }
@@ -424,6 +452,7 @@ impl CachingAllocator {
     /// (PyTorch's callers never pass 0; [`super::simulate`] skips them).
     pub fn malloc(&mut self, request: Bytes, stream: u32) -> Result<Allocation, OutOfMemory> {
         let request = request.get();
+        let stream = self.stream_index(stream);
         let s = self.config.round_size(request);
         let pool = PoolKind::for_rounded(s);
         let asize = self.config.segment_size(s);
@@ -472,19 +501,21 @@ impl CachingAllocator {
             p.gc_clock += 1;
         }
         let blocks = &self.blocks;
-        let mut iter = p.free.range((stream, s, 0)..);
-        let (&(first_stream, _, _), &first) = iter.next()?;
-        if first_stream != stream {
+        let mut iter = p.free.range(free_key(stream, s, 0)..);
+        let (_, &first) = iter.next()?;
+        if blocks[first as usize].stream != stream {
             return None;
         }
         let mut cur = first;
         if self.config.expandable_segments {
             // §9.4: prefer an interior block over a tail bordering unmapped space.
             while blocks[cur as usize].seg != NIL {
-                let Some((&(st, _, _), &next)) = iter.next() else {
+                let Some((_, &next)) = iter.next() else {
                     break;
                 };
-                if st != stream || potential(blocks, next) >= potential(blocks, cur) {
+                if blocks[next as usize].stream != stream
+                    || potential(blocks, next) >= potential(blocks, cur)
+                {
                     break;
                 }
                 cur = next;
@@ -553,7 +584,7 @@ impl CachingAllocator {
     }
 
     fn hand_out(&mut self, id: u32, s: u64, request: u64) -> Allocation {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         let leftover = b.size.saturating_sub(s);
         let split = if b.pool == PoolKind::Small || self.config.expandable_segments {
             leftover >= MIN_BLOCK_SIZE
@@ -630,7 +661,7 @@ impl CachingAllocator {
         if src == NIL {
             return;
         }
-        let s = self.b(src).clone();
+        let s = *self.b(src);
         if s.allocated || s.mapped != self.b(dst).mapped {
             return;
         }
@@ -692,6 +723,45 @@ impl CachingAllocator {
         }
     }
 
+    /// The cached segments `release_cached_blocks` would free now: whole,
+    /// free, non-expandable segments of both pools and all streams, as
+    /// `(address, size)` sorted by address.
+    pub fn releasable_segments(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = self
+            .pools
+            .iter()
+            .flat_map(|p| p.free.values())
+            .map(|&id| self.b(id))
+            .filter(|b| b.seg == NIL && b.whole())
+            .map(|b| (b.addr, b.size))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// `cudaFree`s the cached whole segment at `addr`, as the real allocator
+    /// did at a moment the caller knows (e.g. an OOM retry against a device
+    /// capacity the simulator was not given). False if there is no such
+    /// cached segment.
+    pub fn release_segment_at(&mut self, addr: u64) -> bool {
+        let found = self
+            .pools
+            .iter()
+            .flat_map(|p| p.free.values())
+            .copied()
+            .find(|&id| {
+                let b = self.b(id);
+                b.addr == addr && b.seg == NIL && b.whole()
+            });
+        let Some(id) = found else {
+            return false;
+        };
+        self.remove_free(id);
+        self.release_block(id);
+        self.note_fragmentation();
+        true
+    }
+
     /// `torch.cuda.empty_cache()`.
     pub fn empty_cache(&mut self) {
         self.release_cached_blocks();
@@ -708,9 +778,9 @@ impl CachingAllocator {
         let p = &self.pools[pool.index()];
         let single = p
             .free
-            .range((stream, key, 0)..)
+            .range(free_key(stream, key, 0)..)
             .next()
-            .filter(|(&(st, _, _), &id)| st == stream && self.b(id).seg == NIL)
+            .filter(|(_, &id)| self.b(id).stream == stream && self.b(id).seg == NIL)
             .map(|(_, &id)| id);
         if let Some(id) = single {
             if !self.b(id).whole() {
@@ -722,9 +792,9 @@ impl CachingAllocator {
         }
         let candidates: Vec<u32> = p
             .free
-            .range(..(stream, key, 0))
+            .range(..free_key(stream, key, 0))
             .rev()
-            .take_while(|(&(st, size, _), _)| st == stream && size >= max_split)
+            .take_while(|(_, &id)| self.b(id).stream == stream && self.b(id).size >= max_split)
             .map(|(_, &id)| id)
             .collect();
         let mut released = 0u64;
@@ -851,7 +921,16 @@ impl CachingAllocator {
         }
         let page = self.page_size(pool);
         let size = self.va_size(page);
-        let base = self.synthetic_address(size);
+        // A fresh virtual range; the replay may know its real base.
+        let base = match self.next_segment_address.take() {
+            Some(a) => {
+                self.next_addr = self
+                    .next_addr
+                    .max(a.saturating_add(size).saturating_add(GIB));
+                a
+            }
+            None => self.synthetic_address(size),
+        };
         self.new_expandable(pool, stream, base, page, size)
     }
 
@@ -884,7 +963,7 @@ impl CachingAllocator {
 
     /// Maps the pages covering the first `len` bytes of unmapped block `id`.
     fn map_block(&mut self, id: u32, len: u64) -> Option<u32> {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         let page = self
             .expandable
             .get(b.seg as usize)
@@ -940,7 +1019,7 @@ impl CachingAllocator {
 
     /// Unmaps the pages fully inside free mapped block `id` (§9.5).
     fn unmap_block(&mut self, id: u32) {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         let Some(seg) = self.expandable.get(b.seg as usize) else {
             return;
         };
@@ -964,7 +1043,7 @@ impl CachingAllocator {
             allocated: false,
             mapped: true,
             gc_base: 0,
-            ..b.clone()
+            ..b
         };
         if before > 0 {
             let bf = self.new_block(Block {
@@ -972,7 +1051,7 @@ impl CachingAllocator {
                 size: before,
                 prev: b.prev,
                 next: id,
-                ..template.clone()
+                ..template
             });
             self.link_after(b.prev, bf);
             self.bm(id).prev = bf;
@@ -1005,7 +1084,7 @@ impl CachingAllocator {
         let (prev, next) = (self.b(id).prev, self.b(id).next);
         self.try_merge(id, prev);
         self.try_merge(id, next);
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         if b.whole() {
             // The segment is entirely unmapped: release its address range.
             self.drop_block(id);
@@ -1033,7 +1112,7 @@ impl CachingAllocator {
                     let v = view.get_or_insert_with(|| SegmentView {
                         addr: blk.addr,
                         size: 0,
-                        stream: blk.stream,
+                        stream: self.stream_id(blk.stream),
                         pool: blk.pool,
                         expandable: blk.seg != NIL,
                         blocks: Vec::new(),
@@ -1067,6 +1146,7 @@ impl CachingAllocator {
     /// recording). Returns the handles of its occupied blocks, in order.
     /// Expandable layouts become the mapped head of a new expandable segment.
     pub fn load_segment(&mut self, layout: &SegmentLayout) -> Result<Vec<Allocation>, LayoutError> {
+        let stream = self.stream_index(layout.stream);
         let total: u64 = layout.blocks.iter().map(|&(size, _, _)| size).sum();
         if total != layout.size || layout.size == 0 {
             return Err(LayoutError::BlocksDoNotTile(layout.addr));
@@ -1082,7 +1162,7 @@ impl CachingAllocator {
         let seg = if layout.expandable {
             let page = self.page_size(layout.pool);
             let va = self.va_size(page).max(round_up(layout.size, page) + page);
-            let id = self.new_expandable(layout.pool, layout.stream, layout.addr, page, va);
+            let id = self.new_expandable(layout.pool, stream, layout.addr, page, va);
             self.next_addr = self
                 .next_addr
                 .max(layout.addr.saturating_add(va).saturating_add(GIB));
@@ -1103,7 +1183,7 @@ impl CachingAllocator {
                 addr,
                 size,
                 requested: if occupied { requested } else { 0 },
-                stream: layout.stream,
+                stream,
                 pool: layout.pool,
                 allocated: occupied,
                 mapped: true,
@@ -1124,7 +1204,7 @@ impl CachingAllocator {
             }
         }
         for &id in &ids {
-            let b = self.b(id).clone();
+            let b = *self.b(id);
             if b.allocated {
                 self.now.allocated += b.size;
                 self.now.active += b.size;
@@ -1150,10 +1230,124 @@ impl CachingAllocator {
         Ok(out)
     }
 
+    /// Loads one expandable segment: a virtual range starting at `base` with
+    /// the given mapped ranges (each a [`SegmentLayout`] whose blocks tile it;
+    /// sorted by address, page-aligned relative to `base`). The rest of the
+    /// range is unmapped. Returns the occupied blocks' allocations in order.
+    pub fn load_expandable(
+        &mut self,
+        base: u64,
+        pool: PoolKind,
+        stream: u32,
+        ranges: &[SegmentLayout],
+    ) -> Result<Vec<Allocation>, LayoutError> {
+        let stream_idx = self.stream_index(stream);
+        let page = self.page_size(pool);
+        let mut at = base;
+        for r in ranges {
+            let total: u64 = r.blocks.iter().map(|&(size, _, _)| size).sum();
+            if total != r.size || r.size == 0 || r.addr < at {
+                return Err(LayoutError::BlocksDoNotTile(r.addr));
+            }
+            at = r.addr + r.size;
+        }
+        let va = round_up(at - base, page).saturating_add(self.va_size(page));
+        let seg = self.expandable.len() as u32;
+        self.expandable.push(ExpandableSegment { base, page });
+        self.next_addr = self
+            .next_addr
+            .max(base.saturating_add(va).saturating_add(GIB));
+        let template = Block {
+            addr: base,
+            size: 0,
+            requested: 0,
+            stream: stream_idx,
+            pool,
+            allocated: false,
+            mapped: false,
+            seg,
+            prev: NIL,
+            next: NIL,
+            gc_base: 0,
+        };
+        let mut prev = NIL;
+        let mut at = base;
+        let mut out = Vec::new();
+        let mut push = |this: &mut Self, b: Block| -> u32 {
+            let id = this.new_block(Block { prev, ..b });
+            this.link_after(prev, id);
+            prev = id;
+            id
+        };
+        for r in ranges {
+            if r.addr > at {
+                let id = push(
+                    self,
+                    Block {
+                        addr: at,
+                        size: r.addr - at,
+                        ..template
+                    },
+                );
+                self.pools[pool.index()]
+                    .unmapped
+                    .insert((stream_idx, at), id);
+            }
+            let mut a = r.addr;
+            for &(size, occupied, requested) in &r.blocks {
+                let id = push(
+                    self,
+                    Block {
+                        addr: a,
+                        size,
+                        requested: if occupied { requested } else { 0 },
+                        allocated: occupied,
+                        mapped: true,
+                        ..template
+                    },
+                );
+                if occupied {
+                    self.now.allocated += size;
+                    self.now.active += size;
+                    self.now.requested += requested;
+                    self.now.allocations += 1;
+                    out.push(Allocation {
+                        handle: BlockHandle(id),
+                        addr: a,
+                        size: Bytes(size),
+                    });
+                } else {
+                    self.insert_free(id, true);
+                }
+                a += size;
+            }
+            self.now.reserved += r.size;
+            self.now.mapped_ranges += 1;
+            at = r.addr + r.size;
+        }
+        let end = base + va;
+        if end > at {
+            let id = push(
+                self,
+                Block {
+                    addr: at,
+                    size: end - at,
+                    ..template
+                },
+            );
+            self.pools[pool.index()]
+                .unmapped
+                .insert((stream_idx, at), id);
+        }
+        self.bump_peaks();
+        self.note_fragmentation();
+        Ok(out)
+    }
+
     /// Turns the head of a fresh expandable segment's unmapped block into
     /// space for loaded blocks; returns `(segment index, unmapped tail id)`.
     fn map_loaded(&mut self, id: u32, size: u64) -> (u32, u32) {
-        let b = self.b(id).clone();
+        let b = *self.b(id);
         self.pools[b.pool.index()]
             .unmapped
             .remove(&(b.stream, b.addr));

@@ -29,6 +29,7 @@ mod config;
 mod device;
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -131,10 +132,32 @@ pub struct Simulation {
     pub warnings: Vec<Warning>,
 }
 
+/// A fast hasher for caller-chosen `u64` block ids (lookup only; the map is
+/// never iterated, so its order cannot leak into results).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        let x = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 29);
+    }
+}
+
 /// Runs a schedule through a fresh [`CachingAllocator`].
 pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> Simulation {
     let mut alloc = CachingAllocator::new(config.clone(), *device);
-    let mut live: HashMap<u64, BlockHandle> = HashMap::new();
+    let mut live: HashMap<u64, BlockHandle, BuildHasherDefault<IdHasher>> = HashMap::default();
     let mut after_event = Vec::with_capacity(events.len());
     let mut oom = None;
     let mut unknown_frees = 0u64;

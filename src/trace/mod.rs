@@ -43,6 +43,8 @@ pub enum Device {
     Cpu,
     /// `Device Type` 1: GPU memory through the CUDA caching allocator.
     Cuda,
+    /// `Device Type` 6: GPU memory on a ROCm build (HIP), same allocator.
+    Hip,
     /// Any other device type code (XPU, MPS, ...), kept as recorded.
     Other(i64),
 }
@@ -53,8 +55,16 @@ impl Device {
         match code {
             0 => Device::Cpu,
             1 => Device::Cuda,
+            6 => Device::Hip,
             other => Device::Other(other),
         }
+    }
+}
+
+impl Device {
+    /// CUDA or HIP memory.
+    pub fn is_gpu(self) -> bool {
+        matches!(self, Device::Cuda | Device::Hip)
     }
 }
 
@@ -179,12 +189,12 @@ impl Trace {
         self.names.get(id.index()).map_or("", String::as_str)
     }
 
-    /// Whether the trace was recorded with CUDA activity: CUDA memory events,
-    /// GPU-side events or GPU device properties.
+    /// Whether the trace was recorded with GPU activity (CUDA or ROCm): GPU
+    /// memory events, GPU-side events or GPU device properties.
     pub fn recorded_on_cuda(&self) -> bool {
         self.n_gpu_events > 0
             || self.header.n_gpu_devices > 0
-            || self.memory.iter().any(|m| m.device == Device::Cuda)
+            || self.memory.iter().any(|m| m.device.is_gpu())
     }
 }
 
@@ -209,6 +219,8 @@ pub enum TraceError {
     },
     #[error("the JSON is not a torch.profiler trace (no \"traceEvents\" list): pass the file written by prof.export_chrome_trace; found {0:?}")]
     NotAProfilerTrace(String),
+    #[error("the trace's {0} [memory] events have no \"Addr\", so allocations cannot be paired with their frees (PyTorch before 1.10 did not record it): profile again with a recent PyTorch and torch.profiler.profile(profile_memory=True)")]
+    MemoryEventsWithoutAddress(usize),
     #[error("the trace has no [memory] events: profile with torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True) and export again")]
     NoMemoryEvents,
 }

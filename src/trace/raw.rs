@@ -108,6 +108,7 @@ struct Builder<'p> {
     top_keys: Vec<String>,
     n_malformed: usize,
     n_memory_incomplete: usize,
+    n_memory_no_addr: usize,
     n_memory_no_total: usize,
     n_memory_no_device: usize,
     n_spans_no_ts: usize,
@@ -128,6 +129,7 @@ impl<'p> Builder<'p> {
             top_keys: Vec::new(),
             n_malformed: 0,
             n_memory_incomplete: 0,
+            n_memory_no_addr: 0,
             n_memory_no_total: 0,
             n_memory_no_device: 0,
             n_spans_no_ts: 0,
@@ -165,7 +167,11 @@ impl<'p> Builder<'p> {
             return Err(TraceError::NotAProfilerTrace(keys));
         }
         if self.trace.memory.is_empty() {
-            return Err(TraceError::NoMemoryEvents);
+            return Err(if self.n_memory_no_addr > 0 {
+                TraceError::MemoryEventsWithoutAddress(self.n_memory_no_addr)
+            } else {
+                TraceError::NoMemoryEvents
+            });
         }
         self.trace.memory.sort_by_key(|m| m.ts);
         let warnings: Vec<Warning> = [
@@ -242,7 +248,7 @@ impl<'p> Builder<'p> {
                 };
                 let tid = self.tid(ev.tid);
                 self.trace.flows.push(FlowEvent {
-                    id: clamp_i64(id),
+                    id,
                     tid,
                     ts: Nanos::from_micros_f64(ts),
                     is_start: ev.ph == Ph::FlowStart,
@@ -253,9 +259,9 @@ impl<'p> Builder<'p> {
         }
     }
 
-    fn tid(&mut self, tid: Option<i128>) -> i64 {
+    fn tid(&mut self, tid: Option<i64>) -> i64 {
         match tid {
-            Some(tid) => clamp_i64(tid),
+            Some(tid) => tid,
             None => {
                 self.n_no_tid += 1;
                 -1
@@ -265,6 +271,9 @@ impl<'p> Builder<'p> {
 
     fn add_memory(&mut self, ev: &RawEvent<'_>) {
         let args = &ev.args;
+        if args.addr.is_none() && args.bytes.is_some() {
+            self.n_memory_no_addr += 1;
+        }
         let (Some(ts), Some(addr), Some(bytes)) = (ev.ts, args.addr, args.bytes) else {
             self.n_memory_incomplete += 1;
             return;
@@ -277,7 +286,7 @@ impl<'p> Builder<'p> {
             self.n_memory_no_total += 1;
         }
         let device = match args.device_type {
-            Some(code) => Device::from_code(clamp_i64(code)),
+            Some(code) => Device::from_code(code),
             None => {
                 self.n_memory_no_device += 1;
                 Device::Cpu
@@ -289,11 +298,11 @@ impl<'p> Builder<'p> {
             tid,
             // Addresses are opaque keys: keep the bit pattern of any integer.
             addr: addr as u64,
-            bytes: clamp_i64(bytes),
-            total_allocated: args.total_allocated.map(clamp_i64),
-            total_reserved: args.total_reserved.map(clamp_i64),
+            bytes,
+            total_allocated: args.total_allocated,
+            total_reserved: args.total_reserved,
             device,
-            device_id: args.device_id.map(clamp_i64),
+            device_id: args.device_id,
         });
     }
 
@@ -322,9 +331,9 @@ impl<'p> Builder<'p> {
                     tid,
                     start,
                     dur,
-                    external_id: args.external_id.map(clamp_i64),
-                    sequence_number: args.sequence_number.map(clamp_i64),
-                    fwd_thread_id: args.fwd_thread_id.map(clamp_i64),
+                    external_id: args.external_id,
+                    sequence_number: args.sequence_number,
+                    fwd_thread_id: args.fwd_thread_id,
                     input_dims: args.input_dims,
                     input_types,
                 });
@@ -334,9 +343,9 @@ impl<'p> Builder<'p> {
                 tid,
                 start,
                 dur,
-                id: args.python_id.map(clamp_i64),
-                parent_id: args.python_parent_id.map(clamp_i64),
-                module_id: args.python_module_id.map(clamp_i64),
+                id: args.python_id,
+                parent_id: args.python_parent_id,
+                module_id: args.python_module_id,
             }),
             Cat::UserAnnotation => self.trace.annotations.push(AnnotationEvent {
                 name,
@@ -347,10 +356,6 @@ impl<'p> Builder<'p> {
             _ => {}
         }
     }
-}
-
-fn clamp_i64(value: i128) -> i64 {
-    i64::try_from(value).unwrap_or(if value < 0 { i64::MIN } else { i64::MAX })
 }
 
 // ---------------------------------------------------------------------------
@@ -387,7 +392,7 @@ impl<'de> Visitor<'de> for TopSeed<'_, '_> {
                     })?;
                 }
                 "schemaVersion" => {
-                    header.schema_version = map.next_value::<LooseInt>()?.0.map(clamp_i64);
+                    header.schema_version = map.next_value::<LooseInt>()?.0;
                 }
                 "with_stack" => header.with_stack = map.next_value::<LooseInt>()?.0.map(|v| v != 0),
                 "profile_memory" => {
@@ -397,7 +402,7 @@ impl<'de> Visitor<'de> for TopSeed<'_, '_> {
                     header.record_shapes = map.next_value::<LooseInt>()?.0.map(|v| v != 0);
                 }
                 "baseTimeNanoseconds" => {
-                    header.base_time_ns = map.next_value::<LooseInt>()?.0.map(clamp_i64);
+                    header.base_time_ns = map.next_value::<LooseInt>()?.0;
                 }
                 "traceName" => {
                     header.trace_name = map.next_value::<LooseStr<'de>>()?.0.map(Cow::into_owned);
@@ -443,15 +448,12 @@ impl<'de> Visitor<'de> for EventsSeed<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(event) = seq.next_element::<MaybeEvent<'de>>()? {
-            match event.0 {
-                Some(event) => self.builder.add_event(event),
-                None => {
-                    self.builder.trace.n_events += 1;
-                    self.builder.n_malformed += 1;
-                }
-            }
-        }
+        while seq
+            .next_element_seed(EventSeed {
+                builder: &mut *self.builder,
+            })?
+            .is_some()
+        {}
         Ok(())
     }
 }
@@ -508,32 +510,41 @@ struct RawEvent<'de> {
     ph: Ph,
     cat: Cat,
     name: Option<Cow<'de, str>>,
-    tid: Option<i128>,
+    tid: Option<i64>,
     ts: Option<f64>,
     dur: Option<f64>,
-    id: Option<i128>,
+    id: Option<i64>,
     args: RawArgs<'de>,
 }
 
-/// An event, or `None` for an entry of `traceEvents` that is not an object.
-struct MaybeEvent<'de>(Option<RawEvent<'de>>);
+/// Reads one entry of `traceEvents` and hands it to the builder; an entry
+/// that is not an object is counted as malformed.
+struct EventSeed<'b, 'p> {
+    builder: &'b mut Builder<'p>,
+}
 
-impl<'de> de::Deserialize<'de> for MaybeEvent<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(EventVisitor)
+impl<'de> DeserializeSeed<'de> for EventSeed<'_, '_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
 
-struct EventVisitor;
+impl EventSeed<'_, '_> {
+    fn malformed(self) {
+        self.builder.trace.n_events += 1;
+        self.builder.n_malformed += 1;
+    }
+}
 
-impl<'de> Visitor<'de> for EventVisitor {
-    type Value = MaybeEvent<'de>;
+impl<'de> Visitor<'de> for EventSeed<'_, '_> {
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a trace event object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut ev = RawEvent {
             ph: Ph::Other,
             cat: Cat::Other,
@@ -571,38 +582,48 @@ impl<'de> Visitor<'de> for EventVisitor {
                         .name
                         .as_deref()
                         .is_none_or(|name| name.contains("AccumulateGrad"));
-                    ev.args = map.next_value_seed(ArgsSeed { keep_shapes })?;
+                    map.next_value_seed(ArgsSeed {
+                        keep_shapes,
+                        args: &mut ev.args,
+                    })?;
                 }
                 EventKey::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(MaybeEvent(Some(ev)))
+        self.builder.add_event(ev);
+        Ok(())
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
         drain_seq(seq)?;
-        Ok(MaybeEvent(None))
+        self.malformed();
+        Ok(())
     }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(MaybeEvent(None))
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.malformed();
+        Ok(())
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(MaybeEvent(None))
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.malformed();
+        Ok(())
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(MaybeEvent(None))
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.malformed();
+        Ok(())
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(MaybeEvent(None))
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.malformed();
+        Ok(())
     }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(MaybeEvent(None))
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        self.malformed();
+        Ok(())
     }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(MaybeEvent(None))
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.malformed();
+        Ok(())
     }
 }
 
@@ -649,42 +670,44 @@ impl<'de> de::Deserialize<'de> for EventKey {
 
 #[derive(Default)]
 struct RawArgs<'de> {
-    addr: Option<i128>,
-    bytes: Option<i128>,
-    total_allocated: Option<i128>,
-    total_reserved: Option<i128>,
-    device_type: Option<i128>,
-    device_id: Option<i128>,
-    external_id: Option<i128>,
-    sequence_number: Option<i128>,
-    fwd_thread_id: Option<i128>,
-    python_id: Option<i128>,
-    python_parent_id: Option<i128>,
-    python_module_id: Option<i128>,
+    addr: Option<i64>,
+    bytes: Option<i64>,
+    total_allocated: Option<i64>,
+    total_reserved: Option<i64>,
+    device_type: Option<i64>,
+    device_id: Option<i64>,
+    external_id: Option<i64>,
+    sequence_number: Option<i64>,
+    fwd_thread_id: Option<i64>,
+    python_id: Option<i64>,
+    python_parent_id: Option<i64>,
+    python_module_id: Option<i64>,
     input_dims: Vec<Vec<i64>>,
     input_types: Vec<Cow<'de, str>>,
 }
 
-struct ArgsSeed {
+/// Reads `args` into the event's record; anything but an object is ignored.
+struct ArgsSeed<'a, 'de> {
     keep_shapes: bool,
+    args: &'a mut RawArgs<'de>,
 }
 
-impl<'de> DeserializeSeed<'de> for ArgsSeed {
-    type Value = RawArgs<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+impl<'de> DeserializeSeed<'de> for ArgsSeed<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
         deserializer.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ArgsSeed {
-    type Value = RawArgs<'de>;
+impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
+    type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an args object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut args = RawArgs::default();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let args = self.args;
         while let Some(key) = map.next_key::<ArgKey>()? {
             let slot = match key {
                 ArgKey::Addr => &mut args.addr,
@@ -714,30 +737,29 @@ impl<'de> Visitor<'de> for ArgsSeed {
             };
             *slot = map.next_value::<LooseInt>()?.0;
         }
-        Ok(args)
+        Ok(())
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        drain_seq(seq)?;
-        Ok(RawArgs::default())
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        drain_seq(seq)
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(RawArgs::default())
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(RawArgs::default())
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Ok(())
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(RawArgs::default())
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Ok(())
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(RawArgs::default())
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
     }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(RawArgs::default())
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Ok(())
     }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(RawArgs::default())
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
     }
 }
 
@@ -862,8 +884,9 @@ impl<'de> de::Deserialize<'de> for LooseStr<'de> {
 }
 
 /// An integer; integral floats, booleans and numeric strings are accepted too.
+/// Integers above `i64::MAX` keep their bit pattern (addresses are opaque).
 #[derive(Default)]
-struct LooseInt(Option<i128>);
+struct LooseInt(Option<i64>);
 
 impl<'de> de::Deserialize<'de> for LooseInt {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -874,20 +897,21 @@ impl<'de> de::Deserialize<'de> for LooseInt {
                 f.write_str("an integer")
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                Ok(LooseInt(Some(i128::from(v))))
+                Ok(LooseInt(Some(v)))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(LooseInt(Some(i128::from(v))))
+                Ok(LooseInt(Some(v as i64)))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-                let integral = v.is_finite() && v.fract() == 0.0 && v.abs() < 1e30;
-                Ok(LooseInt(integral.then_some(v as i128)))
+                let integral = v.is_finite() && v.fract() == 0.0;
+                // `as` saturates out-of-range floats.
+                Ok(LooseInt(integral.then_some(v as i64)))
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
                 Ok(LooseInt(s.trim().parse().ok()))
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-                Ok(LooseInt(Some(i128::from(v))))
+                Ok(LooseInt(Some(i64::from(v))))
             }
             fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
                 Ok(LooseInt(None))
@@ -1092,7 +1116,7 @@ impl<'de> de::Deserialize<'de> for Shape {
                 let mut all_ints = true;
                 while let Some(dim) = seq.next_element::<LooseInt>()? {
                     match dim.0 {
-                        Some(d) => dims.push(clamp_i64(d)),
+                        Some(d) => dims.push(d),
                         None => all_ints = false,
                     }
                 }

@@ -45,3 +45,12 @@ pub fn trace_fixtures() -> Vec<String> {
     assert!(!names.is_empty(), "no trace fixtures in {dir:?}");
     names
 }
+
+/// The path of a small hand-written trace in this checkout's `tests/fixtures`.
+pub fn local_fixture(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    assert!(path.is_file(), "missing test fixture {path:?}");
+    path
+}

@@ -1,5 +1,9 @@
 //! Simulator: every worked sequence of `shared/docs/allocator-vectors.json`,
-//! run step by step through the public allocator API.
+//! run step by step through the public allocator API, and property tests of
+//! the allocator's invariants.
+
+// Test helpers below panic on malformed vectors by design, like the tests themselves.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 
@@ -115,4 +119,162 @@ fn every_allocator_vector_passes() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+mod properties {
+    //! Invariants over random schedules (seed-stable: fixed RNG seed, no
+    //! persisted failures).
+
+    use memcast::simulator::{
+        simulate, AllocatorConfig, CachingAllocator, Device, RuleVersion, SimOp,
+    };
+    use memcast::Bytes;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
+
+    const MIB: u64 = Bytes::MIB;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(u64, u32),
+        Free(usize),
+        EmptyCache,
+    }
+
+    fn size() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            4 => 1u64..=MIB,
+            3 => MIB..=12 * MIB,
+            2 => 12 * MIB..=150 * MIB,
+            1 => prop_oneof![Just(MIB), Just(MIB + 1), Just(10 * MIB), Just(20 * MIB)],
+        ]
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        prop::collection::vec(
+            prop_oneof![
+                6 => (size(), 0u32..3).prop_map(|(s, st)| Op::Alloc(s, st)),
+                5 => any::<usize>().prop_map(Op::Free),
+                1 => Just(Op::EmptyCache),
+            ],
+            1..120,
+        )
+    }
+
+    fn configs() -> impl Strategy<Value = (&'static str, RuleVersion)> {
+        prop_oneof![
+            Just(("", RuleVersion::New)),
+            Just(("expandable_segments:True", RuleVersion::New)),
+            Just((
+                "max_split_size_mb:64,roundup_power2_divisions:4",
+                RuleVersion::New
+            )),
+            Just(("roundup_power2_divisions:[1:2,16:4,>:8]", RuleVersion::Mid)),
+            Just((
+                "max_split_size_mb:40,max_non_split_rounding_mb:40",
+                RuleVersion::Mid
+            )),
+        ]
+    }
+
+    fn config() -> Config {
+        Config {
+            cases: 96,
+            rng_seed: RngSeed::Fixed(0x006d_656d_6361_7374),
+            failure_persistence: None,
+            ..Config::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn allocator_invariants_hold(
+            ops in ops(),
+            (conf, version) in configs(),
+            capacity in prop_oneof![Just(None), (100u64..600).prop_map(|m| Some(m * MIB))],
+        ) {
+            let config = AllocatorConfig::parse(conf, version).unwrap();
+            let default_rules = conf.is_empty();
+            let device = match capacity {
+                Some(c) => Device::new(Bytes(c), Bytes(0)),
+                None => Device::unlimited(),
+            };
+            let mut alloc = CachingAllocator::new(config, device);
+            let mut live = Vec::new();
+            for op in &ops {
+                match *op {
+                    Op::Alloc(s, stream) => {
+                        if let Ok(a) = alloc.malloc(Bytes(s), stream) {
+                            prop_assert!(a.size.get() >= s);
+                            live.push(a.handle);
+                        }
+                    }
+                    Op::Free(i) => {
+                        if !live.is_empty() {
+                            let h = live.swap_remove(i % live.len());
+                            prop_assert!(alloc.free(h).is_ok());
+                            prop_assert!(alloc.free(h).is_err(), "double free must be refused");
+                        }
+                    }
+                    Op::EmptyCache => alloc.empty_cache(),
+                }
+                let s = alloc.stats();
+                prop_assert!(s.allocated <= s.reserved);
+                if let Some(c) = capacity {
+                    prop_assert!(s.reserved.get() <= c);
+                }
+                if let Err(e) = alloc.check_invariants() {
+                    prop_assert!(false, "{}", e);
+                }
+                if default_rules {
+                    for seg in alloc.segments() {
+                        prop_assert_eq!(seg.size % (2 * MIB), 0, "segment of {} B", seg.size);
+                    }
+                }
+            }
+            for h in live.drain(..) {
+                prop_assert!(alloc.free(h).is_ok());
+            }
+            prop_assert_eq!(alloc.stats().allocated, Bytes(0));
+            alloc.empty_cache();
+            let s = alloc.stats();
+            prop_assert_eq!(s.reserved, Bytes(0));
+            prop_assert_eq!(s.segments, 0);
+            prop_assert!(alloc.check_invariants().is_ok());
+        }
+
+        #[test]
+        fn simulate_is_deterministic_and_balanced(ops in ops()) {
+            let mut sim_ops = Vec::new();
+            let mut live: Vec<u64> = Vec::new();
+            for (id, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Alloc(s, stream) => {
+                        sim_ops.push(SimOp::Alloc { block: id as u64, size: Bytes(s), stream });
+                        live.push(id as u64);
+                    }
+                    Op::Free(i) if !live.is_empty() => {
+                        let b = live.swap_remove(i % live.len());
+                        sim_ops.push(SimOp::Free { block: b });
+                    }
+                    _ => sim_ops.push(SimOp::EmptyCache),
+                }
+            }
+            sim_ops.extend(live.iter().map(|&b| SimOp::Free { block: b }));
+            sim_ops.push(SimOp::EmptyCache);
+            let config = AllocatorConfig::pytorch_defaults();
+            let a = simulate(&sim_ops, &config, &Device::unlimited());
+            let b = simulate(&sim_ops, &config, &Device::unlimited());
+            prop_assert_eq!(&a, &b);
+            prop_assert_eq!(a.after_event.len(), sim_ops.len());
+            prop_assert!(a.after_event.iter().all(|s| s.allocated <= s.reserved));
+            let last = a.after_event.last().copied().unwrap_or_default();
+            prop_assert_eq!((last.allocated, last.reserved), (0, 0));
+            let peak = a.after_event.iter().map(|s| s.reserved).max().unwrap_or(0);
+            prop_assert_eq!(a.peak.reserved.get(), peak);
+            prop_assert!(a.warnings.is_empty());
+        }
+    }
 }

@@ -24,6 +24,11 @@ pub struct Args {
     /// A `PYTORCH_CUDA_ALLOC_CONF` string, e.g. `expandable_segments:True`.
     #[arg(long, value_name = "STR", default_value = "")]
     alloc_conf: String,
+    /// CUDA context size to assume on every GPU instead of the sourced
+    /// per-architecture figure (e.g. 1GiB, as measured with
+    /// `nvidia-smi used − torch.cuda.memory_reserved()` after one step).
+    #[arg(long, value_name = "SIZE")]
+    context: Option<String>,
     /// Training iterations to simulate.
     #[arg(long, value_name = "N", default_value_t = 3)]
     iterations: u32,
@@ -41,6 +46,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.trace)
         .with_context(|| format!("failed to read trace {:?}", args.trace))?;
     let mut config = Config::standard().with_gpus(&args.gpus)?;
+    if let Some(context) = &args.context {
+        let bytes = if context.trim() == "0" {
+            Bytes::ZERO
+        } else {
+            memcast::presets::parse_size(context).context("invalid --context")?
+        };
+        config = config.with_context(bytes);
+    }
     config.alloc_conf = args.alloc_conf.clone();
     config.orchestrator.iterations = args.iterations;
     if args.captured_optimizer {

@@ -1,8 +1,11 @@
 //! The `memcast` command line: a thin shell over the library.
+// The binary is the place that prints; the core never does.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod analyze;
 mod estimate;
 mod presets;
+mod replay;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -29,6 +32,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay real GPU allocator data (memory snapshot or profiler trace) through the simulator.
+    Replay(replay::ReplayArgs),
 }
 
 /// Writes command output; a closed pipe is not an error.
@@ -42,6 +47,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze::run(args),
         Command::Estimate(args) => estimate::run(args),
         Command::Presets { json } => presets::run(*json),
+        Command::Replay(args) => replay::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

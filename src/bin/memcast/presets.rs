@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use memcast::presets::{DeviceOverheads, PRESETS};
+use memcast::presets::{DeviceOverheads, OVERHEADS, PRESETS};
 use memcast::Bytes;
 
 /// Prints the preset table, or the presets as JSON with `json`.
@@ -53,6 +53,26 @@ pub fn run(json: bool) -> anyhow::Result<()> {
             overheads.context_bytes.get() / Bytes::MIB,
             overheads.cublas_workspace_bytes.get(),
             preset.name,
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Device overheads (per process; --context overrides the context):"
+    );
+    for row in OVERHEADS {
+        let archs: Vec<String> = row
+            .archs
+            .iter()
+            .map(|arch| format!("{arch:?}").to_lowercase())
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:>10} B  {} [{}]\n              source: {}",
+            row.bytes.get(),
+            row.item,
+            archs.join(", "),
+            row.source
         );
     }
     let _ = writeln!(out);

@@ -1,0 +1,195 @@
+//! Validation mode: replay real GPU-side allocator data through the
+//! [`crate::simulator`] and measure how faithfully it reproduces the real
+//! allocator.
+//!
+//! Two inputs are understood (auto-detected, gzip or plain):
+//! - `torch.cuda.memory._dump_snapshot` pickles — read by a restricted pickle
+//!   reader that never executes anything; the start state is rebuilt by walking
+//!   the trace backwards from the final `segments`, then the trace is replayed
+//!   forwards, comparing every segment decision, every reserved value and every
+//!   block address ([`snapshot`]);
+//! - `torch.profiler` Chrome traces with `profile_memory=True` — their
+//!   `[memory]` events carry the real `Total Allocated`/`Total Reserved` after
+//!   every event ([`profiler`]).
+//!
+//! Pure: bytes in, [`ReplayReport`] out; no I/O.
+
+mod pickle;
+mod profiler;
+mod snapshot;
+
+use std::io::Read;
+
+use serde::{Deserialize, Serialize};
+
+use crate::diag::Warning;
+
+pub use profiler::replay_profiler;
+pub use snapshot::replay_snapshot;
+
+/// Version tag of the JSON report.
+pub const SCHEMA: &str = "memcast.replay/1";
+
+/// Why a file could not be replayed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    #[error(
+        "the gzip stream is corrupt; pass an intact .gz file or the uncompressed file, got {0:?}"
+    )]
+    Gzip(String),
+    #[error("file is neither a pickled memory snapshot nor a profiler trace; pass a torch.cuda.memory._dump_snapshot pickle or a torch.profiler .json trace, got first byte {0:?}")]
+    UnknownFormat(u8),
+    #[error("the pickle ends early; pass the complete snapshot file, got truncation at byte {0}")]
+    PickleTruncated(usize),
+    #[error("the pickle is malformed ({1}); pass a file written by torch.cuda.memory._dump_snapshot, got the problem at byte {0}")]
+    PickleMalformed(usize, &'static str),
+    #[error("the pickle refers to a python object, which memcast never loads; pass a plain-data snapshot from _dump_snapshot, got opcode {1:#04x} at byte {0}")]
+    PickleObject(usize, u8),
+    #[error("the snapshot lacks a field the replay needs; pass a snapshot from torch.cuda.memory._dump_snapshot, got no usable {0:?}")]
+    SnapshotField(&'static str),
+    #[error("the rebuilt start state cannot be loaded into the simulator; the snapshot is inconsistent, got {0:?}")]
+    StartState(String),
+    #[error(
+        "the profiler trace is not valid JSON; pass a trace exported by torch.profiler, got {0:?}"
+    )]
+    TraceJson(String),
+    #[error("the profiler trace has no GPU [memory] events with totals; record with profile_memory=True on a CUDA device, got {0:?}")]
+    NoMemoryEvents(String),
+}
+
+/// Which kind of real data was replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplayKind {
+    Snapshot,
+    Profiler,
+}
+
+/// The first place where the simulator and the real allocator disagree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Divergence {
+    /// Index of the trace entry (snapshot) or GPU memory event (profiler).
+    pub event_index: u64,
+    /// `reserved`, `allocated`, `address`, `segment_alloc`, `segment_free`, `oom`.
+    pub what: String,
+    pub expected: u64,
+    pub got: u64,
+    /// The blocks involved, in words.
+    pub detail: String,
+}
+
+/// Per-file replay figures (JSON schema `memcast.replay/1`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    pub schema: String,
+    pub kind: ReplayKind,
+    /// Trace entries (snapshot) or GPU `[memory]` events (profiler) replayed.
+    pub events: u64,
+    /// Events after which reserved was compared (snapshot: all but segment events).
+    pub compared_events: u64,
+    pub reserved_exact_events: u64,
+    /// Profiler only: events where simulated allocated equals `Total Allocated`.
+    pub allocated_exact_events: Option<u64>,
+    pub real_peak_reserved_bytes: u64,
+    pub simulated_peak_reserved_bytes: u64,
+    /// Real segment_alloc + segment_free (profiler: changes of `Total Reserved`).
+    pub segment_events_real: u64,
+    /// Segment allocations/frees/maps/unmaps the simulator made.
+    pub segment_events_simulated: u64,
+    /// Real segment events reproduced (same size, same event).
+    pub segment_events_matched: u64,
+    /// Real segment frees applied as recorded because they were not a cache
+    /// flush the simulator agreed with (GC, max_split release, OOM retries
+    /// against an unknown capacity); not counted as matched.
+    pub segment_frees_forced: u64,
+    pub allocs: u64,
+    /// Allocations placed at the same address as the real allocator.
+    pub address_exact_allocs: u64,
+    /// Reserved bytes at the start of the recording (rebuilt or given).
+    pub start_reserved_bytes: u64,
+    /// The allocator was empty when the recording started.
+    pub start_complete: bool,
+    /// Pre-trace blocks whose size had to be inferred (snapshot).
+    pub start_state_inferred_blocks: u64,
+    /// Inferred blocks corrected from later addresses (replay-notes §3).
+    pub start_state_repairs: u64,
+    /// Simulated final segments equal the snapshot's (address and size).
+    pub final_segments_match: Option<bool>,
+    /// The allocator configuration used.
+    pub allocator_conf: String,
+    pub first_divergence: Option<Divergence>,
+    pub warnings: Vec<Warning>,
+}
+
+impl ReplayReport {
+    fn new(kind: ReplayKind) -> ReplayReport {
+        ReplayReport {
+            schema: SCHEMA.to_owned(),
+            kind,
+            events: 0,
+            compared_events: 0,
+            reserved_exact_events: 0,
+            allocated_exact_events: None,
+            real_peak_reserved_bytes: 0,
+            simulated_peak_reserved_bytes: 0,
+            segment_events_real: 0,
+            segment_events_simulated: 0,
+            segment_events_matched: 0,
+            segment_frees_forced: 0,
+            allocs: 0,
+            address_exact_allocs: 0,
+            start_reserved_bytes: 0,
+            start_complete: false,
+            start_state_inferred_blocks: 0,
+            start_state_repairs: 0,
+            final_segments_match: None,
+            allocator_conf: String::new(),
+            first_divergence: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    fn note_divergence(&mut self, d: Divergence) {
+        if self.first_divergence.is_none() {
+            self.first_divergence = Some(d);
+        }
+    }
+
+    /// Every compared event, segment decision and address matched, and the
+    /// peaks agree.
+    pub fn is_exact(&self) -> bool {
+        self.reserved_exact_events == self.compared_events
+            && self.segment_events_matched == self.segment_events_real
+            && self.segment_events_simulated == self.segment_events_real
+            && self.address_exact_allocs == self.allocs
+            && self.real_peak_reserved_bytes == self.simulated_peak_reserved_bytes
+    }
+}
+
+/// Decompresses gzip input; returns other input unchanged.
+pub fn maybe_gunzip(data: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ReplayError> {
+    if data.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(data)
+            .read_to_end(&mut out)
+            .map_err(|e| ReplayError::Gzip(e.to_string()))?;
+        Ok(std::borrow::Cow::Owned(out))
+    } else {
+        Ok(std::borrow::Cow::Borrowed(data))
+    }
+}
+
+/// Replays a snapshot pickle or a profiler trace, gzip or plain.
+pub fn replay(data: &[u8]) -> Result<ReplayReport, ReplayError> {
+    let data = maybe_gunzip(data)?;
+    let first = data
+        .iter()
+        .copied()
+        .find(|c| !c.is_ascii_whitespace())
+        .unwrap_or(0);
+    match first {
+        0x80 => replay_snapshot(&data),
+        b'{' | b'[' => replay_profiler(&data),
+        other => Err(ReplayError::UnknownFormat(other)),
+    }
+}

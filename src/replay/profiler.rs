@@ -1,0 +1,249 @@
+//! Replay of the `[memory]` events of a `torch.profiler` Chrome trace recorded
+//! on a GPU with `profile_memory=True` (allocator.md §14).
+//!
+//! The trace starts mid-run and its allocator layout is unknown, so the replay
+//! is anchored on the first event: blocks freed in the window but allocated
+//! before it are allocated first (their sizes are known from the frees), then
+//! every event is replayed, and simulated totals are compared with the real
+//! `Total Allocated`/`Total Reserved` after offsetting both by their difference
+//! at the first event. A new segment's base is taken from the real `Addr` of
+//! the allocation at which `Total Reserved` grew.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Deserialize;
+
+use super::{Divergence, ReplayError, ReplayKind, ReplayReport};
+use crate::diag::Warning;
+use crate::simulator::{AllocatorConfig, BlockHandle, CachingAllocator, Device};
+use crate::units::Bytes;
+
+#[derive(Deserialize)]
+struct RawTrace {
+    #[serde(rename = "traceEvents", default)]
+    trace_events: Vec<RawEvent>,
+}
+
+#[derive(Deserialize)]
+struct RawEvent {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    ts: Option<f64>,
+    #[serde(default)]
+    args: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct MemEvent {
+    ts: f64,
+    device: i64,
+    addr: u64,
+    bytes: i64,
+    total_allocated: u64,
+    total_reserved: u64,
+}
+
+fn read_events(data: &[u8]) -> Result<(Vec<MemEvent>, i64, usize), ReplayError> {
+    let raw: RawTrace =
+        serde_json::from_slice(data).map_err(|e| ReplayError::TraceJson(e.to_string()))?;
+    let mut out = Vec::new();
+    let mut without_totals = 0usize;
+    let mut device_type = -1;
+    for e in raw.trace_events {
+        if e.name != "[memory]" {
+            continue;
+        }
+        let Some(args) = e.args else { continue };
+        let int = |k: &str| args.get(k).and_then(serde_json::Value::as_i64);
+        let Some(dt @ (1 | 6)) = int("Device Type") else {
+            continue;
+        };
+        let (Some(bytes), Some(addr)) = (int("Bytes"), int("Addr")) else {
+            without_totals += 1;
+            continue;
+        };
+        let (Some(ta), Some(tr)) = (int("Total Allocated"), int("Total Reserved")) else {
+            without_totals += 1;
+            continue;
+        };
+        let (Ok(ta), Ok(tr), Ok(addr)) =
+            (u64::try_from(ta), u64::try_from(tr), u64::try_from(addr))
+        else {
+            without_totals += 1;
+            continue;
+        };
+        device_type = dt;
+        out.push(MemEvent {
+            ts: e.ts.unwrap_or(0.0),
+            device: int("Device Id").unwrap_or(0),
+            addr,
+            bytes,
+            total_allocated: ta,
+            total_reserved: tr,
+        });
+    }
+    Ok((out, device_type, without_totals))
+}
+
+/// Replays the GPU `[memory]` events of a profiler trace (decompressed JSON).
+pub fn replay_profiler(data: &[u8]) -> Result<ReplayReport, ReplayError> {
+    let (mut events, device_type, without_totals) = read_events(data)?;
+    // The device with the most events (lowest id on ties).
+    let mut per_device: BTreeMap<i64, usize> = BTreeMap::new();
+    for e in &events {
+        *per_device.entry(e.device).or_default() += 1;
+    }
+    let device = per_device
+        .iter()
+        .max_by_key(|(d, n)| (**n, std::cmp::Reverse(**d)))
+        .map(|(d, _)| *d);
+    let Some(device) = device else {
+        return Err(ReplayError::NoMemoryEvents(format!(
+            "{without_totals} GPU [memory] events without Addr/Total Allocated/Total Reserved"
+        )));
+    };
+    events.retain(|e| e.device == device);
+    // Stable: ties keep file order.
+    events.sort_by(|a, b| a.ts.total_cmp(&b.ts));
+
+    let mut r = ReplayReport::new(ReplayKind::Profiler);
+    let config = AllocatorConfig::pytorch_defaults();
+    r.allocator_conf = format!(
+        "defaults (profiler traces do not record the allocator settings); device type {device_type}{}",
+        if device_type == 6 { " (HIP)" } else { " (CUDA)" }
+    );
+    r.events = events.len() as u64;
+    r.compared_events = events.len() as u64;
+    let mut sim = CachingAllocator::new(config, Device::unlimited());
+
+    // Blocks freed in the window but allocated before it.
+    let mut seen_alloc: BTreeSet<u64> = BTreeSet::new();
+    let mut pre: Vec<(u64, u64)> = Vec::new();
+    let mut pre_seen: BTreeSet<u64> = BTreeSet::new();
+    for e in &events {
+        if e.bytes > 0 {
+            seen_alloc.insert(e.addr);
+        } else if e.bytes < 0 && !seen_alloc.contains(&e.addr) && pre_seen.insert(e.addr) {
+            pre.push((e.addr, e.bytes.unsigned_abs()));
+        }
+    }
+    let mut live: HashMap<u64, BlockHandle> = HashMap::new();
+    for &(addr, size) in &pre {
+        if let Ok(a) = sim.malloc(Bytes(size), 0) {
+            live.insert(addr, a.handle);
+        }
+    }
+    r.start_reserved_bytes = events.first().map_or(0, |e| e.total_reserved);
+    sim.record_segment_changes(true);
+    let _ = sim.take_segment_changes();
+
+    let mut offsets: Option<(i128, i128)> = None;
+    let mut allocated_exact = 0u64;
+    let mut prev_real: Option<(u64, u64)> = None;
+    let mut prev_sim_reserved = sim.reserved().get();
+    let mut gaps = 0u64;
+    let mut sim_peak: i128 = 0;
+    let mut unknown_frees = 0u64;
+    for (index, e) in events.iter().enumerate() {
+        let index = index as u64;
+        let real_grew = prev_real.is_some_and(|(_, rr)| e.total_reserved > rr);
+        if let Some((ra, _)) = prev_real {
+            if i128::from(e.total_allocated) - i128::from(ra) != i128::from(e.bytes) {
+                gaps += 1;
+            }
+        }
+        if e.bytes > 0 {
+            r.allocs += 1;
+            sim.set_next_segment_address(real_grew.then_some(e.addr));
+            // The device is unlimited, so the simulator cannot run out here.
+            if let Ok(a) = sim.malloc(Bytes(e.bytes.unsigned_abs()), 0) {
+                if a.addr == e.addr {
+                    r.address_exact_allocs += 1;
+                }
+                if let Some(old) = live.insert(e.addr, a.handle) {
+                    let _ = sim.free(old);
+                }
+            }
+            sim.set_next_segment_address(None);
+        } else if e.bytes < 0 {
+            match live.remove(&e.addr) {
+                Some(h) => {
+                    let _ = sim.free(h);
+                }
+                None => unknown_frees += 1,
+            }
+        }
+        let changes = sim.take_segment_changes();
+        r.segment_events_simulated += changes.len() as u64;
+        let (sa, sr) = (
+            i128::from(sim.allocated().get()),
+            i128::from(sim.reserved().get()),
+        );
+        let (ra, rr) = (i128::from(e.total_allocated), i128::from(e.total_reserved));
+        let (oa, or) = *offsets.get_or_insert((ra - sa, rr - sr));
+        if sa + oa == ra {
+            allocated_exact += 1;
+        } else {
+            r.note_divergence(Divergence {
+                event_index: index,
+                what: "allocated".to_owned(),
+                expected: e.total_allocated,
+                got: u64::try_from(sa + oa).unwrap_or(0),
+                detail: format!("after {} B at {:#x}", e.bytes, e.addr),
+            });
+        }
+        if sr + or == rr {
+            r.reserved_exact_events += 1;
+        } else {
+            r.note_divergence(Divergence {
+                event_index: index,
+                what: "reserved".to_owned(),
+                expected: e.total_reserved,
+                got: u64::try_from(sr + or).unwrap_or(0),
+                detail: format!("after {} B at {:#x}", e.bytes, e.addr),
+            });
+        }
+        if let Some((_, prr)) = prev_real {
+            let real_delta = i128::from(e.total_reserved) - i128::from(prr);
+            let sim_delta = sr - i128::from(prev_sim_reserved);
+            if real_delta != 0 {
+                r.segment_events_real += 1;
+                if real_delta == sim_delta {
+                    r.segment_events_matched += 1;
+                }
+            }
+        }
+        r.real_peak_reserved_bytes = r.real_peak_reserved_bytes.max(e.total_reserved);
+        sim_peak = sim_peak.max(sr + or);
+        prev_real = Some((e.total_allocated, e.total_reserved));
+        prev_sim_reserved = sim.reserved().get();
+    }
+    r.simulated_peak_reserved_bytes = u64::try_from(sim_peak).unwrap_or(0);
+    r.allocated_exact_events = Some(allocated_exact);
+    if !pre.is_empty() {
+        r.warnings.push(Warning::new(
+            "pre_window_blocks",
+            format!("{} blocks were allocated before the window and freed in it; they were allocated first, on a cold allocator", pre.len()),
+        ));
+    }
+    if gaps > 0 {
+        r.warnings.push(Warning::new(
+            "event_gaps",
+            format!("{gaps} events change Total Allocated by more than their own Bytes: the profiler dropped events there"),
+        ));
+    }
+    if unknown_frees > 0 {
+        r.warnings.push(Warning::new(
+            "free_of_unknown_block",
+            format!("{unknown_frees} frees name an address that is not live"),
+        ));
+    }
+    if without_totals > 0 {
+        r.warnings.push(Warning::new(
+            "events_without_totals",
+            format!("{without_totals} GPU [memory] events lack Addr or totals and were skipped"),
+        ));
+    }
+    Ok(r)
+}

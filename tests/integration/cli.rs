@@ -1,0 +1,171 @@
+//! The `memcast estimate` and `memcast presets` commands, run as a real binary:
+//! output formats, the JSON contract and error exits.
+
+use std::process::{Command, Output};
+
+use memcast::Config;
+
+use crate::common;
+
+const TRACE: &str = "fixtures/traces/resnet18_sgd_bs16_pos1.json.gz";
+
+fn memcast(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .args(args)
+        .output()
+        .expect("run memcast")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn estimate_json_has_the_versioned_contract_and_equals_the_library_report() {
+    let path = common::shared_file(TRACE);
+    let path = path.to_str().unwrap();
+    let output = memcast(&[
+        "estimate",
+        path,
+        "--gpu",
+        "a100-80gb",
+        "--gpu",
+        "24GiB",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(json["schema"], "memcast.estimate/1");
+    for key in ["reserved_bytes", "allocated_bytes", "total_bytes"] {
+        assert!(json["peak"][key].as_u64().unwrap() > 0, "peak.{key}");
+    }
+    let breakdown = json["breakdown_at_peak"].as_object().unwrap();
+    for key in [
+        "parameters",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "batch",
+        "temporaries",
+        "cached",
+        "overheads",
+    ] {
+        assert!(breakdown[key].is_u64(), "breakdown_at_peak.{key}");
+    }
+    let sum: u64 = breakdown.values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(sum, json["peak"]["total_bytes"].as_u64().unwrap());
+    let gpus = json["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(gpus[0]["preset"], "a100-80gb");
+    assert_eq!(gpus[0]["capacity_bytes"], 85_100_068_864u64);
+    assert_eq!(gpus[1]["preset"], "24GiB");
+    assert_eq!(gpus[1]["capacity_bytes"], 24u64 << 30);
+    assert!(gpus.iter().all(|g| g["fits"].is_boolean()));
+
+    // The CLI prints exactly what the library returns.
+    let config = Config::standard()
+        .with_gpus(&["a100-80gb".to_owned(), "24GiB".to_owned()])
+        .unwrap();
+    let bytes = common::read_shared(TRACE);
+    let report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
+    assert_eq!(json, serde_json::to_value(&report).unwrap());
+}
+
+#[test]
+fn estimate_table_shows_gib_and_exact_bytes() {
+    let path = common::shared_file(TRACE);
+    let output = memcast(&["estimate", path.to_str().unwrap(), "--gpu", "t4"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let json = memcast(&["estimate", path.to_str().unwrap(), "--gpu", "t4", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let total = json["peak"]["total_bytes"].as_u64().unwrap();
+    assert!(text.contains(&format!("{total} B")), "{text}");
+    assert!(text.contains("GiB"), "{text}");
+    assert!(text.contains("t4"), "{text}");
+    assert!(text.contains("15843721216"), "{text}");
+}
+
+#[test]
+fn estimate_options_change_the_run() {
+    let path = common::shared_file(TRACE);
+    let path = path.to_str().unwrap();
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["estimate", path, "--gpu", "l4", "--json"];
+        args.extend_from_slice(extra);
+        let output = memcast(&args);
+        assert!(output.status.success(), "{}", stderr(&output));
+        serde_json::from_str(&stdout(&output)).unwrap()
+    };
+    let five = run(&["--iterations", "5"]);
+    assert_eq!(five["summary"]["iterations_simulated"], 5);
+    let conf = run(&["--alloc-conf", "expandable_segments:True"]);
+    assert_eq!(conf["summary"]["alloc_conf"], "expandable_segments:True");
+    let context = run(&["--context", "1GiB"]);
+    assert_eq!(context["peak"]["context_bytes"], 1u64 << 30);
+    assert_eq!(context["gpus"][0]["context_bytes"], 1u64 << 30);
+    assert_eq!(
+        context["peak"]["total_bytes"].as_u64().unwrap(),
+        context["peak"]["reserved_bytes"].as_u64().unwrap() + (1 << 30)
+    );
+    let captured = run(&["--captured-optimizer"]);
+    assert_eq!(captured["summary"]["foreach_modelled"], false);
+}
+
+#[test]
+fn estimate_errors_exit_non_zero_with_advice() {
+    let path = common::shared_file(TRACE);
+    let path = path.to_str().unwrap();
+    let unknown = memcast(&["estimate", path, "--gpu", "a100"]);
+    assert!(!unknown.status.success());
+    let message = stderr(&unknown);
+    assert!(message.contains("unknown gpu"), "{message}");
+    assert!(message.contains("memcast presets"), "{message}");
+    assert!(message.contains("\"a100\""), "{message}");
+
+    let missing = memcast(&["estimate", "no/such/trace.json.gz"]);
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).contains("failed to read trace"),
+        "{}",
+        stderr(&missing)
+    );
+
+    let zero = memcast(&["estimate", path, "--iterations", "0"]);
+    assert!(!zero.status.success());
+    assert!(stderr(&zero).contains("--iterations"), "{}", stderr(&zero));
+
+    let conf = memcast(&["estimate", path, "--alloc-conf", "max_split_size_mb"]);
+    assert!(!conf.status.success());
+    assert!(
+        stderr(&conf).contains("max_split_size_mb"),
+        "{}",
+        stderr(&conf)
+    );
+}
+
+#[test]
+fn presets_lists_every_preset_with_exact_bytes() {
+    let output = memcast(&["presets"]);
+    assert!(output.status.success());
+    let text = stdout(&output);
+    for preset in memcast::presets::PRESETS {
+        assert!(text.contains(preset.slug), "{}", preset.slug);
+        assert!(
+            text.contains(&preset.cuda_visible.get().to_string()),
+            "{}",
+            preset.slug
+        );
+    }
+    let json = memcast(&["presets", "--json"]);
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), memcast::presets::PRESETS.len());
+    let h100 = rows.iter().find(|r| r["preset"] == "h100-80gb").unwrap();
+    assert_eq!(h100["capacity_bytes"], 85_045_477_376u64);
+    assert_eq!(h100["cublas_workspace_bytes"], 33_554_432u64);
+}
