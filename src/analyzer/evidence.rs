@@ -74,6 +74,15 @@ pub(crate) fn attribute(
     }
 }
 
+/// Whether `t` lies in one of `spans` (sorted by start, not overlapping).
+fn in_sorted_spans(spans: &[(Nanos, Nanos)], t: Nanos) -> bool {
+    let n_started = spans.partition_point(|&(start, _)| start <= t);
+    n_started
+        .checked_sub(1)
+        .and_then(|i| spans.get(i))
+        .is_some_and(|&(_, end)| t <= end)
+}
+
 fn is_scratch(name: &str, config: &AnalyzerConfig) -> bool {
     config
         .cpu_scratch_op_prefixes
@@ -225,7 +234,18 @@ pub(crate) fn evidence(
                     && b.alloc_iteration == Some(call.iteration)
                     && b.alloc_phase == Phase::Backward
             };
-            let until_end = candidates.get(..n_until_end).unwrap_or_default();
+            // Only this iteration's blocks qualify: never scan earlier ones.
+            let iteration_start = iterations
+                .get(call.iteration)
+                .map_or(Nanos::ZERO, |it| it.start);
+            let n_before_iteration = candidates.partition_point(|&b| {
+                life.blocks
+                    .get(b)
+                    .is_some_and(|b| b.alloc_ts < iteration_start)
+            });
+            let until_end = candidates
+                .get(n_before_iteration..n_until_end)
+                .unwrap_or_default();
             let pick = |keep: &dyn Fn(&super::Block) -> bool| {
                 until_end.iter().rev().copied().find(|&b| {
                     life.blocks
@@ -323,7 +343,8 @@ fn optimizer_facts(life: &mut Life, index: &SpanIndex, names: &Names) -> Optimiz
     let full = names.get(first_name);
     let class = full.strip_prefix(OPT_STEP_PREFIX).unwrap_or(full);
     facts.class_name = Some(class.strip_suffix(".step").unwrap_or(class).to_owned());
-    let in_a_step = |t: Nanos| steps.iter().any(|&(_, s, e)| s <= t && t <= e);
+    let step_spans: Vec<(Nanos, Nanos)> = steps.iter().map(|&(_, s, e)| (s, e)).collect();
+    let in_a_step = |t: Nanos| in_sorted_spans(&step_spans, t);
     facts.uses_foreach = index
         .ops
         .spans
@@ -379,10 +400,11 @@ fn zero_grad_facts(
                 .map_or(0, |evs| evs.iter().filter(|ev| ev.delta < 0).count())
         })
         .sum::<usize>();
-    let runs_zero = index.ops.spans.iter().any(|o| {
-        names.get(o.name) == "aten::zero_"
-            && spans.iter().any(|&(s, e)| s <= o.start && o.start <= e)
-    });
+    let runs_zero = index
+        .ops
+        .spans
+        .iter()
+        .any(|o| names.get(o.name) == "aten::zero_" && in_sorted_spans(&spans, o.start));
     let set_to_none = if n_frees > 0 {
         Some(true)
     } else if runs_zero {
@@ -536,4 +558,39 @@ pub(crate) fn assemble(
 
 fn origin_of_trace(trace: &Trace) -> Nanos {
     super::origin_of(trace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_sizes_follow_record_shapes_names() {
+        assert_eq!(dtype_size("float"), Some(4));
+        assert_eq!(dtype_size("c10::BFloat16"), Some(2));
+        assert_eq!(dtype_size("c10::Half"), Some(2));
+        assert_eq!(dtype_size("double"), Some(8));
+        assert_eq!(dtype_size("long int"), Some(8));
+        assert_eq!(dtype_size("bool"), Some(1));
+        assert_eq!(dtype_size("Scalar"), None);
+    }
+
+    #[test]
+    fn sorted_span_lookup() {
+        let spans = [(Nanos(0), Nanos(10)), (Nanos(20), Nanos(30))];
+        let hits: Vec<i64> = (-1..32)
+            .filter(|&t| in_sorted_spans(&spans, Nanos(t)))
+            .collect();
+        let expected: Vec<i64> = (0..=10).chain(20..=30).collect();
+        assert_eq!(hits, expected);
+        assert!(!in_sorted_spans(&[], Nanos(0)));
+    }
+
+    #[test]
+    fn scratch_prefixes_match_onednn_ops() {
+        let config = AnalyzerConfig::standard();
+        assert!(is_scratch("aten::mkldnn_convolution", &config));
+        assert!(is_scratch("aten::to_mkldnn", &config));
+        assert!(!is_scratch("aten::convolution", &config));
+    }
 }

@@ -118,3 +118,84 @@ pub(crate) fn pair_blocks(trace: &Trace, origin: Nanos, warnings: &mut Vec<Warni
         unmatched_frees,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::MemoryEvent;
+
+    fn event(ts: i64, addr: u64, bytes: i64, device: Device) -> MemoryEvent {
+        MemoryEvent {
+            ts: Nanos(ts),
+            tid: 1,
+            addr,
+            bytes,
+            total_allocated: None,
+            total_reserved: None,
+            device,
+            device_id: None,
+        }
+    }
+
+    fn pair(events: Vec<MemoryEvent>) -> (Life, Vec<String>) {
+        let trace = Trace {
+            memory: events,
+            ..Trace::default()
+        };
+        let mut warnings = Vec::new();
+        let life = pair_blocks(&trace, Nanos(0), &mut warnings);
+        (life, warnings.into_iter().map(|w| w.code).collect())
+    }
+
+    #[test]
+    fn a_reused_address_starts_a_new_block() {
+        let (life, warnings) = pair(vec![
+            event(1, 7, 64, Device::Cpu),
+            event(2, 7, -64, Device::Cpu),
+            event(3, 7, 16, Device::Cpu),
+        ]);
+        assert!(warnings.is_empty());
+        let sizes: Vec<(u64, Option<Nanos>)> = life
+            .blocks
+            .iter()
+            .map(|b| (b.size.get(), b.free_ts))
+            .collect();
+        assert_eq!(sizes, [(64, Some(Nanos(2))), (16, None)]);
+        assert_eq!(life.events[1].block, Some(0));
+        assert_eq!(life.blocks[0].free_event, Some(1));
+    }
+
+    #[test]
+    fn devices_have_separate_address_spaces() {
+        let (life, _) = pair(vec![
+            event(1, 7, 64, Device::Cpu),
+            event(2, 7, 32, Device::Cuda),
+            event(3, 7, -32, Device::Cuda),
+        ]);
+        assert_eq!(life.blocks[0].free_ts, None);
+        assert_eq!(life.blocks[1].free_ts, Some(Nanos(3)));
+    }
+
+    #[test]
+    fn odd_pairs_become_warnings() {
+        let (life, warnings) = pair(vec![
+            event(1, 9, -8, Device::Cpu),
+            event(2, 7, 64, Device::Cpu),
+            event(3, 7, 16, Device::Cpu),
+            event(4, 7, -8, Device::Cpu),
+        ]);
+        assert_eq!(life.unmatched_frees, [0]);
+        assert_eq!(life.events[0].block, None);
+        assert_eq!(life.blocks.len(), 2);
+        assert_eq!(life.blocks[0].free_ts, None);
+        assert_eq!(life.blocks[1].size.get(), 16);
+        assert_eq!(
+            warnings,
+            [
+                "free_of_unknown_block",
+                "allocation_at_live_address",
+                "free_size_mismatch"
+            ]
+        );
+    }
+}

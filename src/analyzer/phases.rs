@@ -95,6 +95,36 @@ fn backward_op_runs(index: &SpanIndex, names: &Names) -> Vec<Span> {
     runs
 }
 
+/// The calls of the top-level module called most often (ties: the first
+/// called), in time order.
+fn repeated_top_module_calls(index: &SpanIndex, names: &Names) -> Vec<Span> {
+    let mut by_name: BTreeMap<&str, Vec<Span>> = BTreeMap::new();
+    for frame in index.frames.spans.iter().filter(|f| f.top_module) {
+        by_name
+            .entry(names.get(frame.name))
+            .or_default()
+            .push(Span {
+                start: frame.start,
+                end: frame.end,
+            });
+    }
+    let mut best: Option<Vec<Span>> = None;
+    for calls in by_name.into_values() {
+        let better = best.as_ref().is_none_or(|b| {
+            (
+                calls.len(),
+                std::cmp::Reverse(calls.first().map(|c| c.start)),
+            ) > (b.len(), std::cmp::Reverse(b.first().map(|c| c.start)))
+        });
+        if better {
+            best = Some(calls);
+        }
+    }
+    let mut calls = best.unwrap_or_default();
+    calls.sort_by_key(|s| (s.start, s.end));
+    calls
+}
+
 /// Finds the iterations and their phases, in time order.
 pub(crate) fn find_iterations(
     index: &SpanIndex,
@@ -140,15 +170,20 @@ pub(crate) fn find_iterations(
                 end: a.end,
             })
             .collect();
-        let anchors = if opt_steps.is_empty() {
+        // Without optimizer steps, each backward closes an iteration; without
+        // backward either (an inference loop), each call of the most frequent
+        // top-level module does.
+        let anchors = if !opt_steps.is_empty() {
+            opt_steps
+        } else if !backward.is_empty() {
             backward.clone()
         } else {
-            opt_steps
+            repeated_top_module_calls(index, names)
         };
         if anchors.is_empty() {
             warnings.push(Warning::new(
                 "no_iterations_found",
-                "no ProfilerStep#N, Optimizer.step or backward was found, so the whole trace is taken as one iteration; profile with a torch.profiler schedule to get step markers",
+                "no ProfilerStep#N, Optimizer.step, backward or nn.Module call was found, so the whole trace is taken as one iteration; profile with a torch.profiler schedule and with_stack=True",
             ));
             vec![(
                 Span {
@@ -160,7 +195,7 @@ pub(crate) fn find_iterations(
         } else {
             warnings.push(Warning::new(
                 "iterations_inferred",
-                format!("the trace has no ProfilerStep#N markers (no profiler schedule); {} iterations were inferred from the optimizer-step/backward pattern", anchors.len()),
+                format!("the trace has no ProfilerStep#N markers (no profiler schedule); {} iterations were inferred from the optimizer-step/backward/module-call pattern", anchors.len()),
             ));
             let openers: Vec<Nanos> = annotations_with(index, names, DATA_PREFIX)
                 .chain(annotations_with(index, names, ZERO_GRAD_PREFIX))
@@ -301,4 +336,54 @@ pub(crate) fn locate(iterations: &[Iteration], t: Nanos) -> (Option<usize>, Phas
         .max_by_key(|p| p.start)
         .map_or(Phase::Other, |p| p.phase);
     (Some(it.index), phase)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::Bytes;
+
+    fn iteration(index: usize, start: i64, end: i64, phases: &[(Phase, i64, i64)]) -> Iteration {
+        Iteration {
+            index,
+            label: None,
+            start: Nanos(start),
+            end: Nanos(end),
+            phases: phases
+                .iter()
+                .map(|&(phase, s, e)| PhaseSpan {
+                    phase,
+                    start: Nanos(s),
+                    end: Nanos(e),
+                })
+                .collect(),
+            zero_grad: None,
+            allocated_by_phase: BTreeMap::new(),
+            n_allocs: 0,
+            n_frees: 0,
+            peak: Bytes::ZERO,
+        }
+    }
+
+    #[test]
+    fn locate_finds_iteration_and_most_specific_phase() {
+        let its = [
+            iteration(
+                0,
+                0,
+                100,
+                &[(Phase::Forward, 10, 50), (Phase::ZeroGrad, 40, 45)],
+            ),
+            iteration(1, 200, 300, &[(Phase::Backward, 210, 290)]),
+        ];
+        assert_eq!(locate(&its, Nanos(-1)), (None, Phase::Other));
+        assert_eq!(locate(&its, Nanos(5)), (Some(0), Phase::Other));
+        assert_eq!(locate(&its, Nanos(10)), (Some(0), Phase::Forward));
+        assert_eq!(locate(&its, Nanos(42)), (Some(0), Phase::ZeroGrad));
+        assert_eq!(locate(&its, Nanos(100)), (Some(0), Phase::Other));
+        assert_eq!(locate(&its, Nanos(150)), (None, Phase::Other));
+        assert_eq!(locate(&its, Nanos(290)), (Some(1), Phase::Backward));
+        assert_eq!(locate(&its, Nanos(301)), (None, Phase::Other));
+        assert_eq!(locate(&[], Nanos(0)), (None, Phase::Other));
+    }
 }

@@ -1148,3 +1148,50 @@ impl<'de> de::Deserialize<'de> for Shape {
         deserializer.deserialize_any(V)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_one<T: de::DeserializeOwned>(json: &str) -> T {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn loose_numbers_accept_what_exporters_write() {
+        assert_eq!(parse_one::<LooseInt>("12").0, Some(12));
+        assert_eq!(parse_one::<LooseInt>("-3").0, Some(-3));
+        assert_eq!(parse_one::<LooseInt>("4.0").0, Some(4));
+        assert_eq!(parse_one::<LooseInt>("4.5").0, None);
+        assert_eq!(parse_one::<LooseInt>("\"77\"").0, Some(77));
+        assert_eq!(parse_one::<LooseInt>("true").0, Some(1));
+        assert_eq!(parse_one::<LooseInt>("null").0, None);
+        assert_eq!(parse_one::<LooseInt>("[1, 2]").0, None);
+        assert_eq!(parse_one::<LooseInt>("18446744073709551615").0, Some(-1));
+        assert_eq!(parse_one::<LooseF64>("\"1.5\"").0, Some(1.5));
+        assert_eq!(parse_one::<LooseF64>("{}").0, None);
+    }
+
+    #[test]
+    fn shapes_keep_tensor_dims_and_blank_tensor_lists() {
+        let shapes: Shapes = parse_one("[[2, 3], [], [[1], [2]], 5, \"x\"]");
+        assert_eq!(shapes.0, [vec![2, 3], vec![], vec![], vec![], vec![]]);
+    }
+
+    #[test]
+    fn progress_offsets_come_from_borrowed_names() {
+        let json = format!(
+            "{{\"traceEvents\": [{}]}}",
+            vec![
+                r#"{"ph": "i", "name": "[memory]", "ts": 1, "args": {"Addr": 1, "Bytes": 8}}"#;
+                PROGRESS_EVERY * 2
+            ]
+            .join(",")
+        );
+        let mut seen = Vec::new();
+        let parsed = parse_json(json.as_bytes(), &mut |done| seen.push(done)).unwrap();
+        assert_eq!(parsed.value.memory.len(), PROGRESS_EVERY * 2);
+        assert_eq!(seen.len(), 2);
+        assert!(seen[0] < seen[1] && seen[1] < json.len() as u64);
+    }
+}

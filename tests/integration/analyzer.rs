@@ -618,3 +618,28 @@ fn iterations_are_inferred_when_step_markers_are_removed() {
         assert_eq!(a.zero_grad, f.analysis.zero_grad);
     }
 }
+
+#[test]
+fn an_inference_loop_is_cut_at_its_repeated_module_calls() {
+    let text = r#"{"traceEvents": [
+      {"ph": "X", "cat": "python_function", "name": "infer.py(1): <module>", "tid": 1, "ts": 0, "dur": 1000, "args": {"Python id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Tokenizer_0", "tid": 1, "ts": 5, "dur": 10, "args": {"Python id": 2, "Python parent id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "tid": 1, "ts": 100, "dur": 100, "args": {"Python id": 3, "Python parent id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "tid": 1, "ts": 400, "dur": 100, "args": {"Python id": 4, "Python parent id": 1}},
+      {"ph": "X", "cat": "python_function", "name": "nn.Module: Net_0", "tid": 1, "ts": 700, "dur": 100, "args": {"Python id": 5, "Python parent id": 1}},
+      {"ph": "i", "name": "[memory]", "tid": 1, "ts": 150, "args": {"Addr": 1, "Bytes": 8, "Total Allocated": 8, "Device Type": 0}},
+      {"ph": "i", "name": "[memory]", "tid": 1, "ts": 450, "args": {"Addr": 1, "Bytes": -8, "Total Allocated": 0, "Device Type": 0}}
+    ]}"#;
+    let t = trace::parse(text.as_bytes()).unwrap().value;
+    let analyzed = analyzer::analyze(&t, &AnalyzerConfig::standard()).unwrap();
+    assert!(analyzed.warnings.iter().any(|w| w.code == "iterations_inferred"));
+    let a = analyzed.value;
+    let starts: Vec<i64> = a.iterations.iter().map(|it| it.start.get() / 1000).collect();
+    assert_eq!(starts, [0, 400, 700]);
+    let block = &a.blocks[0];
+    assert_eq!(
+        (block.alloc_iteration, block.alloc_phase, block.free_iteration),
+        (Some(0), Phase::Forward, Some(1))
+    );
+    assert_eq!(a.name(block.layer.unwrap()), "Net_0");
+}
