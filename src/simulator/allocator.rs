@@ -305,6 +305,14 @@ impl CachingAllocator {
             .map(|b| b.addr)
     }
 
+    /// The size of an allocated block.
+    pub fn block_size(&self, handle: BlockHandle) -> Option<u64> {
+        self.blocks
+            .get(handle.0 as usize)
+            .filter(|b| b.allocated)
+            .map(|b| b.size)
+    }
+
     /// The statistics now. `largest_free_block` scans the free blocks.
     pub fn stats(&self) -> Stats {
         let largest = self
