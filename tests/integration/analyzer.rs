@@ -632,13 +632,24 @@ fn an_inference_loop_is_cut_at_its_repeated_module_calls() {
     ]}"#;
     let t = trace::parse(text.as_bytes()).unwrap().value;
     let analyzed = analyzer::analyze(&t, &AnalyzerConfig::standard()).unwrap();
-    assert!(analyzed.warnings.iter().any(|w| w.code == "iterations_inferred"));
+    assert!(analyzed
+        .warnings
+        .iter()
+        .any(|w| w.code == "iterations_inferred"));
     let a = analyzed.value;
-    let starts: Vec<i64> = a.iterations.iter().map(|it| it.start.get() / 1000).collect();
+    let starts: Vec<i64> = a
+        .iterations
+        .iter()
+        .map(|it| it.start.get() / 1000)
+        .collect();
     assert_eq!(starts, [0, 400, 700]);
     let block = &a.blocks[0];
     assert_eq!(
-        (block.alloc_iteration, block.alloc_phase, block.free_iteration),
+        (
+            block.alloc_iteration,
+            block.alloc_phase,
+            block.free_iteration
+        ),
         (Some(0), Phase::Forward, Some(1))
     );
     assert_eq!(a.name(block.layer.unwrap()), "Net_0");

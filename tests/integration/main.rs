@@ -1,7 +1,12 @@
 //! The one integration-test binary. Each module covers one area; see its doc.
 
 // Test code may panic on a broken expectation: that is how it fails.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
 
 mod common;
 

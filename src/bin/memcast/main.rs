@@ -6,6 +6,7 @@ mod analyze;
 mod estimate;
 mod presets;
 mod replay;
+mod whatif;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -34,6 +35,9 @@ enum Command {
     },
     /// Replay real GPU allocator data (memory snapshot or profiler trace) through the simulator.
     Replay(replay::ReplayArgs),
+    /// What-if analyses of one trace: allocator settings, zero_grad placement.
+    #[command(subcommand)]
+    Whatif(whatif::WhatIf),
 }
 
 /// Writes command output; a closed pipe is not an error.
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         Command::Estimate(args) => estimate::run(args),
         Command::Presets { json } => presets::run(*json),
         Command::Replay(args) => replay::run(args),
+        Command::Whatif(whatif) => whatif::run(whatif),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

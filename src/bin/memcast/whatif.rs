@@ -1,0 +1,190 @@
+//! `memcast whatif`: what-if analyses of one trace (allocator settings,
+//! zero_grad placement, planned allocation), each re-simulating the
+//! orchestrated sequence.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use memcast::whatif::{alloc_settings, zero_grad};
+use memcast::{Bytes, Config, Prepared};
+
+/// The what-if to run.
+#[derive(Debug, clap::Subcommand)]
+pub enum WhatIf {
+    /// The job under several PYTORCH_CUDA_ALLOC_CONF settings; names the best.
+    Alloc {
+        #[command(flatten)]
+        common: Common,
+        /// Another PYTORCH_CUDA_ALLOC_CONF string to compare; repeat for several.
+        #[arg(long = "conf", value_name = "STR")]
+        confs: Vec<String>,
+    },
+    /// zero_grad at the other placement (pos0/pos1) and with set_to_none=False.
+    ZeroGrad {
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Options every what-if takes.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// The trace written by `prof.export_chrome_trace` (`.json` or `.json.gz`).
+    trace: PathBuf,
+    /// A GPU preset (see `memcast presets`) or a capacity such as 24GiB;
+    /// repeat for several. The first one's overheads are used for the peaks.
+    /// Default: every preset.
+    #[arg(long = "gpu", value_name = "NAME|SIZE")]
+    gpus: Vec<String>,
+    /// Training iterations to simulate.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    iterations: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Common {
+    fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
+        let bytes = std::fs::read(&self.trace)
+            .with_context(|| format!("failed to read trace {:?}", self.trace))?;
+        let mut config = Config::standard().with_gpus(&self.gpus)?;
+        config.orchestrator.iterations = self.iterations;
+        let prepared = memcast::prepare(&bytes, &config, &mut |_| {})
+            .with_context(|| format!("failed to prepare {:?}", self.trace))?;
+        Ok((prepared, config))
+    }
+}
+
+/// Runs a what-if and prints it.
+pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
+    let mut out = String::new();
+    match whatif {
+        WhatIf::Alloc { common, confs } => {
+            let (prepared, config) = common.prepare()?;
+            let result = alloc_settings::compare(&prepared, &config, confs)
+                .context("failed to compare allocator settings")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_alloc(&mut out, &result);
+            }
+        }
+        WhatIf::ZeroGrad { common } => {
+            let (prepared, config) = common.prepare()?;
+            let result = zero_grad::compare(&prepared, &config)
+                .context("failed to compare zero_grad placements")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_zero_grad(&mut out, &result);
+            }
+        }
+    }
+    crate::write_stdout(&out);
+    Ok(())
+}
+
+/// Bytes as MiB with one decimal.
+pub(crate) fn mib(bytes: Bytes) -> String {
+    let tenths =
+        (u128::from(bytes.get()) * 10 + u128::from(Bytes::MIB) / 2) / u128::from(Bytes::MIB);
+    format!("{}.{}", tenths / 10, tenths % 10)
+}
+
+fn signed_mib(delta: i64) -> String {
+    let magnitude = mib(Bytes(delta.unsigned_abs()));
+    if delta < 0 {
+        format!("-{magnitude}")
+    } else {
+        format!("+{magnitude}")
+    }
+}
+
+fn print_alloc(out: &mut String, result: &alloc_settings::AllocComparison) {
+    let _ = writeln!(
+        out,
+        "allocator settings — peaks on {} (MiB)",
+        result.reference_gpu
+    );
+    let _ = writeln!(
+        out,
+        "  {:<66} {:>8} {:>8} {:>8} {:>8} {:>5} {:>5}",
+        "PYTORCH_CUDA_ALLOC_CONF", "total", "delta", "reserved", "frag", "segs", "fits"
+    );
+    for (index, row) in result.rows.iter().enumerate() {
+        let conf = if row.conf.is_empty() {
+            "(default)"
+        } else {
+            row.conf.as_str()
+        };
+        let fits = row.fits.iter().filter(|f| f.fits).count();
+        let _ = writeln!(
+            out,
+            "{} {:<66} {:>8} {:>8} {:>8} {:>8} {:>5} {:>2}/{:<2}",
+            if index == result.best { "*" } else { " " },
+            conf,
+            mib(row.peak.total_bytes),
+            signed_mib(row.delta_total_bytes),
+            mib(row.peak.reserved_bytes),
+            mib(row.fragmentation_bytes),
+            row.peak_segments,
+            fits,
+            row.fits.len()
+        );
+    }
+    if result.recommended_conf.is_empty() {
+        let _ = writeln!(
+            out,
+            "best: PyTorch's defaults; leave PYTORCH_CUDA_ALLOC_CONF unset"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "best: PYTORCH_CUDA_ALLOC_CONF={}",
+            result.recommended_conf
+        );
+    }
+    for note in &result.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+}
+
+fn print_zero_grad(out: &mut String, result: &zero_grad::ZeroGradComparison) {
+    let _ = writeln!(out, "zero_grad — peaks (MiB)");
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8} {:>8} {:>8} {:>9}",
+        "variant", "total", "delta", "reserved", "allocated"
+    );
+    for row in &result.rows {
+        let placement = match row.placement {
+            Some(zero_grad::Placement::StartOfIteration) => "start of iteration (pos1)",
+            Some(zero_grad::Placement::BeforeBackward) => "before backward (pos0)",
+            None => "any placement",
+        };
+        let label = format!(
+            "{placement}{}",
+            if row.set_to_none {
+                ""
+            } else {
+                ", set_to_none=False"
+            }
+        );
+        let _ = writeln!(
+            out,
+            "{} {:<44} {:>8} {:>8} {:>8} {:>9}",
+            if row.captured { "=" } else { " " },
+            label,
+            mib(row.peak.total_bytes),
+            signed_mib(row.delta_total_bytes),
+            mib(row.peak.reserved_bytes),
+            mib(row.peak.allocated_bytes),
+        );
+    }
+    let _ = writeln!(out, "(= marks the captured job)");
+    for note in &result.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+}
