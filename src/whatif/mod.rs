@@ -21,6 +21,7 @@
 //! reference GPU's CUDA context).
 
 pub mod alloc_settings;
+pub mod batch;
 pub mod zero_grad;
 
 use serde::{Deserialize, Serialize};

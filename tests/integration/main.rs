@@ -32,3 +32,6 @@ mod cli;
 
 // Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
 mod replay;
+
+// What-ifs (allocator settings, zero_grad, batch size, planned allocation) and their CLI.
+mod whatif;

@@ -3,6 +3,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod analyze;
+mod batch;
 mod estimate;
 mod presets;
 mod replay;
@@ -35,6 +36,8 @@ enum Command {
     },
     /// Replay real GPU allocator data (memory snapshot or profiler trace) through the simulator.
     Replay(replay::ReplayArgs),
+    /// Peak memory vs batch size from two or more traces, and the largest batch per GPU.
+    Batch(batch::Args),
     /// What-if analyses of one trace: allocator settings, zero_grad placement.
     #[command(subcommand)]
     Whatif(whatif::WhatIf),
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Presets { json } => presets::run(*json),
         Command::Replay(args) => replay::run(args),
         Command::Whatif(whatif) => whatif::run(whatif),
+        Command::Batch(args) => batch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
