@@ -22,6 +22,7 @@
 
 pub mod alloc_settings;
 pub mod batch;
+pub mod planned;
 pub mod zero_grad;
 
 use serde::{Deserialize, Serialize};

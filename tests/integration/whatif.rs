@@ -423,3 +423,55 @@ fn whatif_cli_prints_tables_and_json() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("failed to read trace"));
 }
+
+#[test]
+fn planned_allocation_lies_between_the_live_bound_and_pytorch() {
+    let config = config();
+    for &name in FIXTURES {
+        let prepared = prepared(name);
+        let result = memcast::whatif::planned::compare(prepared, &config).unwrap();
+        assert_eq!(result.schema, "memcast.whatif.plan/1");
+        let report = memcast::estimate(prepared, &config, &mut |_| {})
+            .unwrap()
+            .value;
+        // The same sequence as the estimate.
+        assert_eq!(
+            result.pytorch_reserved_bytes, report.peak.reserved_bytes,
+            "{name}"
+        );
+        assert_eq!(
+            result.pytorch_allocated_bytes, report.peak.allocated_bytes,
+            "{name}"
+        );
+        assert!(
+            result.live_lower_bound_bytes <= result.planned_bytes,
+            "{name}"
+        );
+        assert!(
+            result.planned_bytes <= result.pytorch_reserved_bytes,
+            "{name}"
+        );
+        // PyTorch's allocated also counts the unsplit remainders of its blocks.
+        assert!(
+            result.live_lower_bound_bytes <= result.pytorch_allocated_bytes,
+            "{name}"
+        );
+        assert!(result.requests > 0 && result.size_groups > 0);
+    }
+}
+
+#[test]
+fn plan_cli_prints_the_bounds() {
+    let a = common::shared_file(&path(BS16));
+    let output = memcast(&["whatif", "plan", a.to_str().unwrap(), "--gpu", "a100-80gb"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("live lower bound") && text.contains("offline plan"),
+        "{text}"
+    );
+}

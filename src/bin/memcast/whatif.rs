@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::whatif::{alloc_settings, zero_grad};
+use memcast::whatif::{alloc_settings, planned, zero_grad};
 use memcast::{Bytes, Config, Prepared};
 
 /// The what-if to run.
@@ -22,6 +22,11 @@ pub enum WhatIf {
     },
     /// zero_grad at the other placement (pos0/pos1) and with set_to_none=False.
     ZeroGrad {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// An offline, lifetime-aware allocation plan vs PyTorch's caching allocator.
+    Plan {
         #[command(flatten)]
         common: Common,
     },
@@ -79,6 +84,16 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
                 let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
             } else {
                 print_zero_grad(&mut out, &result);
+            }
+        }
+        WhatIf::Plan { common } => {
+            let (prepared, config) = common.prepare()?;
+            let result =
+                planned::compare(&prepared, &config).context("failed to plan the allocation")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_plan(&mut out, &result);
             }
         }
     }
@@ -184,6 +199,49 @@ fn print_zero_grad(out: &mut String, result: &zero_grad::ZeroGradComparison) {
         );
     }
     let _ = writeln!(out, "(= marks the captured job)");
+    for note in &result.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+}
+
+/// `part / whole` as a percentage with one decimal (display only).
+fn percent(part: Bytes, whole: Bytes) -> String {
+    if whole.get() == 0 {
+        return "-".to_owned();
+    }
+    let tenths =
+        (u128::from(part.get()) * 1000 + u128::from(whole.get()) / 2) / u128::from(whole.get());
+    format!("{}.{}%", tenths / 10, tenths % 10)
+}
+
+fn print_plan(out: &mut String, result: &planned::PlanResult) {
+    let _ = writeln!(
+        out,
+        "planned allocation — {} requests in {} sizes, reference GPU {} (MiB, without the {} MiB context)",
+        result.requests,
+        result.size_groups,
+        result.reference_gpu,
+        mib(result.context_bytes)
+    );
+    for (label, bytes) in [
+        ("live lower bound", result.live_lower_bound_bytes),
+        ("offline plan", result.planned_bytes),
+        ("pytorch allocated", result.pytorch_allocated_bytes),
+        ("pytorch reserved", result.pytorch_reserved_bytes),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {label:<20} {:>10} MiB {:>14} B",
+            mib(bytes),
+            bytes.get()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "pytorch reserved is {} of the plan; the plan is {} of the lower bound",
+        percent(result.pytorch_reserved_bytes, result.planned_bytes),
+        percent(result.planned_bytes, result.live_lower_bound_bytes)
+    );
     for note in &result.notes {
         let _ = writeln!(out, "note: {note}");
     }
