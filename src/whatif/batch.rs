@@ -16,6 +16,9 @@
 //! model, so at an input's batch size the synthesised sequence is that
 //! input's sequence, byte for byte, and reproduces its peak exactly.
 //!
+//! With a single trace the model is assumed rather than fitted (see
+//! [`BatchModel::assume`]) and the result says so (`single_trace`).
+//!
 //! The largest batch that fits is found by doubling and bisection, assuming
 //! the peak does not shrink when the batch grows (stated in the result).
 
@@ -24,7 +27,7 @@ use std::io::Read as _;
 use serde::{Deserialize, Serialize};
 
 use super::{estimate_schedule, peak_only, WhatIfError};
-use crate::orchestrator::{Category, Schedule};
+use crate::orchestrator::{Category, Phase, Schedule};
 use crate::units::Bytes;
 use crate::{Config, Prepared};
 
@@ -41,6 +44,9 @@ pub enum SizeKind {
     Fixed,
     Proportional,
     Approximate,
+    /// Single-trace model: assumed proportional to the batch from its
+    /// category (less certain).
+    Assumed,
 }
 
 /// `size = intercept + slope·(batch − anchor)` bytes, for one block; the
@@ -93,6 +99,8 @@ pub struct ModelSummary {
     pub fixed: u32,
     pub proportional: u32,
     pub approximate: u32,
+    /// Single-trace model: blocks assumed proportional from their category.
+    pub assumed: u32,
     /// Sum of the fixed blocks' sizes (over the whole sequence).
     pub fixed_bytes: Bytes,
     /// Sum of the proportional blocks' slopes: bytes allocated per sample
@@ -152,8 +160,12 @@ fn fit_sizes(points: &[(u32, Bytes)]) -> SizeFit {
 }
 
 impl BatchModel {
-    /// Fits the model on two or more traces of the same job.
+    /// Fits the model on two or more traces of the same job; with one trace,
+    /// see [`BatchModel::assume`].
     pub fn fit(inputs: &[BatchInput<'_>]) -> Result<BatchModel, WhatIfError> {
+        if let [single] = inputs {
+            return BatchModel::assume(*single);
+        }
         if inputs.len() < 2 {
             return Err(WhatIfError::TooFewTraces(inputs.len()));
         }
@@ -206,6 +218,53 @@ impl BatchModel {
         })
     }
 
+    /// The single-trace model (less certain): activations, batch tensors and
+    /// temporaries made in forward or backward are assumed proportional to
+    /// the batch size (`size·N/batch`, rounded up); parameters, buffers,
+    /// gradients, optimizer state, workspaces and every block made outside
+    /// forward and backward are fixed.
+    pub fn assume(input: BatchInput<'_>) -> Result<BatchModel, WhatIfError> {
+        if input.batch == 0 {
+            return Err(WhatIfError::ZeroBatch(0));
+        }
+        let schedule = &input.prepared.orchestrated.schedule;
+        let fits = schedule
+            .blocks
+            .iter()
+            .map(|block| {
+                let size = i64::try_from(block.size.get()).unwrap_or(i64::MAX);
+                let scales = matches!(
+                    block.category,
+                    Category::Activation | Category::Batch | Category::Temporary
+                ) && matches!(
+                    block.phase,
+                    Phase::Forward | Phase::Backward | Phase::DataLoading
+                );
+                if scales {
+                    SizeFit {
+                        kind: SizeKind::Assumed,
+                        intercept: 0,
+                        anchor: 0,
+                        slope: size,
+                        slope_den: i64::from(input.batch),
+                    }
+                } else {
+                    SizeFit {
+                        kind: SizeKind::Fixed,
+                        intercept: size,
+                        anchor: 0,
+                        slope: 0,
+                        slope_den: 1,
+                    }
+                }
+            })
+            .collect();
+        Ok(BatchModel {
+            inputs: vec![(input.batch, schedule.clone())],
+            fits,
+        })
+    }
+
     /// The batch sizes the model was fitted on, ascending.
     pub fn input_batches(&self) -> Vec<u32> {
         self.inputs.iter().map(|(b, _)| *b).collect()
@@ -233,6 +292,11 @@ impl BatchModel {
                     summary.bytes_per_sample += Bytes(fit.slope.max(0).unsigned_abs());
                 }
                 SizeKind::Approximate => summary.approximate += 1,
+                SizeKind::Assumed => {
+                    summary.assumed += 1;
+                    let per_sample = fit.slope.max(0) / fit.slope_den.max(1);
+                    summary.bytes_per_sample += Bytes(per_sample.unsigned_abs());
+                }
             }
         }
         summary
@@ -287,7 +351,8 @@ pub struct BatchSweep {
     /// Always [`SCHEMA`].
     pub schema: String,
     pub reference_gpu: String,
-    /// `fitted` (two or more traces).
+    /// `fitted` (two or more traces) or `single_trace` (one trace: which
+    /// blocks scale is assumed from their category; less certain).
     pub certainty: String,
     /// The input traces' batch sizes and their own peaks.
     pub inputs: Vec<BatchPoint>,
@@ -386,6 +451,9 @@ pub fn sweep(
         "blocks are matched across traces by position and op; sizes are fitted as a + b*batch".to_owned(),
         "the largest batch is searched by doubling and bisection, assuming the peak grows with the batch".to_owned(),
     ];
+    if inputs.len() == 1 {
+        notes.push("one trace only: activations, batch tensors and temporaries of forward and backward are assumed proportional to the batch and everything else fixed; profile a second batch size for a fitted model".to_owned());
+    }
     if summary.approximate > 0 {
         notes.push(format!(
             "{} blocks do not lie exactly on a line in the batch size; their sizes are interpolated and rounded up",
@@ -395,7 +463,12 @@ pub fn sweep(
     Ok(BatchSweep {
         schema: SCHEMA.to_owned(),
         reference_gpu: config.reference.name.clone(),
-        certainty: "fitted".to_owned(),
+        certainty: if inputs.len() == 1 {
+            "single_trace"
+        } else {
+            "fitted"
+        }
+        .to_owned(),
         inputs: input_points,
         model: summary,
         points,

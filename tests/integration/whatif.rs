@@ -321,8 +321,8 @@ fn batch_model_rejects_bad_inputs() {
         prepared: prepared(BS16),
     }];
     assert!(matches!(
-        BatchModel::fit(&one),
-        Err(WhatIfError::TooFewTraces(1))
+        BatchModel::fit(&[]),
+        Err(WhatIfError::TooFewTraces(0))
     ));
     let same = [
         one[0],
@@ -390,9 +390,12 @@ fn batch_cli_prints_the_versioned_json() {
     );
     assert_eq!(json["max_batch"][0]["preset"], "t4");
     assert!(json["max_batch"][0]["batch"].as_u64().unwrap() > 32);
-    // One trace is not enough; the error says what to do.
-    let output = memcast(&["batch", a.to_str().unwrap()]);
+    // A single batch-32 trace has no batch size in Input Dims: the error
+    // says what to do.
+    let output = memcast(&["batch", b.to_str().unwrap()]);
     assert!(!output.status.success());
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("--batch"), "{err}");
 }
 
 #[test]
@@ -474,4 +477,31 @@ fn plan_cli_prints_the_bounds() {
         text.contains("live lower bound") && text.contains("offline plan"),
         "{text}"
     );
+}
+
+#[test]
+fn single_trace_model_reproduces_its_input_and_predicts_the_other_batch() {
+    let config = config();
+    let single = [BatchInput {
+        batch: 16,
+        prepared: prepared(BS16),
+    }];
+    let model = BatchModel::fit(&single).unwrap();
+    assert!(model.summary().assumed > 0);
+    assert_eq!(&model.synthesize(16), &prepared(BS16).orchestrated.schedule);
+    let result = batch::sweep(&single, &[16, 32], &config).unwrap();
+    assert_eq!(result.certainty, "single_trace");
+    assert_eq!(
+        result.points[0].peak_total_bytes.get(),
+        peak_total(prepared(BS16), &config)
+    );
+    // Against the real batch-32 trace: within 2 % of its peak.
+    let predicted = result.points[1].peak_total_bytes.get();
+    let actual = peak_total(prepared(BS32), &config);
+    assert!(
+        predicted.abs_diff(actual) * 50 <= actual,
+        "{predicted} vs {actual}"
+    );
+    let fitted = batch::sweep(&resnet_inputs(), &[16], &config).unwrap();
+    assert_eq!(fitted.certainty, "fitted");
 }

@@ -13,8 +13,9 @@ use crate::whatif::mib;
 /// Options of `memcast batch`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Two or more traces of the same job at different batch sizes.
-    #[arg(required = true, num_args = 2..)]
+    /// Two or more traces of the same job at different batch sizes (one
+    /// trace gives a less certain, assumed model).
+    #[arg(required = true, num_args = 1..)]
     traces: Vec<PathBuf>,
     /// A batch size to simulate; repeat for several. Default: powers of two
     /// up to four times the largest input batch.
@@ -93,11 +94,13 @@ fn print_table(out: &mut String, result: &BatchSweep) {
     let m = &result.model;
     let _ = writeln!(
         out,
-        "batch model — {} blocks: {} fixed, {} proportional, {} approximate; inputs at batch {}",
+        "batch model ({}) — {} blocks: {} fixed, {} proportional, {} approximate, {} assumed; inputs at batch {}",
+        result.certainty,
         m.blocks,
         m.fixed,
         m.proportional,
         m.approximate,
+        m.assumed,
         result
             .inputs
             .iter()
