@@ -22,6 +22,7 @@
 
 pub mod alloc_settings;
 pub mod batch;
+pub mod distributed;
 pub mod planned;
 pub mod zero_grad;
 
@@ -50,6 +51,8 @@ pub enum WhatIfError {
     Inconsistent(String),
     #[error("the traces do not have the same sequence of blocks, so they are not the same job at different batch sizes: profile the same script with only the batch size changed, got block counts {0:?}")]
     DifferentJobs(Vec<usize>),
+    #[error("a distributed job needs at least one GPU: pass --world-size 1 or more, got {0:?}")]
+    ZeroWorld(u32),
     #[error("a batch size must be at least 1: pass --at 1 or more, got {0:?}")]
     ZeroBatch(u32),
     #[error("the batch size of a trace could not be identified from its data loader: pass the batch sizes explicitly with --batch, trace {0:?}")]

@@ -505,3 +505,63 @@ fn single_trace_model_reproduces_its_input_and_predicts_the_other_batch() {
     let fitted = batch::sweep(&resnet_inputs(), &[16], &config).unwrap();
     assert_eq!(fitted.certainty, "fitted");
 }
+
+#[test]
+fn distributed_strategies_shrink_in_zero_order() {
+    use memcast::whatif::distributed::{self, DistOptions, Strategy};
+    let config = config();
+    for &name in &[BS16, POS0, GPT] {
+        let prepared = prepared(name);
+        let result = distributed::compare(prepared, &config, DistOptions::new(8)).unwrap();
+        assert_eq!(result.schema, "memcast.whatif.distributed/1");
+        let total = |strategy: Strategy| {
+            result
+                .rows
+                .iter()
+                .find(|r| r.strategy == strategy)
+                .unwrap()
+                .peak
+                .total_bytes
+        };
+        // The single-GPU row is the estimate itself.
+        assert_eq!(
+            total(Strategy::Single).get(),
+            peak_total(prepared, &config),
+            "{name}"
+        );
+        assert!(total(Strategy::Zero3) <= total(Strategy::Zero2), "{name}");
+        assert!(total(Strategy::Zero2) <= total(Strategy::Zero1), "{name}");
+        assert!(total(Strategy::Zero1) <= total(Strategy::Ddp), "{name}");
+        // DDP adds buckets and NCCL to the single GPU.
+        assert!(total(Strategy::Ddp) > total(Strategy::Single), "{name}");
+        for row in &result.rows {
+            assert_eq!(row.fits.len(), config.gpus.len());
+        }
+        assert!(result.assumptions.iter().any(|a| a.starts_with("nccl")));
+    }
+    // One GPU: every sharding is the identity on sizes (NCCL aside).
+    let one = distributed::compare(
+        prepared(BS16),
+        &config,
+        DistOptions {
+            world_size: 1,
+            nccl_bytes: memcast::Bytes::ZERO,
+        },
+    )
+    .unwrap();
+    let ddp = one
+        .rows
+        .iter()
+        .find(|r| r.strategy == Strategy::Ddp)
+        .unwrap();
+    let zero1 = one
+        .rows
+        .iter()
+        .find(|r| r.strategy == Strategy::Zero1)
+        .unwrap();
+    assert_eq!(ddp.peak, zero1.peak);
+    assert!(matches!(
+        distributed::compare(prepared(BS16), &config, DistOptions::new(0)),
+        Err(WhatIfError::ZeroWorld(0))
+    ));
+}

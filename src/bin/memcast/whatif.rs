@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::whatif::{alloc_settings, planned, zero_grad};
+use memcast::whatif::{alloc_settings, distributed, planned, zero_grad};
 use memcast::{Bytes, Config, Prepared};
 
 /// The what-if to run.
@@ -29,6 +29,17 @@ pub enum WhatIf {
     Plan {
         #[command(flatten)]
         common: Common,
+    },
+    /// Per-GPU memory under DDP, ZeRO-1/2/3 (FSDP) and 1-D tensor parallel.
+    Distributed {
+        #[command(flatten)]
+        common: Common,
+        /// GPUs the job is spread over.
+        #[arg(long, value_name = "N", default_value_t = 8)]
+        world_size: u32,
+        /// NCCL memory per GPU outside the caching allocator, in MiB.
+        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        nccl_mib: u64,
     },
 }
 
@@ -94,6 +105,24 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
                 let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
             } else {
                 print_plan(&mut out, &result);
+            }
+        }
+        WhatIf::Distributed {
+            common,
+            world_size,
+            nccl_mib,
+        } => {
+            let (prepared, config) = common.prepare()?;
+            let options = distributed::DistOptions {
+                world_size: *world_size,
+                nccl_bytes: Bytes(nccl_mib.saturating_mul(Bytes::MIB)),
+            };
+            let result = distributed::compare(&prepared, &config, options)
+                .context("failed to model distributed training")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_distributed(&mut out, &result);
             }
         }
     }
@@ -244,5 +273,44 @@ fn print_plan(out: &mut String, result: &planned::PlanResult) {
     );
     for note in &result.notes {
         let _ = writeln!(out, "note: {note}");
+    }
+}
+
+fn print_distributed(out: &mut String, result: &distributed::DistributedComparison) {
+    let _ = writeln!(
+        out,
+        "distributed — per GPU over {} GPUs, overheads of {} (MiB)",
+        result.world_size, result.reference_gpu
+    );
+    let _ = writeln!(
+        out,
+        "  {:<16} {:>10} {:>10} {:>10} {:>8} {:>9} {:>5}",
+        "strategy", "total", "reserved", "allocated", "nccl", "added", "fits"
+    );
+    for row in &result.rows {
+        let name = match row.strategy {
+            distributed::Strategy::Single => "single gpu",
+            distributed::Strategy::Ddp => "ddp",
+            distributed::Strategy::Zero1 => "zero-1",
+            distributed::Strategy::Zero2 => "zero-2",
+            distributed::Strategy::Zero3 => "zero-3 / fsdp",
+            distributed::Strategy::TensorParallel => "tensor parallel",
+        };
+        let fits = row.fits.iter().filter(|f| f.fits).count();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>10} {:>10} {:>10} {:>8} {:>9} {:>2}/{:<2}",
+            name,
+            mib(row.peak.total_bytes),
+            mib(row.peak.reserved_bytes),
+            mib(row.peak.allocated_bytes),
+            mib(row.nccl_bytes),
+            mib(row.added_bytes),
+            fits,
+            row.fits.len()
+        );
+    }
+    for assumption in &result.assumptions {
+        let _ = writeln!(out, "assumption: {assumption}");
     }
 }
