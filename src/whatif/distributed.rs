@@ -99,14 +99,14 @@ pub struct DistributedComparison {
 
 /// Where an inserted event goes, relative to an existing event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum At {
+pub(super) enum At {
     Before(usize),
     After(usize),
 }
 
 /// A schedule being transformed: sizes, frees moved to right after an
 /// event, and new blocks.
-struct Edit<'a> {
+pub(super) struct Edit<'a> {
     schedule: &'a Schedule,
     sizes: Vec<Bytes>,
     free_after: BTreeMap<usize, usize>,
@@ -116,7 +116,7 @@ struct Edit<'a> {
 }
 
 impl<'a> Edit<'a> {
-    fn new(schedule: &'a Schedule) -> Edit<'a> {
+    pub(super) fn new(schedule: &'a Schedule) -> Edit<'a> {
         Edit {
             schedule,
             sizes: schedule.blocks.iter().map(|b| b.size).collect(),
@@ -127,7 +127,7 @@ impl<'a> Edit<'a> {
     }
 
     /// Splits blocks matching `pick` N ways.
-    fn shard(&mut self, n: u32, pick: impl Fn(&ScheduledBlock) -> bool) {
+    pub(super) fn shard(&mut self, n: u32, pick: impl Fn(&ScheduledBlock) -> bool) {
         for (size, block) in self.sizes.iter_mut().zip(&self.schedule.blocks) {
             if pick(block) {
                 *size = Bytes(size.get().div_ceil(u64::from(n.max(1))));
@@ -135,7 +135,7 @@ impl<'a> Edit<'a> {
         }
     }
 
-    fn add(
+    pub(super) fn add(
         &mut self,
         size: Bytes,
         category: Category,
@@ -158,11 +158,11 @@ impl<'a> Edit<'a> {
         ));
     }
 
-    fn added_bytes(&self) -> Bytes {
+    pub(super) fn added_bytes(&self) -> Bytes {
         self.extras.iter().map(|e| e.0.size).sum()
     }
 
-    fn build(self) -> Result<Schedule, WhatIfError> {
+    pub(super) fn build(self) -> Result<Schedule, WhatIfError> {
         let events = &self.schedule.events;
         let time_of = |index: usize| events.get(index).map_or(Nanos::ZERO, |e| e.time);
         let key_of = |at: At, sub: usize| match at {
@@ -234,16 +234,16 @@ impl<'a> Edit<'a> {
 
 /// Event indices: first event of any iteration; per simulated iteration the
 /// first forward and the first and last backward allocations.
-struct Landmarks {
-    first_iteration_event: usize,
-    forward_first: BTreeMap<u32, usize>,
-    backward_first: BTreeMap<u32, usize>,
-    backward_last: BTreeMap<u32, usize>,
-    alloc_event: Vec<usize>,
-    free_event: Vec<Option<usize>>,
+pub(super) struct Landmarks {
+    pub(super) first_iteration_event: usize,
+    pub(super) forward_first: BTreeMap<u32, usize>,
+    pub(super) backward_first: BTreeMap<u32, usize>,
+    pub(super) backward_last: BTreeMap<u32, usize>,
+    pub(super) alloc_event: Vec<usize>,
+    pub(super) free_event: Vec<Option<usize>>,
 }
 
-fn landmarks(schedule: &Schedule) -> Landmarks {
+pub(super) fn landmarks(schedule: &Schedule) -> Landmarks {
     let mut marks = Landmarks {
         first_iteration_event: schedule.events.len(),
         forward_first: BTreeMap::new(),

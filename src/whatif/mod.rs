@@ -24,6 +24,7 @@ pub mod alloc_settings;
 pub mod batch;
 pub mod distributed;
 pub mod planned;
+pub mod precision;
 pub mod zero_grad;
 
 use serde::{Deserialize, Serialize};

@@ -565,3 +565,69 @@ fn distributed_strategies_shrink_in_zero_order() {
         Err(WhatIfError::ZeroWorld(0))
     ));
 }
+
+#[test]
+fn autocast_only_shrinks_activations_and_adds_the_weight_casts() {
+    use memcast::whatif::precision;
+    let config = config();
+    for &name in &[BS16, POS0, GPT] {
+        let prepared = prepared(name);
+        let result = precision::compare(prepared, &config).unwrap();
+        assert_eq!(result.schema, "memcast.whatif.precision/1");
+        assert!(result.approximate && !result.rules.is_empty());
+        assert!(
+            result.halved_blocks > 0 && result.weight_cast_bytes.get() > 0,
+            "{name}"
+        );
+        assert_eq!(
+            result.fp32.total_bytes.get(),
+            peak_total(prepared, &config),
+            "{name}"
+        );
+        // Halving never grows a block; at most one weight-cast block is live
+        // at a time (rounded to 512 bytes).
+        let cast = result.weight_cast_bytes.get().div_ceil(512) * 512;
+        assert!(
+            result.autocast_16bit.allocated_bytes.get() <= result.fp32.allocated_bytes.get() + cast,
+            "{name}"
+        );
+        // Parameters and optimizer state stay fp32: never below them.
+        assert!(
+            result.autocast_16bit.allocated_bytes >= prepared.parameter_bytes,
+            "{name}"
+        );
+        assert_eq!(result.fits.len(), config.gpus.len());
+    }
+}
+
+#[test]
+fn distributed_and_precision_cli_print_json() {
+    let a = common::shared_file(&path(BS16));
+    let a = a.to_str().unwrap();
+    let output = memcast(&[
+        "whatif",
+        "distributed",
+        a,
+        "--gpu",
+        "t4",
+        "--world-size",
+        "4",
+        "--json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["schema"], "memcast.whatif.distributed/1");
+    assert_eq!(json["world_size"], 4);
+    assert_eq!(json["rows"].as_array().unwrap().len(), 6);
+    let output = memcast(&["whatif", "precision", a, "--gpu", "t4"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("APPROXIMATION"));
+}

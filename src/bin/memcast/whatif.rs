@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::whatif::{alloc_settings, distributed, planned, zero_grad};
+use memcast::whatif::{alloc_settings, distributed, planned, precision, zero_grad};
 use memcast::{Bytes, Config, Prepared};
 
 /// The what-if to run.
@@ -40,6 +40,11 @@ pub enum WhatIf {
         /// NCCL memory per GPU outside the caching allocator, in MiB.
         #[arg(long, value_name = "MIB", default_value_t = 1024)]
         nccl_mib: u64,
+    },
+    /// The fp32 job under bf16/fp16 autocast (an approximation; rules listed).
+    Precision {
+        #[command(flatten)]
+        common: Common,
     },
 }
 
@@ -123,6 +128,16 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
                 let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
             } else {
                 print_distributed(&mut out, &result);
+            }
+        }
+        WhatIf::Precision { common } => {
+            let (prepared, config) = common.prepare()?;
+            let result = precision::compare(&prepared, &config)
+                .context("failed to model mixed precision")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_precision(&mut out, &result);
             }
         }
     }
@@ -312,5 +327,36 @@ fn print_distributed(out: &mut String, result: &distributed::DistributedComparis
     }
     for assumption in &result.assumptions {
         let _ = writeln!(out, "assumption: {assumption}");
+    }
+}
+
+fn print_precision(out: &mut String, result: &precision::PrecisionComparison) {
+    let _ = writeln!(out, "mixed precision (APPROXIMATION) — peaks (MiB)");
+    let _ = writeln!(
+        out,
+        "  {:<22} {:>10} {:>10} {:>10}",
+        "variant", "total", "reserved", "allocated"
+    );
+    for (label, peak) in [
+        ("fp32 (captured)", &result.fp32),
+        ("bf16/fp16 autocast", &result.autocast_16bit),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {label:<22} {:>10} {:>10} {:>10}",
+            mib(peak.total_bytes),
+            mib(peak.reserved_bytes),
+            mib(peak.allocated_bytes)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "delta {} MiB; {} blocks halved; weight casts {} MiB per iteration",
+        signed_mib(result.delta_total_bytes),
+        result.halved_blocks,
+        mib(result.weight_cast_bytes)
+    );
+    for rule in &result.rules {
+        let _ = writeln!(out, "rule: {rule}");
     }
 }
