@@ -7,10 +7,10 @@
 //!   reader that never executes anything; the start state is rebuilt by walking
 //!   the trace backwards from the final `segments`, then the trace is replayed
 //!   forwards, comparing every segment decision, every reserved value and every
-//!   block address ([`snapshot`]);
+//!   block address ([`replay_snapshot`]);
 //! - `torch.profiler` Chrome traces with `profile_memory=True` — their
 //!   `[memory]` events carry the real `Total Allocated`/`Total Reserved` after
-//!   every event ([`profiler`]).
+//!   every event ([`replay_profiler`]).
 //!
 //! Pure: bytes in, [`ReplayReport`] out; no I/O.
 

@@ -214,6 +214,21 @@ fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReplayError> {
             });
         }
     }
+    // A recording without any `free_completed` (an older or trimmed format)
+    // frees blocks at `free_requested`.
+    let has_completed = events.iter().any(|e| e.action == Action::FreeCompleted);
+    let has_requested = events.iter().any(|e| e.action == Action::FreeRequested);
+    if has_requested && !has_completed {
+        for e in &mut events {
+            if e.action == Action::FreeRequested {
+                e.action = Action::FreeCompleted;
+            }
+        }
+        warnings.push(Warning::new(
+            "frees_at_request",
+            "the recording has no free_completed entries, so blocks are freed at free_requested",
+        ));
+    }
     let (config, conf_note) = read_settings(&p, root)?;
     Ok(Snapshot {
         segments,
@@ -452,7 +467,7 @@ fn rebuild_start(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<StartS
     let mut reserved = 0u64;
     let mut placed = 0usize;
     for (&addr, seg) in &segs {
-        reserved += seg.size;
+        reserved = reserved.saturating_add(seg.size);
         let end = addr + seg.size;
         let inside: Vec<(u64, Occ)> = occupied.range(addr..end).map(|(&a, &o)| (a, o)).collect();
         placed += inside.len();
@@ -478,6 +493,16 @@ fn rebuild_start(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<StartS
                         && !seg.expandable
                         && gap > 0
                         && gap <= SMALL_SIZE
+                    {
+                        s += gap;
+                    }
+                    // An oversize block (≥ max_split_size) is never split: it
+                    // is its whole segment, up to the oversize tolerance.
+                    let oversize = snap.config.max_split_size.is_some_and(|m| s >= m.get());
+                    if oversize
+                        && !seg.expandable
+                        && gap > SMALL_SIZE
+                        && gap < snap.config.max_non_split_rounding.get()
                     {
                         s += gap;
                     }
@@ -578,7 +603,7 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
         let index = index as u64;
         match e.action {
             Action::SegmentAlloc => {
-                real_reserved += e.size;
+                real_reserved = real_reserved.saturating_add(e.size);
                 r.segment_events_real += 1;
                 pending_segments.push((e.addr, e.size));
             }
@@ -649,7 +674,7 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
                 }
             }
             Action::SegmentMap => {
-                real_reserved += e.size;
+                real_reserved = real_reserved.saturating_add(e.size);
                 r.segment_events_real += 1;
                 pending_maps.push((e.addr, e.size));
             }
@@ -933,6 +958,15 @@ mod tests {
         segments: &[Seg],
         conf: &'static str,
     ) -> Vec<u8> {
+        snapshot_with(events, segments, conf, -1)
+    }
+
+    fn snapshot_with(
+        events: &[(&'static str, u64, u64)],
+        segments: &[Seg],
+        conf: &'static str,
+        max_split: i64,
+    ) -> Vec<u8> {
         let segs = segments
             .iter()
             .map(|(addr, size, exp, pool, blocks)| {
@@ -981,7 +1015,7 @@ mod tests {
                 Pv::Dict(vec![
                     ("PYTORCH_CUDA_ALLOC_CONF", Pv::Str(conf)),
                     ("expandable_segments", Pv::Bool(conf.contains("expandable"))),
-                    ("max_split_size", Pv::Int(-1)),
+                    ("max_split_size", Pv::Int(max_split)),
                 ]),
             ),
         ]);
@@ -1113,5 +1147,54 @@ mod tests {
         assert_eq!(r.segment_events_matched, 2);
         assert_eq!(r.reserved_exact_events, r.compared_events);
         assert_eq!(r.address_exact_allocs, r.allocs);
+    }
+
+    #[test]
+    fn pre_trace_oversize_block_is_its_whole_segment() {
+        // max_split_size 100 MiB: a 140 MiB request reused a cached 150 MiB
+        // segment before the recording (150 < 140 + 20), unsplit. While it is
+        // live, a 10 MiB request needs its own segment: the 10 MiB tail is
+        // part of the oversize block, not free space.
+        let (s1, s2) = (0x7f00_0000_0000u64, 0x7f00_4000_0000u64);
+        let events = [
+            ("segment_alloc", s2, 10 * MIB),
+            ("alloc", s2, 10 * MIB),
+            ("free_completed", s1, 140 * MIB),
+            ("alloc", s1, 145 * MIB),
+        ];
+        let segments: Vec<Seg> = vec![
+            (s1, 150 * MIB, false, "large", vec![(s1, 150 * MIB, true)]),
+            (s2, 10 * MIB, false, "large", vec![(s2, 10 * MIB, true)]),
+        ];
+        let data = snapshot_with(
+            &events,
+            &segments,
+            "max_split_size_mb:100",
+            (100 * MIB) as i64,
+        );
+        let r = replay_snapshot(&data).unwrap();
+        assert!(r.is_exact(), "{r:#?}");
+        assert!(r.allocator_conf.contains("max_split_size_mb:100"));
+    }
+
+    #[test]
+    fn recordings_without_free_completed_free_at_request() {
+        let s1 = 0x7f00_0000_0000u64;
+        let events = [
+            ("segment_alloc", s1, 20 * MIB),
+            ("alloc", s1, 5 * MIB),
+            ("free_requested", s1, 5 * MIB),
+            ("alloc", s1, 5 * MIB),
+        ];
+        let segments: Vec<Seg> = vec![(
+            s1,
+            20 * MIB,
+            false,
+            "large",
+            vec![(s1, 5 * MIB, true), (s1 + 5 * MIB, 15 * MIB, false)],
+        )];
+        let r = replay_snapshot(&snapshot(&events, &segments, "")).unwrap();
+        assert!(r.is_exact(), "{r:#?}");
+        assert!(r.warnings.iter().any(|w| w.code == "frees_at_request"));
     }
 }

@@ -22,6 +22,12 @@ const GIB: u64 = Bytes::GIB;
 const SYNTHETIC_BASE: u64 = 0x7f00_0000_0000;
 /// Virtual range reserved per expandable segment when the device is unlimited.
 const UNLIMITED_VA: u64 = 1 << 40;
+/// Largest request the simulator serves (1 PiB); larger ones are out of
+/// memory on any device, and the bound keeps all byte and address arithmetic
+/// far from overflow.
+pub const MAX_REQUEST: u64 = 1 << 50;
+/// Synthetic addresses stay below this; past it `cudaMalloc` fails.
+const ADDRESS_LIMIT: u64 = 1 << 62;
 
 /// Which of the two default pools a block belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -313,20 +319,36 @@ impl CachingAllocator {
             .map(|b| b.size)
     }
 
-    /// The statistics now. `largest_free_block` scans the free blocks.
+    /// The statistics now (O(streams · log blocks)).
     pub fn stats(&self) -> Stats {
-        let largest = self
-            .pools
-            .iter()
-            .flat_map(|p| p.free.values())
-            .map(|&id| self.b(id).size)
-            .max()
-            .unwrap_or(0);
-        self.make_stats(&self.now, largest)
+        self.make_stats(&self.now, self.largest_free_block())
+    }
+
+    /// The largest cached free block: the last entry of each stream's range
+    /// in each pool's size-ordered free set.
+    pub fn largest_free_block(&self) -> u64 {
+        let mut largest = 0;
+        for pool in &self.pools {
+            for stream in 0..self.streams.len().max(1) as u32 {
+                let below_next = free_key(stream.saturating_add(1), 0, 0);
+                let top = if stream >= 0xffff {
+                    pool.free.iter().next_back()
+                } else {
+                    pool.free.range(..below_next).next_back()
+                };
+                if let Some((_, &id)) = top {
+                    if self.b(id).stream == stream {
+                        largest = largest.max(self.b(id).size);
+                    }
+                }
+            }
+        }
+        largest
     }
 
     /// The peak of each statistic since the allocator was created.
-    /// `largest_free_block` is the largest block ever cached as free.
+    /// `largest_free_block` is the largest block ever left cached at the end
+    /// of an operation (transient merges inside one `malloc` do not count).
     pub fn peak_stats(&self) -> Stats {
         let mut s = self.make_stats(&self.peak, self.peak_largest_free);
         s.fragmentation = Bytes(self.peak_fragmentation);
@@ -423,10 +445,16 @@ impl CachingAllocator {
         }
     }
 
-    fn synthetic_address(&mut self, size: u64) -> u64 {
+    /// A fresh synthetic segment address, or `None` once the synthetic
+    /// address space is used up.
+    fn synthetic_address(&mut self, size: u64) -> Option<u64> {
         let base = round_up(self.next_addr, SMALL_BUFFER);
-        self.next_addr = base.saturating_add(size).saturating_add(GIB);
-        base
+        let end = base.saturating_add(size);
+        if end > ADDRESS_LIMIT {
+            return None;
+        }
+        self.next_addr = end.saturating_add(GIB);
+        Some(base)
     }
 
     fn log(&mut self, change: SegmentChange) {
@@ -460,6 +488,17 @@ impl CachingAllocator {
     /// (PyTorch's callers never pass 0; [`super::simulate`] skips them).
     pub fn malloc(&mut self, request: Bytes, stream: u32) -> Result<Allocation, OutOfMemory> {
         let request = request.get();
+        if request > MAX_REQUEST {
+            self.num_ooms += 1;
+            return Err(OutOfMemory {
+                requested: Bytes(request),
+                rounded: Bytes(request),
+                segment_size: Bytes(request),
+                missing: Bytes(request),
+                reserved: Bytes(self.now.reserved),
+                allocated: Bytes(self.now.allocated),
+            });
+        }
         let stream = self.stream_index(stream);
         let s = self.config.round_size(request);
         let pool = PoolKind::for_rounded(s);
@@ -568,7 +607,13 @@ impl CachingAllocator {
                     .max(a.saturating_add(asize).saturating_add(GIB));
                 a
             }
-            None => self.synthetic_address(asize),
+            None => {
+                let Some(a) = self.synthetic_address(asize) else {
+                    self.shortfall = asize;
+                    return None;
+                };
+                a
+            }
         };
         let id = self.new_block(Block {
             addr,
@@ -879,7 +924,7 @@ impl CachingAllocator {
             .capacity
             .map(|c| c.get().saturating_add(c.get() / 8))
             .unwrap_or(UNLIMITED_VA);
-        round_up(total.max(page), page)
+        round_up(total.max(page).min(MAX_REQUEST), page)
     }
 
     fn page_size(&self, pool: PoolKind) -> u64 {
@@ -890,7 +935,10 @@ impl CachingAllocator {
     }
 
     fn try_allocate_expandable(&mut self, pool: PoolKind, stream: u32, s: u64) -> Option<u32> {
-        let mut cand = self.find_candidate(pool, stream, s);
+        let Some(mut cand) = self.find_candidate(pool, stream, s) else {
+            self.shortfall = s;
+            return None;
+        };
         if !self.b(cand).mapped {
             let len = self.b(cand).size.min(s);
             cand = self.map_block(cand, len)?;
@@ -908,7 +956,7 @@ impl CachingAllocator {
         Some(cand)
     }
 
-    fn find_candidate(&mut self, pool: PoolKind, stream: u32, s: u64) -> u32 {
+    fn find_candidate(&mut self, pool: PoolKind, stream: u32, s: u64) -> Option<u32> {
         let blocks = &self.blocks;
         let free_at = |id: u32| id != NIL && !blocks[id as usize].allocated;
         for (&(st, _), &u) in self.pools[pool.index()].unmapped.range((stream, 0)..) {
@@ -924,7 +972,7 @@ impl CachingAllocator {
                 b = blocks[b as usize].next;
             }
             if total >= s {
-                return start;
+                return Some(start);
             }
         }
         let page = self.page_size(pool);
@@ -937,9 +985,9 @@ impl CachingAllocator {
                     .max(a.saturating_add(size).saturating_add(GIB));
                 a
             }
-            None => self.synthetic_address(size),
+            None => self.synthetic_address(size)?,
         };
-        self.new_expandable(pool, stream, base, page, size)
+        Some(self.new_expandable(pool, stream, base, page, size))
     }
 
     fn new_expandable(

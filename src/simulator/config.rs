@@ -189,10 +189,10 @@ impl AllocatorConfig {
             "large_segment_size_mb" if new => {
                 let mb = parse_u64(value)
                     .ok_or_else(|| bad("large_segment_size_mb", "not an integer", value))?;
-                if mb == 0 || mb % 2 != 0 {
+                if mb == 0 || mb % 2 != 0 || mb > 1 << 20 {
                     return Err(bad(
                         "large_segment_size_mb",
-                        "must be a positive multiple of 2",
+                        "must be a positive multiple of 2, at most 1048576",
                         value,
                     ));
                 }

@@ -11,9 +11,18 @@
 //! and an [`OomRecord`] if the device ran out after releasing cached segments
 //! and retrying — the simulation stops at the first one.
 //!
+//! [`simulate_detailed`] also returns the full [`Stats`] after every event.
+//!
 //! For incremental use (the replay, what-if tools) drive a
 //! [`CachingAllocator`] directly: `malloc`/`free`/`empty_cache`/`stats`, block
-//! addresses, segment views and the device-level [`SegmentChange`] log.
+//! addresses, segment views, loading a known start state
+//! ([`CachingAllocator::load_segment`], [`CachingAllocator::load_expandable`])
+//! and the device-level [`SegmentChange`] log.
+//!
+//! Rule revisions: [`RuleVersion::Old`]/`Mid`/`New` select the version
+//! differences of allocator.md §15 (division lists, divisions == 1, value
+//! validation, which keys exist, GC and oversize release skipping expandable
+//! segments in all versions — the older behaviour hit internal asserts).
 //!
 //! Invariants:
 //! - Deterministic and clock-free: time is the schedule's order; addresses of
@@ -35,7 +44,7 @@ use serde::{Deserialize, Serialize};
 
 pub use allocator::{
     Allocation, BlockHandle, BlockView, CachingAllocator, LayoutError, NotAllocated, OutOfMemory,
-    PoolKind, SegmentChange, SegmentLayout, SegmentView,
+    PoolKind, SegmentChange, SegmentLayout, SegmentView, MAX_REQUEST,
 };
 pub use config::{
     AllocatorConfig, ConfigError, RuleVersion, DIVISION_INTERVALS, LARGE_BUFFER, MIN_BLOCK_SIZE,
@@ -62,6 +71,9 @@ pub enum SimOp {
     /// `torch.cuda.empty_cache()`.
     EmptyCache,
 }
+
+/// The name the pipeline contract uses for one input event.
+pub type SimEvent = SimOp;
 
 /// Allocated and reserved bytes after one event (compact, for timelines).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,10 +166,58 @@ impl Hasher for IdHasher {
     }
 }
 
+/// Caller ids to live block handles: a vector for small ids (the common,
+/// dense case; its size is bounded by the schedule length), a hash map for
+/// the rest.
+struct IdMap {
+    dense: Vec<Option<BlockHandle>>,
+    limit: u64,
+    sparse: HashMap<u64, BlockHandle, BuildHasherDefault<IdHasher>>,
+}
+
+impl IdMap {
+    fn new(n_events: usize) -> IdMap {
+        IdMap {
+            dense: Vec::new(),
+            limit: (n_events as u64).saturating_mul(2).saturating_add(1024),
+            sparse: HashMap::default(),
+        }
+    }
+
+    fn insert(&mut self, id: u64, h: BlockHandle) -> Option<BlockHandle> {
+        if id < self.limit {
+            let i = id as usize;
+            if self.dense.len() <= i {
+                self.dense.resize(i + 1, None);
+            }
+            self.dense.get_mut(i).and_then(|slot| slot.replace(h))
+        } else {
+            self.sparse.insert(id, h)
+        }
+    }
+
+    fn remove(&mut self, id: &u64) -> Option<BlockHandle> {
+        if *id < self.limit {
+            self.dense.get_mut(*id as usize).and_then(Option::take)
+        } else {
+            self.sparse.remove(id)
+        }
+    }
+}
+
 /// Runs a schedule through a fresh [`CachingAllocator`].
 pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> Simulation {
+    run(events, config, device, |_| {})
+}
+
+fn run(
+    events: &[SimOp],
+    config: &AllocatorConfig,
+    device: &Device,
+    mut observe: impl FnMut(&CachingAllocator),
+) -> Simulation {
     let mut alloc = CachingAllocator::new(config.clone(), *device);
-    let mut live: HashMap<u64, BlockHandle, BuildHasherDefault<IdHasher>> = HashMap::default();
+    let mut live = IdMap::new(events.len());
     let mut after_event = Vec::with_capacity(events.len());
     let mut oom = None;
     let mut unknown_frees = 0u64;
@@ -210,6 +270,7 @@ pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> 
             allocated: alloc.allocated().get(),
             reserved: alloc.reserved().get(),
         });
+        observe(&alloc);
         if oom.is_some() {
             break;
         }
@@ -236,6 +297,19 @@ pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> 
         oom,
         warnings,
     }
+}
+
+/// [`simulate`] plus the full [`Stats`] after every event (allocated,
+/// reserved, active, segments, largest free block, fragmentation, counters).
+/// Costs about 100 bytes per event: meant for inspection, not sweeps.
+pub fn simulate_detailed(
+    events: &[SimOp],
+    config: &AllocatorConfig,
+    device: &Device,
+) -> (Simulation, Vec<Stats>) {
+    let mut stats = Vec::with_capacity(events.len());
+    let sim = run(events, config, device, |a| stats.push(a.stats()));
+    (sim, stats)
 }
 
 #[cfg(test)]
@@ -323,5 +397,80 @@ mod tests {
         assert_eq!(sim.peak.fragmentation, Bytes(15 * MIB));
         assert_eq!(sim.final_stats.fragmentation, Bytes(15 * MIB));
         assert_eq!(sim.final_stats.largest_free_block, Bytes(10 * MIB));
+    }
+
+    #[test]
+    fn absurd_requests_are_out_of_memory_not_a_panic() {
+        for config in ["", "expandable_segments:True", "roundup_power2_divisions:8"] {
+            let config = AllocatorConfig::parse(config, RuleVersion::New).unwrap();
+            let ops: Vec<SimOp> = (0..5000)
+                .map(|i| {
+                    alloc(
+                        i,
+                        if i % 2 == 0 {
+                            u64::MAX - i
+                        } else {
+                            MAX_REQUEST
+                        },
+                    )
+                })
+                .collect();
+            let sim = simulate(&ops, &config, &Device::unlimited());
+            let oom = sim.oom.unwrap();
+            assert_eq!(oom.event_index, 0);
+            let ops: Vec<SimOp> = (0..5000).map(|i| alloc(i, MAX_REQUEST)).collect();
+            let sim = simulate(&ops, &config, &Device::unlimited());
+            // 1 PiB segments exhaust the synthetic address space: an OOM.
+            assert!(sim.oom.is_some());
+            assert!(sim.peak.reserved.get() < 1 << 62);
+        }
+    }
+
+    #[test]
+    fn detailed_stats_follow_every_event_and_peak_matches() {
+        let ops = [
+            alloc(1, 5 * MIB),
+            alloc(2, 5 * MIB),
+            SimOp::Alloc {
+                block: 3,
+                size: Bytes(3 * MIB),
+                stream: 1,
+            },
+            SimOp::Free { block: 1 },
+            SimOp::Free { block: 3 },
+            alloc(4, 600),
+            SimOp::EmptyCache,
+        ];
+        let config = AllocatorConfig::pytorch_defaults();
+        let (sim, stats) = simulate_detailed(&ops, &config, &Device::unlimited());
+        assert_eq!(sim, simulate(&ops, &config, &Device::unlimited()));
+        assert_eq!(stats.len(), ops.len());
+        let largest: Vec<u64> = stats.iter().map(|s| s.largest_free_block.get()).collect();
+        assert_eq!(
+            largest,
+            [
+                15 * MIB,
+                10 * MIB,
+                17 * MIB,
+                17 * MIB,
+                20 * MIB,
+                20 * MIB,
+                10 * MIB
+            ]
+        );
+        assert_eq!(
+            sim.peak.largest_free_block.get(),
+            *largest.iter().max().unwrap()
+        );
+        for (s, sample) in stats.iter().zip(&sim.after_event) {
+            assert_eq!(
+                (s.allocated.get(), s.reserved.get()),
+                (sample.allocated, sample.reserved)
+            );
+            assert_eq!(s.fragmentation.get(), s.reserved.get() - s.allocated.get());
+        }
+        let frag = stats.iter().map(|s| s.fragmentation).max().unwrap();
+        assert_eq!(sim.peak.fragmentation, frag);
+        assert_eq!(stats[2].segments, 2);
     }
 }

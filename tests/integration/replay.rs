@@ -191,3 +191,46 @@ fn corrupt_input_is_an_error_not_a_panic() {
     assert!(replay(b"hello").is_err());
     assert!(replay(&data[..data.len() / 2]).is_err());
 }
+
+mod robustness {
+    //! Corrupted real files never panic the replay (seed-stable).
+
+    use memcast::replay::{maybe_gunzip, replay};
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
+
+    use crate::common;
+
+    fn config() -> Config {
+        Config {
+            cases: 100,
+            rng_seed: RngSeed::Fixed(0x0072_6570_6c61_7921),
+            failure_persistence: None,
+            ..Config::default()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn mutated_snapshots_and_traces_do_not_panic(
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            cut in any::<prop::sample::Index>(),
+            which in 0usize..2,
+        ) {
+            let path = [
+                "ground-truth/memory_snapshots/silmont2000__assignment2-systems/mem_snapshot.pickle.gz",
+                "ground-truth/kineto_traces/AMD-AGI__TraceLens/h100__gaunernst_bert-small-uncased__1016001.json.gz",
+            ][which];
+            let data = maybe_gunzip(&common::read_shared(path)).unwrap().into_owned();
+            let mut bytes = data.clone();
+            for (i, b) in &edits {
+                let at = i.index(bytes.len());
+                bytes[at] = *b;
+            }
+            let _ = replay(&bytes);
+            let _ = replay(&data[..cut.index(data.len())]);
+        }
+    }
+}

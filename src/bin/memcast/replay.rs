@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::replay::{replay, ReplayReport};
+use memcast::replay::{replay, ReplayKind, ReplayReport};
 
 /// Arguments of `memcast replay`.
 #[derive(Debug, clap::Args)]
@@ -51,6 +51,11 @@ fn text(r: &ReplayReport) -> String {
         r.compared_events,
         if r.start_complete {
             "empty allocator".to_owned()
+        } else if r.kind == ReplayKind::Profiler {
+            format!(
+                "reserved {} at the first event (layout unknown; cache warmed by replaying the window twice)",
+                gib(r.start_reserved_bytes)
+            )
         } else {
             format!("reserved {} rebuilt", gib(r.start_reserved_bytes))
         },
@@ -91,8 +96,15 @@ fn text(r: &ReplayReport) -> String {
     );
     let _ = writeln!(
         s,
-        "segment events: real {}, simulated {}, matched {}",
-        r.segment_events_real, r.segment_events_simulated, r.segment_events_matched
+        "segment events: real {}, simulated {}, matched {}{}",
+        r.segment_events_real,
+        r.segment_events_simulated,
+        r.segment_events_matched,
+        if r.segment_frees_forced > 0 {
+            format!(", {} frees applied as recorded", r.segment_frees_forced)
+        } else {
+            String::new()
+        }
     );
     let _ = writeln!(
         s,
