@@ -15,6 +15,21 @@
 //! - The running sum of block sizes reproduces the trace's `Total Allocated` at
 //!   every event.
 //! - All times in an [`Analysis`] are relative to [`Analysis::origin`].
+//!
+//! Rules, each checked on the 11 CPU fixtures (`tests/integration/analyzer.rs`):
+//! - Pairing: an allocation pairs with the next free of the same address on
+//!   the same device; a free with no allocation is memory from before the
+//!   profiler started (counted, warned, never fatal).
+//! - Operator-internal: freed before an op running at its allocation returned.
+//! - Gradient: for each `AccumulateGrad` call, the latest unclaimed block of
+//!   the parameter's size (numel × dtype size from `Input Dims`/`Input type`)
+//!   allocated in the same iteration's backward, no later than the call, that
+//!   outlives backward; else the latest one live at the call, which is then a
+//!   temporary added into an existing `.grad` (`set_to_none=False`).
+//! - Optimizer state: allocated in the first `Optimizer.step`, never freed.
+//! - Batch: allocated under the DataLoader `__next__`, outliving it.
+//! - Layer: the `nn.Module` frames around the allocating op; in backward,
+//!   those of the forward op linked by `fwdbwd` flow or sequence number.
 
 mod evidence;
 mod lifecycle;

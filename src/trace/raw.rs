@@ -410,7 +410,7 @@ impl<'de> Visitor<'de> for TopSeed<'_, '_> {
                 "deviceProperties" => header.n_gpu_devices = map.next_value::<CountSeq>()?.0,
                 other => {
                     if builder.top_keys.len() < 8 {
-                        builder.top_keys.push(format!("{other:?}"));
+                        builder.top_keys.push(other.to_owned());
                     }
                     map.next_value::<IgnoredAny>()?;
                 }

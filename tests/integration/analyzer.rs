@@ -654,3 +654,97 @@ fn an_inference_loop_is_cut_at_its_repeated_module_calls() {
     );
     assert_eq!(a.name(block.layer.unwrap()), "Net_0");
 }
+
+/// Random small traces: the analyzer never panics, every allocation becomes
+/// one block, and the blocks reproduce the running total.
+#[test]
+fn random_traces_keep_the_invariants() {
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 10] = [
+        "ProfilerStep#0",
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        "Optimizer.zero_grad#SGD.zero_grad",
+        "Optimizer.step#SGD.step",
+        "nn.Module: Net_0",
+        "torch/_tensor.py(1): backward",
+        "autograd::engine::evaluate_function: MmBackward0",
+        "torch::autograd::AccumulateGrad",
+        "aten::mkldnn_convolution",
+        "aten::zero_",
+    ];
+    let span = (
+        0usize..4,
+        0usize..NAMES.len(),
+        0i64..1000,
+        0i64..300,
+        0i64..3,
+    );
+    let memory = (0i64..1300, 0u64..6, 1i64..5, any::<bool>());
+    let strategy = (
+        proptest::collection::vec(span, 0..40),
+        proptest::collection::vec(memory, 1..60),
+    );
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    runner
+        .run(&strategy, |(spans, memory)| {
+            let mut events = Vec::new();
+            for (kind, name, ts, dur, seq) in spans {
+                let cat = ["cpu_op", "python_function", "user_annotation", "cpu_op"][kind];
+                events.push(serde_json::json!({
+                    "ph": "X", "cat": cat, "name": NAMES[name], "tid": 1, "ts": ts, "dur": dur,
+                    "args": {"Sequence number": seq, "Fwd thread id": seq % 2,
+                             "Input Dims": [[seq + 1, 2]], "Input type": ["float"]}
+                }));
+            }
+            // Allocations and frees that always pair up, with address reuse.
+            let mut live: std::collections::BTreeMap<u64, i64> = Default::default();
+            let mut total = 0;
+            let mut memory = memory;
+            memory.sort_by_key(|m| m.0);
+            for (ts, addr, size, free) in memory {
+                let bytes = match live.remove(&addr) {
+                    Some(size) if free => -size,
+                    Some(size) => {
+                        live.insert(addr, size);
+                        continue;
+                    }
+                    None => {
+                        live.insert(addr, size * 8);
+                        size * 8
+                    }
+                };
+                total += bytes;
+                events.push(serde_json::json!({
+                    "ph": "i", "name": "[memory]", "tid": 1, "ts": ts,
+                    "args": {"Addr": addr, "Bytes": bytes, "Total Allocated": total, "Device Type": 0}
+                }));
+            }
+            let text = serde_json::json!({ "traceEvents": events }).to_string();
+            let Ok(parsed) = trace::parse(text.as_bytes()) else {
+                return Ok(());
+            };
+            let config = AnalyzerConfig {
+                require_python_frames: false,
+                ..AnalyzerConfig::standard()
+            };
+            let a = analyzer::analyze(&parsed.value, &config).unwrap().value;
+            let n_allocs = a.events.iter().filter(|e| e.delta > 0).count();
+            prop_assert_eq!(a.blocks.len(), n_allocs);
+            prop_assert!(a.unmatched_frees.is_empty());
+            let mut running = 0;
+            for event in &a.events {
+                running += event.delta;
+                prop_assert_eq!(Some(running), event.total_allocated);
+            }
+            for block in &a.blocks {
+                prop_assert!(!block.cpu_scratch || block.op_internal);
+                if let BlockRole::Gradient { param } = block.role {
+                    prop_assert!(param < a.parameters.len());
+                }
+            }
+            prop_assert!(a.iterations.windows(2).all(|w| w[0].start <= w[1].start));
+            Ok(())
+        })
+        .unwrap();
+}

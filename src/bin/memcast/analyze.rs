@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::analyzer::{self, Analysis, AnalyzerConfig, BlockRole, Phase};
+use memcast::analyzer::{self, Analysis, AnalyzerConfig, BlockRole, Phase, ZeroGradPlacement};
 use memcast::{trace, Warning};
 use serde::Serialize;
 
@@ -254,9 +254,12 @@ fn print_text(s: &Summary) {
         out,
         "zero_grad: {} calls, placement {}, set_to_none {}",
         s.zero_grad.n_calls,
-        s.zero_grad
-            .placement
-            .map_or("unknown".to_owned(), |p| format!("{p:?}")),
+        match s.zero_grad.placement {
+            Some(ZeroGradPlacement::BeforeForward) => "pos1 (before forward)",
+            Some(ZeroGradPlacement::BeforeBackward) => "pos0 (between forward and backward)",
+            Some(ZeroGradPlacement::Elsewhere) => "after backward or unclear",
+            None => "unknown",
+        },
         s.zero_grad
             .set_to_none
             .map_or("unknown".to_owned(), |b| b.to_string())
