@@ -307,7 +307,25 @@ pub fn estimate(
             })
             .collect(),
         summary,
-        warnings: prepared.warnings.clone(),
+        warnings: {
+            let mut warnings = prepared.warnings.clone();
+            let context = config.reference.overheads.context_bytes;
+            let sourced = presets::DeviceOverheads::for_arch(
+                config.reference.arch.unwrap_or(presets::Arch::Ampere),
+            )
+            .context_bytes;
+            if context == sourced {
+                warnings.push(Warning::new(
+                    "context_assumed",
+                    format!(
+                        "the CUDA context outside the allocator is assumed to be {} MiB on {} (a bare context with lazy module loading); a training process that has loaded cuBLAS and cuDNN kernels can hold a few hundred MiB more, so measure nvidia-smi used minus torch.cuda.memory_reserved() after one step and pass it with --context",
+                        context.get() / Bytes::MIB,
+                        config.reference.name
+                    ),
+                ));
+            }
+            warnings
+        },
         max_timeline_points: config.max_timeline_points,
     };
     let report = report::build(&input)?;
@@ -398,4 +416,92 @@ pub fn simulate_schedule(
         samples.push(sample);
     }
     SimulatedRun { samples, oom_at }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &[u8] = include_bytes!("../tests/fixtures/tiny_step.json");
+
+    #[test]
+    fn progress_walks_through_every_stage_in_order() {
+        let config = Config::standard()
+            .with_gpus(&["t4".to_owned(), "l4".to_owned()])
+            .unwrap();
+        let mut seen: Vec<Progress> = Vec::new();
+        run(TINY, &config, &mut |p| seen.push(p)).unwrap();
+        let mut stages: Vec<Stage> = seen.iter().map(|p| p.stage).collect();
+        stages.dedup();
+        assert_eq!(
+            stages,
+            vec![
+                Stage::Parsing,
+                Stage::Analyzing,
+                Stage::Orchestrating,
+                Stage::Simulating,
+                Stage::Reporting
+            ]
+        );
+        let simulating: Vec<(u64, u64)> = seen
+            .iter()
+            .filter(|p| p.stage == Stage::Simulating)
+            .map(|p| (p.done, p.total))
+            .collect();
+        assert_eq!(simulating, vec![(0, 3), (1, 3), (2, 3)]);
+        assert!(seen.iter().all(|p| p.done <= p.total));
+    }
+
+    #[test]
+    fn stage_errors_reach_the_caller_with_their_advice() {
+        let config = Config::standard();
+        let err = run(b"", &config, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::Trace(TraceError::Empty)));
+        let bad_conf = Config {
+            alloc_conf: "no_such_option:1".to_owned(),
+            ..Config::standard()
+        };
+        let err = run(TINY, &bad_conf, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::AllocatorConfig(_)), "{err}");
+        assert!(err.to_string().contains("no_such_option"), "{err}");
+        let err = Config::standard()
+            .with_gpus(&["a100".to_owned()])
+            .unwrap_err();
+        assert!(matches!(err, Error::Gpu(PresetError::Unknown(_))));
+        let zero = Config {
+            orchestrator: OrchestratorConfig {
+                iterations: 0,
+                ..OrchestratorConfig::standard()
+            },
+            ..Config::standard()
+        };
+        let err = run(TINY, &zero, &mut |_| {}).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Orchestrate(OrchestrateError::NoIterations(0))
+        ));
+    }
+
+    #[test]
+    fn the_context_warning_is_only_given_for_the_assumed_value() {
+        let assumed = Config::standard().with_gpus(&["t4".to_owned()]).unwrap();
+        let report = run(TINY, &assumed, &mut |_| {}).unwrap();
+        assert!(report.warnings.iter().any(|w| w.code == "context_assumed"));
+        let measured = assumed.with_context(Bytes(700 * Bytes::MIB));
+        let report = run(TINY, &measured, &mut |_| {}).unwrap();
+        assert!(!report.warnings.iter().any(|w| w.code == "context_assumed"));
+        assert_eq!(report.value.peak.context_bytes, Bytes(700 * Bytes::MIB));
+    }
+
+    #[test]
+    fn the_context_override_applies_to_every_gpu() {
+        let config = Config::standard().with_context(Bytes(123));
+        assert_eq!(config.reference.overheads.context_bytes, Bytes(123));
+        assert!(config
+            .gpus
+            .iter()
+            .all(|g| g.overheads.context_bytes == Bytes(123)));
+        assert_eq!(config.gpus.len(), presets::PRESETS.len());
+        assert_eq!(config.reference.name, "a100-80gb");
+    }
 }

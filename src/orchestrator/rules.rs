@@ -395,7 +395,13 @@ pub(crate) fn plan_iterations(
             repeated: None,
         };
     };
-    let period = last_it.start.saturating_sub(previous_it.start);
+    // Copies follow each other without overlap: the repeated iteration's
+    // length plus the gap that separated it from the one before.
+    let gap = last_it.start.saturating_sub(previous_it.end).max(Nanos(1));
+    let period = last_it
+        .end
+        .saturating_sub(last_it.start)
+        .saturating_add(gap);
     for k in 1..=(wanted_usize - captured) {
         let offset = Nanos(period.get().saturating_mul(k as i64));
         copies.push(((last + k) as u32, last, offset));
@@ -561,16 +567,14 @@ pub(crate) fn captured_items(
         {
             continue;
         }
-        {
-            let free = block.free_ts.zip(block.free_event).and_then(|(ts, event)| {
-                plan.cut.is_none_or(|cut| ts < cut).then_some(Key {
-                    time: ts,
-                    group: 1,
-                    rank: event as u64,
-                })
-            });
-            items.push(item_of(analysis, block, None, Nanos::ZERO, 0, free));
-        }
+        let free = block.free_ts.zip(block.free_event).and_then(|(ts, event)| {
+            plan.cut.is_none_or(|cut| ts < cut).then_some(Key {
+                time: ts,
+                group: 1,
+                rank: event as u64,
+            })
+        });
+        items.push(item_of(analysis, block, None, Nanos::ZERO, 0, free));
     }
     (items, dropped)
 }
@@ -1662,6 +1666,41 @@ mod tests {
     }
 
     #[test]
+    fn repeated_iterations_never_overlap_a_long_last_iteration() {
+        // Captured step times vary: the last iteration here lasts 1,600 ns
+        // although iterations start 1,000 ns apart.
+        let mut lp = Loop::training("SGD");
+        lp.analysis.iterations[2].end = Nanos(2 * PERIOD + 1_600);
+        let (five, _) = run(&lp.analysis, 5, OptimizerPath::Captured);
+        let spans = &five.iterations;
+        for pair in spans.windows(2) {
+            assert!(pair[1].start > pair[0].end, "{pair:?}");
+        }
+        assert_eq!(spans[3].start, Nanos(2 * PERIOD + 1_600 + 1));
+        for event in &five.events {
+            let block = five.block(event.block).unwrap();
+            if event.kind == EventKind::Alloc {
+                if let Some(iteration) = block.iteration {
+                    let span = spans[iteration as usize];
+                    assert!(
+                        span.start <= event.time && event.time <= span.end,
+                        "{block:?} at {:?} outside {span:?}",
+                        event.time
+                    );
+                }
+            }
+        }
+        // Steady state: iterations 1 to 4 hold the same gradients mid-backward.
+        for span in &spans[1..] {
+            let mid_backward = span.start.get() + 650;
+            assert_eq!(
+                live_bytes_at(&five, mid_backward, Category::Gradient),
+                4_080
+            );
+        }
+    }
+
+    #[test]
     fn fewer_iterations_cut_the_trace() {
         let lp = Loop::training("SGD");
         let (one, _) = run(&lp.analysis, 1, OptimizerPath::Captured);
@@ -1727,6 +1766,44 @@ mod tests {
             found,
             vec![(Nanos(200), Phase::Forward), (Nanos(500), Phase::Backward)]
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+        /// Any mix of blocks, roles and lifetimes gives a consistent schedule
+        /// (every block allocated once, freed at most once, never before its
+        /// allocation, events in time order), for any iteration count.
+        #[test]
+        fn any_analysis_gives_a_consistent_schedule(
+            blocks in proptest::collection::vec(
+                (0usize..3, 0i64..999, proptest::option::of(0i64..3_000), 1u64..100_000, 0usize..6, 0usize..4),
+                1..60,
+            ),
+            iterations in 1u32..7,
+            foreach in proptest::bool::ANY,
+        ) {
+            let phases = [P::DataLoading, P::ZeroGrad, P::Forward, P::Backward, P::OptimizerStep, P::Other];
+            let mut lp = Loop::new("Adam");
+            for (iteration, alloc, free, size, phase, role) in blocks {
+                let start = iteration as i64 * PERIOD + alloc;
+                let free = free.map(|f| start + f).filter(|&f| f < 3 * PERIOD);
+                let role = match role {
+                    0 => BlockRole::Gradient { param: 0 },
+                    1 => BlockRole::OptimizerState,
+                    2 => BlockRole::Batch,
+                    _ => BlockRole::Other,
+                };
+                lp.block(iteration, alloc, free, size, phases[phase], role);
+            }
+            let config = OrchestratorConfig {
+                iterations,
+                optimizer_path: if foreach { OptimizerPath::CudaDefault } else { OptimizerPath::Captured },
+            };
+            let first = orchestrate(&lp.analysis, &config).unwrap();
+            proptest::prop_assert_eq!(first.value.schedule.check(), Ok(()));
+            let again = orchestrate(&lp.analysis, &config).unwrap();
+            proptest::prop_assert_eq!(first, again);
+        }
     }
 
     #[test]

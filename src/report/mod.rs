@@ -146,6 +146,18 @@ impl Breakdown {
     }
 }
 
+/// The peaks of one simulated iteration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterationPeak {
+    pub index: u32,
+    /// The captured iteration it was taken from.
+    pub source: u32,
+    pub start_ns: Nanos,
+    pub end_ns: Nanos,
+    pub peak_allocated_bytes: Bytes,
+    pub peak_reserved_bytes: Bytes,
+}
+
 /// Live bytes of one layer at the peak.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerBytes {
@@ -185,6 +197,8 @@ pub struct Report {
     pub peak: Peak,
     pub breakdown_at_peak: Breakdown,
     pub top_layers: Vec<LayerBytes>,
+    /// Peaks per simulated iteration: steady state shows as equal peaks.
+    pub iterations: Vec<IterationPeak>,
     /// Allocated and reserved over the schedule's time, downsampled.
     pub timeline: Vec<TimelinePoint>,
     pub gpus: Vec<GpuVerdict>,
@@ -292,6 +306,27 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         })
         .collect();
 
+    let iterations = schedule
+        .iterations
+        .iter()
+        .map(|span| {
+            let mut peak = MemSample::default();
+            for (event, sample) in schedule.events.iter().zip(samples) {
+                if span.start <= event.time && event.time <= span.end {
+                    peak.allocated = peak.allocated.max(sample.allocated);
+                    peak.reserved = peak.reserved.max(sample.reserved);
+                }
+            }
+            IterationPeak {
+                index: span.index,
+                source: span.source,
+                start_ns: span.start,
+                end_ns: span.end,
+                peak_allocated_bytes: peak.allocated,
+                peak_reserved_bytes: peak.reserved,
+            }
+        })
+        .collect();
     let gpus = input.gpus.iter().map(verdict).collect();
     Ok(Report {
         schema: SCHEMA.to_owned(),
@@ -306,6 +341,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         },
         breakdown_at_peak: breakdown,
         top_layers,
+        iterations,
         timeline: downsample(&points, input.max_timeline_points),
         gpus,
         warnings: input.warnings.clone(),
@@ -505,6 +541,12 @@ mod tests {
         );
         assert_eq!(report.breakdown_at_peak.activations, Bytes::ZERO);
         assert_eq!(report.timeline.len(), 6);
+        assert_eq!(report.iterations.len(), 1);
+        assert_eq!(report.iterations[0].peak_reserved_bytes, Bytes(reserved));
+        assert_eq!(
+            report.iterations[0].peak_allocated_bytes,
+            Bytes(1024 + ws + 3584)
+        );
         let verdict = &report.gpus[0];
         assert!(verdict.fits);
         assert_eq!(

@@ -375,3 +375,58 @@ fn timelines_keep_the_peak_and_stay_small() {
         );
     }
 }
+
+#[test]
+fn new_gpus_rerun_only_the_simulation_from_a_prepared_schedule() {
+    let name = "resnet18_sgd_bs16_pos1.json.gz";
+    let prepared = prepared_fixture(name);
+    let mut other = Config::standard()
+        .with_gpus(&["h200".to_owned(), "8GiB".to_owned()])
+        .unwrap();
+    other.alloc_conf = "expandable_segments:True".to_owned();
+    let from_prepared = estimate(prepared, &other);
+    let bytes = common::read_shared(&trace_path(name));
+    let from_bytes = memcast::run(&bytes, &other, &mut |_| {}).unwrap().value;
+    assert_eq!(from_prepared, from_bytes);
+    assert_eq!(from_prepared.gpus.len(), 2);
+    assert_eq!(from_prepared.reference_gpu, "h200");
+    // A prepared schedule survives a trip through JSON (a worker can keep it).
+    let json = serde_json::to_string(prepared).unwrap();
+    let back: Prepared = serde_json::from_str(&json).unwrap();
+    assert_eq!(&back, prepared);
+    assert_eq!(estimate(&back, &other), from_prepared);
+}
+
+#[test]
+fn repeated_iterations_reach_a_steady_state() {
+    // t5-small's last captured step is longer than the gap between step
+    // starts; copies that overlapped it once inflated the peak by 32 %.
+    for name in [
+        "t5-small_adamw_bs8_pos1.json.gz",
+        "resnet18_sgd_bs16_pos1.json.gz",
+    ] {
+        let mut five = config();
+        five.orchestrator.iterations = 5;
+        let bytes = common::read_shared(&trace_path(name));
+        let long = memcast::run(&bytes, &five, &mut |_| {}).unwrap().value;
+        assert_eq!(long.iterations.len(), 5, "{name}");
+        let steady = &long.iterations[1..];
+        for pair in steady.windows(2) {
+            assert!(pair[0].end_ns < pair[1].start_ns, "{name}: {pair:?}");
+            assert_eq!(
+                pair[0].peak_allocated_bytes, pair[1].peak_allocated_bytes,
+                "{name}: {pair:?}"
+            );
+            assert_eq!(
+                pair[0].peak_reserved_bytes, pair[1].peak_reserved_bytes,
+                "{name}: {pair:?}"
+            );
+        }
+        // Three iterations already show the steady-state peak.
+        let three = report(name);
+        assert_eq!(
+            long.peak.reserved_bytes, three.peak.reserved_bytes,
+            "{name}"
+        );
+    }
+}

@@ -18,7 +18,8 @@ pub struct Args {
     trace: PathBuf,
     /// A GPU preset (see `memcast presets`) or a capacity such as 24GiB,
     /// 80000MiB or 12884377600; repeat for several. The first one's overheads
-    /// are used for the headline peak. Default: every preset.
+    /// are used for the headline peak. Default: every preset, with the
+    /// a100-80gb overheads for the headline.
     #[arg(long = "gpu", value_name = "NAME|SIZE")]
     gpus: Vec<String>,
     /// A `PYTORCH_CUDA_ALLOC_CONF` string, e.g. `expandable_segments:True`.
