@@ -12,9 +12,21 @@
 //! - [`batch::sweep`] — `memcast.batch/1`: a block-by-block model of the
 //!   schedule as a function of the batch size, fitted on two or more traces,
 //!   simulated at any batch size, and the largest batch that fits each GPU;
-//! - [`planned::plan`] — `memcast.whatif.plan/1`: an offline, lifetime-aware
-//!   allocation plan of the same sequence and the caching allocator's
-//!   fragmentation against it.
+//! - [`planned::compare`] — `memcast.whatif.plan/1`: an offline,
+//!   lifetime-aware allocation plan of the same sequence between the
+//!   live-tensor lower bound and the caching allocator's reserved memory;
+//! - [`distributed::compare`] — `memcast.whatif.distributed/1`: per-GPU
+//!   memory under DDP, ZeRO-1/2/3 (FSDP) and 1-D tensor parallel, with the
+//!   modelling assumptions (NCCL included) listed;
+//! - [`precision::compare`] — `memcast.whatif.precision/1`: the fp32 job under
+//!   bf16/fp16 autocast, an approximation with its rules listed.
+//!
+//! For a UI: every entry takes the [`Prepared`] that [`crate::prepare`] made
+//! (so the trace is read once) and the same [`Config`] as [`crate::estimate`]
+//! (its `reference` GPU gives the overheads of the peaks, its `gpus` the
+//! per-GPU fits); the batch what-if takes one [`Prepared`] per trace with its
+//! batch size ([`batch::batch_size_of_trace`] reads it from a trace's bytes,
+//! [`batch::complete_batch_sizes`] fills in the rest).
 //!
 //! Invariants: pure and deterministic like every core stage; each result
 //! reports peaks with the meaning of the estimate's `peak` (reserved plus the
