@@ -631,3 +631,18 @@ fn distributed_and_precision_cli_print_json() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("APPROXIMATION"));
 }
+
+#[test]
+fn set_to_none_false_from_the_pos1_trace_matches_the_real_nonone_trace() {
+    // The fixtures hold the same resnet18 SGD job captured with
+    // set_to_none=True and with set_to_none=False: the transformation of the
+    // first must give the peak of the second.
+    let config = config();
+    let result = zero_grad::compare(prepared(BS16), &config).unwrap();
+    let keep = result.rows.iter().find(|r| !r.set_to_none).unwrap();
+    let real = memcast::estimate(prepared(NONONE), &config, &mut |_| {})
+        .unwrap()
+        .value;
+    assert_eq!(keep.peak.allocated_bytes, real.peak.allocated_bytes);
+    assert_eq!(keep.peak.total_bytes, real.peak.total_bytes);
+}
