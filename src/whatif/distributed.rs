@@ -109,10 +109,14 @@ pub(super) enum At {
 pub(super) struct Edit<'a> {
     schedule: &'a Schedule,
     sizes: Vec<Bytes>,
-    free_after: BTreeMap<usize, usize>,
+    /// Free events moved next to another event.
+    pub(super) moved_frees: BTreeMap<usize, At>,
+    /// Events removed.
+    pub(super) dropped: std::collections::BTreeSet<usize>,
     extras: Vec<(ScheduledBlock, At, Option<At>)>,
     /// Frees added for blocks the sequence never frees.
-    new_frees: Vec<(usize, At)>,
+    pub(super) new_frees: Vec<(usize, At)>,
+    categories: BTreeMap<usize, Category>,
 }
 
 impl<'a> Edit<'a> {
@@ -120,9 +124,11 @@ impl<'a> Edit<'a> {
         Edit {
             schedule,
             sizes: schedule.blocks.iter().map(|b| b.size).collect(),
-            free_after: BTreeMap::new(),
+            moved_frees: BTreeMap::new(),
+            dropped: std::collections::BTreeSet::new(),
             extras: Vec::new(),
             new_frees: Vec::new(),
+            categories: BTreeMap::new(),
         }
     }
 
@@ -162,6 +168,11 @@ impl<'a> Edit<'a> {
         self.extras.iter().map(|e| e.0.size).sum()
     }
 
+    /// Changes a block's category.
+    pub(super) fn recategorize(&mut self, id: usize, category: Category) {
+        self.categories.insert(id, category);
+    }
+
     pub(super) fn build(self) -> Result<Schedule, WhatIfError> {
         let events = &self.schedule.events;
         let time_of = |index: usize| events.get(index).map_or(Nanos::ZERO, |e| e.time);
@@ -172,8 +183,11 @@ impl<'a> Edit<'a> {
         let mut keyed: Vec<((Nanos, usize, usize), ScheduleEvent)> =
             Vec::with_capacity(events.len() + 2 * self.extras.len());
         for (index, event) in events.iter().enumerate() {
-            let key = match (event.kind, self.free_after.get(&index)) {
-                (EventKind::Free, Some(&after)) => key_of(At::After(after), usize::MAX),
+            if self.dropped.contains(&index) {
+                continue;
+            }
+            let key = match (event.kind, self.moved_frees.get(&index)) {
+                (EventKind::Free, Some(&at)) => key_of(at, usize::MAX),
                 _ => (event.time, 2 * index + 1, 0),
             };
             keyed.push((key, *event));
@@ -193,6 +207,11 @@ impl<'a> Edit<'a> {
         let mut blocks = self.schedule.blocks.clone();
         for (block, size) in blocks.iter_mut().zip(&self.sizes) {
             block.size = *size;
+        }
+        for (&id, &category) in &self.categories {
+            if let Some(block) = blocks.get_mut(id) {
+                block.category = category;
+            }
         }
         for (k, (block, alloc, free)) in self.extras.into_iter().enumerate() {
             let id = BlockId(u32::try_from(blocks.len()).unwrap_or(u32::MAX));
@@ -343,7 +362,7 @@ fn reduce_scatter_gradients(edit: &mut Edit<'_>, marks: &Landmarks, n: u32) {
             free.map(At::After),
         ));
         if let Some(free) = free {
-            edit.free_after.insert(free, alloc);
+            edit.moved_frees.insert(free, At::After(alloc));
         } else {
             // Never freed (the last iteration's): the full gradient is a
             // transient all the same.
