@@ -258,3 +258,76 @@ pub(crate) fn peak_only(config: &Config) -> Config {
     config.gpus.clear();
     config
 }
+
+/// Which what-if to run on a prepared trace (the worker's request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum WhatIfKind {
+    /// [`alloc_settings::compare`] over the standard settings.
+    Alloc,
+    /// [`zero_grad::compare`].
+    ZeroGrad,
+    /// [`planned::compare`].
+    Plan,
+    /// [`distributed::compare`] at `world_size` GPUs.
+    Distributed { world_size: u32 },
+    /// [`precision::compare`].
+    Precision,
+    /// [`batch::sweep`] from the one prepared trace (the single-trace model).
+    Batch,
+}
+
+/// The answer to a [`WhatIfKind`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum WhatIfResult {
+    Alloc(alloc_settings::AllocComparison),
+    ZeroGrad(zero_grad::ZeroGradComparison),
+    Plan(planned::PlanResult),
+    Distributed(distributed::DistributedComparison),
+    Precision(precision::PrecisionComparison),
+    Batch(batch::BatchSweep),
+}
+
+/// Runs one what-if on a prepared trace. `batch_size` is the trace's batch
+/// size (from [`batch::batch_size_of_trace`]); only [`WhatIfKind::Batch`]
+/// needs it.
+pub fn run(
+    prepared: &Prepared,
+    batch_size: Option<u32>,
+    what: WhatIfKind,
+    config: &Config,
+) -> Result<WhatIfResult, WhatIfError> {
+    Ok(match what {
+        WhatIfKind::Alloc => WhatIfResult::Alloc(alloc_settings::compare(prepared, config, &[])?),
+        WhatIfKind::ZeroGrad => WhatIfResult::ZeroGrad(zero_grad::compare(prepared, config)?),
+        WhatIfKind::Plan => WhatIfResult::Plan(planned::compare(prepared, config)?),
+        WhatIfKind::Distributed { world_size } => WhatIfResult::Distributed(distributed::compare(
+            prepared,
+            config,
+            distributed::DistOptions::new(world_size),
+        )?),
+        WhatIfKind::Precision => WhatIfResult::Precision(precision::compare(prepared, config)?),
+        WhatIfKind::Batch => {
+            let batch = batch_size.ok_or_else(|| WhatIfError::UnknownBatch("this trace".into()))?;
+            let inputs = [batch::BatchInput { batch, prepared }];
+            let first = batch::sweep(&inputs, &[], config)?;
+            // Extend the curve to the largest batch found, so a chart shows
+            // the whole range up to the capacity lines.
+            let largest = first.max_batch.iter().map(|m| m.batch).max().unwrap_or(0);
+            let mut at: Vec<u32> = first.points.iter().map(|p| p.batch).collect();
+            if largest > at.last().copied().unwrap_or(0) {
+                at.extend(
+                    (1..=16u32)
+                        .map(|k| {
+                            u32::try_from(u64::from(largest) * u64::from(k) / 16).unwrap_or(largest)
+                        })
+                        .filter(|&b| b > 0),
+                );
+                WhatIfResult::Batch(batch::sweep(&inputs, &at, config)?)
+            } else {
+                WhatIfResult::Batch(first)
+            }
+        }
+    })
+}

@@ -658,3 +658,41 @@ fn set_to_none_false_from_the_pos1_trace_matches_the_real_nonone_trace() {
     assert_eq!(keep.peak.allocated_bytes, real.peak.allocated_bytes);
     assert_eq!(keep.peak.total_bytes, real.peak.total_bytes);
 }
+
+/// The worker's entry: every kind answers, and the single-trace batch curve
+/// reaches the largest batch found for each GPU.
+#[test]
+fn the_worker_entry_runs_every_kind() {
+    use memcast::whatif::{run, WhatIfKind, WhatIfResult};
+    let bytes = common::read_shared(&path(BS16));
+    let batch_size = batch::batch_size_of_trace(&bytes);
+    assert_eq!(batch_size, Some(16));
+    let prepared = prepared(BS16);
+    let kinds = [
+        WhatIfKind::Alloc,
+        WhatIfKind::ZeroGrad,
+        WhatIfKind::Plan,
+        WhatIfKind::Distributed { world_size: 4 },
+        WhatIfKind::Precision,
+        WhatIfKind::Batch,
+    ];
+    for what in kinds {
+        let result = run(prepared, batch_size, what, &config()).unwrap();
+        let round_trip: WhatIfResult =
+            serde_json::from_str(&serde_json::to_string(&result).unwrap()).unwrap();
+        assert_eq!(round_trip, result, "{what:?}");
+        if let WhatIfResult::Batch(sweep) = &result {
+            let largest = sweep.max_batch.iter().map(|m| m.batch).max().unwrap();
+            assert!(
+                largest > 64,
+                "a 80 GB GPU fits far more than batch 64 of resnet18"
+            );
+            assert_eq!(sweep.points.last().map(|p| p.batch), Some(largest));
+            assert!(sweep.points.windows(2).all(|w| w[0].batch < w[1].batch));
+        }
+    }
+    assert!(matches!(
+        run(prepared, None, WhatIfKind::Batch, &config()),
+        Err(WhatIfError::UnknownBatch(_))
+    ));
+}
