@@ -27,6 +27,7 @@ pub mod report;
 pub mod simulator;
 pub mod trace;
 pub mod units;
+pub mod whatif;
 
 #[cfg(feature = "web")]
 pub mod web;

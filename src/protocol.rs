@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::permalink::TraceIdentity;
 use crate::report::Report;
+use crate::whatif::{WhatIfKind, WhatIfResult};
 use crate::{Config, Stage};
 
 /// Page → worker.
@@ -28,6 +29,12 @@ pub enum Request {
     /// Simulate the last prepared trace again with other GPUs or allocator
     /// settings (no parsing).
     Resimulate { job: u32, config: Config },
+    /// Run a what-if on the last prepared trace.
+    WhatIf {
+        job: u32,
+        what: WhatIfKind,
+        config: Config,
+    },
 }
 
 /// Worker → page.
@@ -49,7 +56,9 @@ pub enum Response {
         trace: TraceIdentity,
         report: Box<Report>,
     },
-    /// A [`Request::Resimulate`] arrived but the worker holds no prepared trace
+    /// The answer to a [`Request::WhatIf`].
+    WhatIf { job: u32, result: Box<WhatIfResult> },
+    /// A [`Request::Resimulate`] or [`Request::WhatIf`] arrived but the worker holds no prepared trace
     /// (it was restarted): send the file again with [`Request::Run`].
     NeedTrace { job: u32 },
     /// The request failed; the message says what was wrong and what to do.
@@ -116,6 +125,11 @@ mod tests {
             },
             Request::Resimulate {
                 job: 8,
+                config: Config::standard(),
+            },
+            Request::WhatIf {
+                job: 9,
+                what: WhatIfKind::Distributed { world_size: 8 },
                 config: Config::standard(),
             },
         ];

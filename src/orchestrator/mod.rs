@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 pub use rules::{foreach_temporary_lists, Rule, RULES};
 pub use schedule::{
-    BlockId, Category, EventKind, IterationSpan, Phase, Schedule, ScheduleEvent, ScheduledBlock,
+    BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
+    ScheduledBlock,
 };
 
 use crate::analyzer::Analysis;

@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 
 use super::schedule::{
-    BlockId, Category, EventKind, IterationSpan, Phase, Schedule, ScheduleEvent, ScheduledBlock,
+    BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
+    ScheduledBlock,
 };
 use super::{OptimizerPath, OrchestrationFacts, OrchestratorConfig, RuleCount};
 use crate::analyzer::{self, Analysis, Block, BlockRole};
@@ -829,6 +830,7 @@ pub(crate) fn into_schedule(mut items: Vec<Item>, iterations: Vec<IterationSpan>
         blocks,
         events: events.into_iter().map(|(_, _, event)| event).collect(),
         iterations,
+        phases: Vec::new(),
     }
 }
 
@@ -986,7 +988,17 @@ pub(crate) fn apply_all(
             })
             .collect(),
     };
-    (into_schedule(items, iterations), facts)
+    let mut schedule = into_schedule(items, iterations);
+    schedule.phases = phase_spans
+        .iter()
+        .map(|&(iteration, phase, start, end)| PhaseWindow {
+            iteration,
+            phase,
+            start,
+            end,
+        })
+        .collect();
+    (schedule, facts)
 }
 
 /// Decides whether the foreach rule applies and applies it.

@@ -113,6 +113,16 @@ pub struct IterationSpan {
     pub end: Nanos,
 }
 
+/// One phase of one simulated iteration, on the schedule's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseWindow {
+    /// The simulated iteration ([`IterationSpan::index`]).
+    pub iteration: u32,
+    pub phase: Phase,
+    pub start: Nanos,
+    pub end: Nanos,
+}
+
 /// The orchestrated allocation sequence.
 ///
 /// Invariants: `events` is sorted by time (ties keep rule order); every block
@@ -123,6 +133,9 @@ pub struct Schedule {
     pub blocks: Vec<ScheduledBlock>,
     pub events: Vec<ScheduleEvent>,
     pub iterations: Vec<IterationSpan>,
+    /// The phases of every simulated iteration, in time order.
+    #[serde(default)]
+    pub phases: Vec<PhaseWindow>,
 }
 
 impl Schedule {

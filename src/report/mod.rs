@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use timeline::{downsample, TimelinePoint, DEFAULT_MAX_POINTS};
 
 use crate::diag::Warning;
-use crate::orchestrator::{BlockId, Category, EventKind, Phase, Schedule};
+use crate::orchestrator::{BlockId, Category, EventKind, Phase, PhaseWindow, Schedule};
 use crate::presets::GpuTarget;
 use crate::units::{Bytes, Nanos};
 
@@ -199,6 +199,9 @@ pub struct Report {
     pub top_layers: Vec<LayerBytes>,
     /// Peaks per simulated iteration: steady state shows as equal peaks.
     pub iterations: Vec<IterationPeak>,
+    /// The phases of every simulated iteration, on the timeline's clock (for
+    /// shading the timeline).
+    pub phases: Vec<PhaseWindow>,
     /// Allocated and reserved over the schedule's time, downsampled.
     pub timeline: Vec<TimelinePoint>,
     pub gpus: Vec<GpuVerdict>,
@@ -342,6 +345,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         breakdown_at_peak: breakdown,
         top_layers,
         iterations,
+        phases: input.schedule.phases.clone(),
         timeline: downsample(&points, input.max_timeline_points),
         gpus,
         warnings: input.warnings.clone(),
@@ -489,6 +493,7 @@ mod tests {
                 start: Nanos(0),
                 end: Nanos(5),
             }],
+            phases: Vec::new(),
         }
     }
 

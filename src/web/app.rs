@@ -9,10 +9,13 @@ use web_sys::{Blob, File, HtmlCanvasElement, HtmlInputElement, Worker};
 use super::bridge;
 use super::charts::{self, Band};
 use super::format::{exact, gib, seconds, short, thousands};
+use super::whatif::WhatIfPanel;
+use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
 use crate::presets::{self, PRESETS};
 use crate::protocol::{Request, Response};
 use crate::report::{Breakdown, Report};
+use crate::whatif::{WhatIfKind, WhatIfResult};
 use crate::Config;
 
 /// The demo trace, a real fixture shipped with the site (`www/demo/`).
@@ -93,6 +96,8 @@ fn App() -> impl IntoView {
             .collect::<Vec<_>>(),
     );
     let alloc_conf = RwSignal::new(String::new());
+    let whatif_result = RwSignal::new(None::<WhatIfResult>);
+    let world_size = RwSignal::new("8".to_string());
     let job = StoredValue::new(0u32);
     let worker = StoredValue::new_local(None::<Worker>);
     let input = StoredValue::new_local(None::<Input>);
@@ -188,6 +193,35 @@ fn App() -> impl IntoView {
         }
     };
 
+    let run_whatif = move |what: WhatIfKind| {
+        if status.get_untracked() == Status::Starting {
+            return;
+        }
+        if shown.with_untracked(|s| s.as_ref().is_none_or(|s| s.shared)) {
+            error.set(Some(
+                "what-ifs need the trace: drop it (or try the demo) first".into(),
+            ));
+            return;
+        }
+        let (config, _) = match config() {
+            Ok(config) => config,
+            Err(message) => return error.set(Some(message)),
+        };
+        let request = Request::WhatIf {
+            job: next_job(),
+            what,
+            config,
+        };
+        let sent = worker.with_value(|worker| match worker {
+            Some(worker) => bridge::post(worker, &request, None),
+            None => Err("the worker is not running; reload the page".into()),
+        });
+        match sent {
+            Ok(()) => working("Simulating the what-if"),
+            Err(message) => error.set(Some(message)),
+        }
+    };
+
     let on_response = move |response: Response| {
         let current = job.get_value();
         match response {
@@ -212,12 +246,18 @@ fn App() -> impl IntoView {
                 set_location_hash(&permalink::encode(&shared));
                 status.set(Status::Idle);
                 error.set(None);
+                whatif_result.set(None);
                 shown.set(Some(Shown {
                     trace,
                     gpus,
                     report: *report,
                     shared: false,
                 }));
+            }
+            Response::WhatIf { job: of, result } if of == current => {
+                status.set(Status::Idle);
+                error.set(None);
+                whatif_result.set(Some(*result));
             }
             Response::NeedTrace { job: of } if of == current => match input.get_value() {
                 Some(file) => send_run(file),
@@ -428,6 +468,31 @@ fn App() -> impl IntoView {
             </section>
 
             {move || shown.get().map(|shown| view! { <Results shown=shown /> })}
+
+            {move || shown.with(|s| s.as_ref().is_some_and(|s| !s.shared)).then(|| view! {
+                <section id="whatifs" class="result">
+                    <h2>"What if…"</h2>
+                    <p class="hint">"Each answer re-runs the orchestrated allocation sequence through the simulated allocator, on the first selected GPU's overheads."</p>
+                    <div class="whatif-buttons">
+                        <button id="whatif-alloc" type="button" on:click=move |_| run_whatif(WhatIfKind::Alloc)>"Allocator settings"</button>
+                        <button id="whatif-zero-grad" type="button" on:click=move |_| run_whatif(WhatIfKind::ZeroGrad)>"zero_grad placement"</button>
+                        <button id="whatif-batch" type="button" on:click=move |_| run_whatif(WhatIfKind::Batch)>"Largest batch"</button>
+                        <button id="whatif-plan" type="button" on:click=move |_| run_whatif(WhatIfKind::Plan)>"Planned allocation"</button>
+                        <button id="whatif-precision" type="button" on:click=move |_| run_whatif(WhatIfKind::Precision)>"Mixed precision"</button>
+                        <span class="distributed">
+                            <button id="whatif-distributed" type="button" on:click=move |_| {
+                                match world_size.get_untracked().trim().parse::<u32>() {
+                                    Ok(n) if n > 0 => run_whatif(WhatIfKind::Distributed { world_size: n }),
+                                    _ => error.set(Some("the number of GPUs must be a whole number of at least 1".into())),
+                                }
+                            }>"Distributed over"</button>
+                            " "<input id="world-size" type="number" min="1" prop:value=move || world_size.get()
+                                on:input=move |ev| world_size.set(event_target_value(&ev)) />" GPUs"
+                        </span>
+                    </div>
+                    {move || whatif_result.get().map(|result| view! { <WhatIfPanel result=result /> })}
+                </section>
+            })}
         </main>
         <footer>
             <p>"memcast runs entirely in this page: your trace is read by a Web Worker on this device and never uploaded. A shared link carries only the estimate."</p>
@@ -507,6 +572,33 @@ fn breakdown_parts(breakdown: &Breakdown) -> [(&'static str, crate::Bytes); 9] {
     ]
 }
 
+/// The shaded phases of the timeline, and their names for the legend.
+const BAND_PHASES: [(Phase, &str); 5] = [
+    (Phase::DataLoading, "data loading"),
+    (Phase::ZeroGrad, "zero_grad"),
+    (Phase::Forward, "forward"),
+    (Phase::Backward, "backward"),
+    (Phase::OptimizerStep, "optimizer step"),
+];
+
+fn phase_bands(report: &Report) -> Vec<Band> {
+    report
+        .phases
+        .iter()
+        .filter_map(|window| {
+            let shade = BAND_PHASES
+                .iter()
+                .position(|(phase, _)| *phase == window.phase)?;
+            Some(Band {
+                start_ns: window.start.get(),
+                end_ns: window.end.get(),
+                label: BAND_PHASES[shade].1.to_string(),
+                shade,
+            })
+        })
+        .collect()
+}
+
 /// Draws a chart once its canvas is in the page.
 fn draw_on(
     canvas: NodeRef<leptos::html::Canvas>,
@@ -534,7 +626,7 @@ fn Results(
     let timeline_canvas = NodeRef::<leptos::html::Canvas>::new();
     let gpu_canvas = NodeRef::<leptos::html::Canvas>::new();
     let breakdown_canvas = NodeRef::<leptos::html::Canvas>::new();
-    let bands: Vec<Band> = Vec::new();
+    let bands = phase_bands(&report);
     {
         let report = report.clone();
         draw_on(timeline_canvas, move |canvas| {
@@ -623,6 +715,24 @@ fn Results(
 
             <h3>"Timeline"</h3>
             <canvas id="timeline-chart" node_ref=timeline_canvas width="1040" height="320"></canvas>
+            <p class="legend">
+                {BAND_PHASES.iter().enumerate().map(|(idx, (_, name))| {
+                    let c = charts::BAND_COLORS[idx];
+                    view! { <span class="swatch" style=format!("background: rgba({},{},{},0.35)", c.0, c.1, c.2)></span>" "{*name}" " }
+                }).collect_view()}
+            </p>
+            <table id="iterations-table">
+                <thead><tr><th>"iteration"</th><th>"from captured"</th><th>"start"</th><th>"end"</th><th>"peak allocated (B)"</th><th>"peak reserved (B)"</th></tr></thead>
+                <tbody>
+                    {report.iterations.iter().map(|it| {
+                        let t0 = report.timeline.first().map_or(0, |f| f.time_ns.get());
+                        view! {
+                            <tr><td>{it.index}</td><td>{it.source}</td><td>{seconds(it.start_ns.get() - t0)}</td><td>{seconds(it.end_ns.get() - t0)}</td>
+                                <td class="num">{thousands(it.peak_allocated_bytes.get())}</td><td class="num">{thousands(it.peak_reserved_bytes.get())}</td></tr>
+                        }
+                    }).collect_view()}
+                </tbody>
+            </table>
             <details class="numbers">
                 <summary>"Timeline numbers ("{report.timeline.len()}" points)"</summary>
                 <table id="timeline-table">

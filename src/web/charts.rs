@@ -243,3 +243,127 @@ pub fn breakdown(canvas: &HtmlCanvasElement, parts: &[(&str, Bytes)]) -> Result<
     }
     root.present().map_err(|err| err.to_string())
 }
+
+/// Horizontal bars, one per labelled value, the highlighted ones in green.
+pub fn bars(canvas: &HtmlCanvasElement, rows: &[(String, Bytes, bool)]) -> Result<(), String> {
+    let root = area(canvas)?;
+    let n = rows.len().max(1);
+    let x_max = rows
+        .iter()
+        .map(|(_, b, _)| gib(*b))
+        .fold(0.0, f64::max)
+        .max(1e-6)
+        * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(230)
+        .build_cartesian_2d(0.0..x_max, 0.0..n as f64)
+        .map_err(|err| err.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .light_line_style(GRID.mix(0.3))
+        .x_desc("peak total, GiB")
+        .y_labels(n * 2 + 1)
+        .y_label_formatter(&|y| {
+            let row = y.floor() as usize;
+            if (y - row as f64 - 0.5).abs() < 0.26 && row < n {
+                rows.get(n - 1 - row)
+                    .map(|r| r.0.clone())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .label_style((FONT, 12))
+        .draw()
+        .map_err(|err| err.to_string())?;
+    for (idx, (_, bytes, highlight)) in rows.iter().enumerate() {
+        let y = (n - 1 - idx) as f64;
+        let color = if *highlight { FITS } else { RESERVED };
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, y + 0.2), (gib(*bytes), y + 0.8)],
+                color.filled(),
+            )))
+            .map_err(|err| err.to_string())?;
+    }
+    root.present().map_err(|err| err.to_string())
+}
+
+/// Peak total against batch size, with a capacity line per GPU and a mark
+/// at the largest batch that fits it.
+pub fn batch(
+    canvas: &HtmlCanvasElement,
+    points: &[(u32, Bytes)],
+    capacities: &[(String, Bytes, u32)],
+) -> Result<(), String> {
+    let root = area(canvas)?;
+    let x_max = points
+        .iter()
+        .map(|p| p.0)
+        .chain(capacities.iter().map(|c| c.2))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        * 1.05;
+    let y_max = points
+        .iter()
+        .map(|p| gib(p.1))
+        .chain(capacities.iter().map(|c| gib(c.1)))
+        .fold(0.0, f64::max)
+        .max(1e-6)
+        * 1.08;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|err| err.to_string())?;
+    chart
+        .configure_mesh()
+        .light_line_style(GRID.mix(0.3))
+        .x_desc("batch size (red dot: largest batch that fits)")
+        .y_desc("peak total, GiB")
+        .label_style((FONT, 13))
+        .draw()
+        .map_err(|err| err.to_string())?;
+    for (name, capacity, max_batch) in capacities {
+        let y = gib(*capacity);
+        chart
+            .draw_series(std::iter::once(Circle::new(
+                (f64::from(*max_batch), y),
+                4,
+                OOM.filled(),
+            )))
+            .map_err(|err| err.to_string())?;
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                [(0.0, y), (x_max, y)],
+                OOM.mix(0.6).stroke_width(1),
+            )))
+            .map_err(|err| err.to_string())?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                name.clone(),
+                (x_max * 0.02, y),
+                (FONT, 12),
+            )))
+            .map_err(|err| err.to_string())?;
+    }
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().map(|p| (f64::from(p.0), gib(p.1))),
+            RESERVED.stroke_width(2),
+        ))
+        .map_err(|err| err.to_string())?;
+    chart
+        .draw_series(
+            points
+                .iter()
+                .map(|p| Circle::new((f64::from(p.0), gib(p.1)), 3, RESERVED.filled())),
+        )
+        .map_err(|err| err.to_string())?;
+    root.present().map_err(|err| err.to_string())
+}

@@ -9,6 +9,7 @@ mod app;
 mod bridge;
 mod charts;
 mod format;
+mod whatif;
 pub mod worker;
 
 pub use app::mount;

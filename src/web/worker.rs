@@ -21,8 +21,8 @@ use crate::{Config, Prepared, Progress};
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 
 thread_local! {
-    /// The last trace prepared, with its identity.
-    static PREPARED: RefCell<Option<(TraceIdentity, Prepared)>> = const { RefCell::new(None) };
+    /// The last trace prepared, with its identity and batch size.
+    static PREPARED: RefCell<Option<(TraceIdentity, Prepared, Option<u32>)>> = const { RefCell::new(None) };
 }
 
 /// Installs the message handler and tells the page the worker is ready.
@@ -73,6 +73,7 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
             }
         }
         Request::Resimulate { job, config } => resimulate(job, &config, post),
+        Request::WhatIf { job, what, config } => whatif(job, what, &config, post),
     }
 }
 
@@ -126,6 +127,7 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
 
 fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Response)) {
     let trace = TraceIdentity::of(name, bytes);
+    let batch_size = crate::whatif::batch::batch_size_of_trace(bytes);
     let mut progress = progress_poster(job, post);
     let prepared = match crate::prepare(bytes, config, &mut progress) {
         Ok(prepared) => prepared,
@@ -139,7 +141,7 @@ fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Respon
     };
     let result = crate::estimate(&prepared, config, &mut progress);
     // The previous trace is replaced only by one that prepared successfully.
-    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared)));
+    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared, batch_size)));
     match result {
         Ok(report) => post(Response::Done {
             job,
@@ -156,7 +158,7 @@ fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Respon
 fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
     let outcome = PREPARED.with(|slot| {
-        slot.borrow().as_ref().map(|(trace, prepared)| {
+        slot.borrow().as_ref().map(|(trace, prepared, _)| {
             (
                 trace.clone(),
                 crate::estimate(prepared, config, &mut progress),
@@ -171,6 +173,31 @@ fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
             report: Box::new(report.value),
         }),
         Some((_, Err(err))) => post(Response::Failed {
+            job,
+            message: err.to_string(),
+        }),
+    }
+}
+
+fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn Fn(Response)) {
+    post(Response::Progress {
+        job,
+        stage: WorkStage::Pipeline(crate::Stage::Simulating),
+        done: 0,
+        total: 1,
+    });
+    let outcome = PREPARED.with(|slot| {
+        slot.borrow().as_ref().map(|(_, prepared, batch_size)| {
+            crate::whatif::run(prepared, *batch_size, what, config)
+        })
+    });
+    match outcome {
+        None => post(Response::NeedTrace { job }),
+        Some(Ok(result)) => post(Response::WhatIf {
+            job,
+            result: Box::new(result),
+        }),
+        Some(Err(err)) => post(Response::Failed {
             job,
             message: err.to_string(),
         }),

@@ -176,3 +176,27 @@ test("cancel stops the work, restarts the worker and keeps the previous estimate
   assert.deepEqual(problems, [], "the page threw");
   await page.close();
 });
+
+test("every what-if answers in the page with a chart and a table", async () => {
+  const { page, problems, requests } = await openApp(browser, site.url);
+  await page.setInputFiles("#file-input", fixture("resnet18_sgd_bs16_pos1.json.gz"));
+  await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
+  const cases = [
+    ["#whatif-alloc", /Allocator settings/, /expandable_segments:True/],
+    ["#whatif-zero-grad", /zero_grad/, /before backward \(pos0\)/],
+    ["#whatif-batch", /Batch size/, /a100-80gb/],
+    ["#whatif-plan", /Planned allocation/, /live tensors/],
+    ["#whatif-precision", /Mixed precision/, /autocast/],
+    ["#whatif-distributed", /8 GPUs/, /Zero3/],
+  ];
+  for (const [button, title, row] of cases) {
+    await page.click(button);
+    await page.locator("#whatif-result h3", { hasText: title }).waitFor({ timeout: 60_000 });
+    assert.match(await page.textContent("#whatif-table"), row, button);
+    assert.ok((await page.locator("#whatif-table tbody tr").count()) >= 2, button);
+    await screenshot(page, `whatif-${button.slice("#whatif-".length)}`);
+  }
+  assert.deepEqual(problems, [], "the page threw");
+  assertOnlyOwnOrigin(requests);
+  await page.close();
+});

@@ -32,3 +32,5 @@ mod tidy;
 mod trace;
 // Real GPU traces from ../shared/ground-truth: read, recognised, counted.
 mod trace_gpu;
+// What-ifs (allocator settings, zero_grad, batch size, planned allocation, distributed, precision) and their CLI.
+mod whatif;

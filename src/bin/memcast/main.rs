@@ -3,9 +3,11 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod analyze;
+mod batch;
 mod estimate;
 mod presets;
 mod replay;
+mod whatif;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -34,6 +36,11 @@ enum Command {
     },
     /// Replay real GPU allocator data (memory snapshot or profiler trace) through the simulator.
     Replay(replay::ReplayArgs),
+    /// Peak memory vs batch size from two or more traces, and the largest batch per GPU.
+    Batch(batch::Args),
+    /// What-if analyses of one trace: allocator settings, zero_grad placement.
+    #[command(subcommand)]
+    Whatif(whatif::WhatIf),
 }
 
 /// Writes command output; a closed pipe is not an error.
@@ -48,6 +55,8 @@ fn main() -> ExitCode {
         Command::Estimate(args) => estimate::run(args),
         Command::Presets { json } => presets::run(*json),
         Command::Replay(args) => replay::run(args),
+        Command::Whatif(whatif) => whatif::run(whatif),
+        Command::Batch(args) => batch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

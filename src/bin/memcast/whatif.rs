@@ -1,0 +1,362 @@
+//! `memcast whatif`: what-if analyses of one trace (allocator settings,
+//! zero_grad placement, planned allocation), each re-simulating the
+//! orchestrated sequence.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use memcast::whatif::{alloc_settings, distributed, planned, precision, zero_grad};
+use memcast::{Bytes, Config, Prepared};
+
+/// The what-if to run.
+#[derive(Debug, clap::Subcommand)]
+pub enum WhatIf {
+    /// The job under several PYTORCH_CUDA_ALLOC_CONF settings; names the best.
+    Alloc {
+        #[command(flatten)]
+        common: Common,
+        /// Another PYTORCH_CUDA_ALLOC_CONF string to compare; repeat for several.
+        #[arg(long = "conf", value_name = "STR")]
+        confs: Vec<String>,
+    },
+    /// zero_grad at the other placement (pos0/pos1) and with set_to_none=False.
+    ZeroGrad {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// An offline, lifetime-aware allocation plan vs PyTorch's caching allocator.
+    Plan {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Per-GPU memory under DDP, ZeRO-1/2/3 (FSDP) and 1-D tensor parallel.
+    Distributed {
+        #[command(flatten)]
+        common: Common,
+        /// GPUs the job is spread over.
+        #[arg(long, value_name = "N", default_value_t = 8)]
+        world_size: u32,
+        /// NCCL memory per GPU outside the caching allocator, in MiB.
+        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        nccl_mib: u64,
+    },
+    /// The fp32 job under bf16/fp16 autocast (an approximation; rules listed).
+    Precision {
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Options every what-if takes.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// The trace written by `prof.export_chrome_trace` (`.json` or `.json.gz`).
+    trace: PathBuf,
+    /// A GPU preset (see `memcast presets`) or a capacity such as 24GiB;
+    /// repeat for several. The first one's overheads are used for the peaks.
+    /// Default: every preset.
+    #[arg(long = "gpu", value_name = "NAME|SIZE")]
+    gpus: Vec<String>,
+    /// Training iterations to simulate.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    iterations: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Common {
+    fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
+        let bytes = std::fs::read(&self.trace)
+            .with_context(|| format!("failed to read trace {:?}", self.trace))?;
+        let mut config = Config::standard().with_gpus(&self.gpus)?;
+        config.orchestrator.iterations = self.iterations;
+        let prepared = memcast::prepare(&bytes, &config, &mut |_| {})
+            .with_context(|| format!("failed to prepare {:?}", self.trace))?;
+        Ok((prepared, config))
+    }
+}
+
+/// Runs a what-if and prints it.
+pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
+    let mut out = String::new();
+    match whatif {
+        WhatIf::Alloc { common, confs } => {
+            let (prepared, config) = common.prepare()?;
+            let result = alloc_settings::compare(&prepared, &config, confs)
+                .context("failed to compare allocator settings")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_alloc(&mut out, &result);
+            }
+        }
+        WhatIf::ZeroGrad { common } => {
+            let (prepared, config) = common.prepare()?;
+            let result = zero_grad::compare(&prepared, &config)
+                .context("failed to compare zero_grad placements")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_zero_grad(&mut out, &result);
+            }
+        }
+        WhatIf::Plan { common } => {
+            let (prepared, config) = common.prepare()?;
+            let result =
+                planned::compare(&prepared, &config).context("failed to plan the allocation")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_plan(&mut out, &result);
+            }
+        }
+        WhatIf::Distributed {
+            common,
+            world_size,
+            nccl_mib,
+        } => {
+            let (prepared, config) = common.prepare()?;
+            let options = distributed::DistOptions {
+                world_size: *world_size,
+                nccl_bytes: Bytes(nccl_mib.saturating_mul(Bytes::MIB)),
+            };
+            let result = distributed::compare(&prepared, &config, options)
+                .context("failed to model distributed training")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_distributed(&mut out, &result);
+            }
+        }
+        WhatIf::Precision { common } => {
+            let (prepared, config) = common.prepare()?;
+            let result = precision::compare(&prepared, &config)
+                .context("failed to model mixed precision")?;
+            if common.json {
+                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                print_precision(&mut out, &result);
+            }
+        }
+    }
+    crate::write_stdout(&out);
+    Ok(())
+}
+
+/// Bytes as MiB with one decimal.
+pub(crate) fn mib(bytes: Bytes) -> String {
+    let tenths =
+        (u128::from(bytes.get()) * 10 + u128::from(Bytes::MIB) / 2) / u128::from(Bytes::MIB);
+    format!("{}.{}", tenths / 10, tenths % 10)
+}
+
+fn signed_mib(delta: i64) -> String {
+    let magnitude = mib(Bytes(delta.unsigned_abs()));
+    if delta < 0 {
+        format!("-{magnitude}")
+    } else {
+        format!("+{magnitude}")
+    }
+}
+
+fn print_alloc(out: &mut String, result: &alloc_settings::AllocComparison) {
+    let _ = writeln!(
+        out,
+        "allocator settings — peaks on {} (MiB)",
+        result.reference_gpu
+    );
+    let _ = writeln!(
+        out,
+        "  {:<66} {:>8} {:>8} {:>8} {:>8} {:>5} {:>5}",
+        "PYTORCH_CUDA_ALLOC_CONF", "total", "delta", "reserved", "frag", "segs", "fits"
+    );
+    for (index, row) in result.rows.iter().enumerate() {
+        let conf = if row.conf.is_empty() {
+            "(default)"
+        } else {
+            row.conf.as_str()
+        };
+        let fits = row.fits.iter().filter(|f| f.fits).count();
+        let _ = writeln!(
+            out,
+            "{} {:<66} {:>8} {:>8} {:>8} {:>8} {:>5} {:>2}/{:<2}",
+            if index == result.best { "*" } else { " " },
+            conf,
+            mib(row.peak.total_bytes),
+            signed_mib(row.delta_total_bytes),
+            mib(row.peak.reserved_bytes),
+            mib(row.fragmentation_bytes),
+            row.peak_segments,
+            fits,
+            row.fits.len()
+        );
+    }
+    if result.recommended_conf.is_empty() {
+        let _ = writeln!(
+            out,
+            "best: PyTorch's defaults; leave PYTORCH_CUDA_ALLOC_CONF unset"
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "best: PYTORCH_CUDA_ALLOC_CONF={}",
+            result.recommended_conf
+        );
+    }
+    for note in &result.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+}
+
+fn print_zero_grad(out: &mut String, result: &zero_grad::ZeroGradComparison) {
+    let _ = writeln!(out, "zero_grad — peaks (MiB)");
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8} {:>8} {:>8} {:>9}",
+        "variant", "total", "delta", "reserved", "allocated"
+    );
+    for row in &result.rows {
+        let placement = match row.placement {
+            Some(zero_grad::Placement::StartOfIteration) => "start of iteration (pos1)",
+            Some(zero_grad::Placement::BeforeBackward) => "before backward (pos0)",
+            None => "any placement",
+        };
+        let label = format!(
+            "{placement}{}",
+            if row.set_to_none {
+                ""
+            } else {
+                ", set_to_none=False"
+            }
+        );
+        let _ = writeln!(
+            out,
+            "{} {:<44} {:>8} {:>8} {:>8} {:>9}",
+            if row.captured { "=" } else { " " },
+            label,
+            mib(row.peak.total_bytes),
+            signed_mib(row.delta_total_bytes),
+            mib(row.peak.reserved_bytes),
+            mib(row.peak.allocated_bytes),
+        );
+    }
+    let _ = writeln!(out, "(= marks the captured job)");
+    for note in &result.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+}
+
+/// `part / whole` as a percentage with one decimal (display only).
+fn percent(part: Bytes, whole: Bytes) -> String {
+    if whole.get() == 0 {
+        return "-".to_owned();
+    }
+    let tenths =
+        (u128::from(part.get()) * 1000 + u128::from(whole.get()) / 2) / u128::from(whole.get());
+    format!("{}.{}%", tenths / 10, tenths % 10)
+}
+
+fn print_plan(out: &mut String, result: &planned::PlanResult) {
+    let _ = writeln!(
+        out,
+        "planned allocation — {} requests in {} sizes, reference GPU {} (MiB, without the {} MiB context)",
+        result.requests,
+        result.size_groups,
+        result.reference_gpu,
+        mib(result.context_bytes)
+    );
+    for (label, bytes) in [
+        ("live lower bound", result.live_lower_bound_bytes),
+        ("offline plan", result.planned_bytes),
+        ("pytorch allocated", result.pytorch_allocated_bytes),
+        ("pytorch reserved", result.pytorch_reserved_bytes),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {label:<20} {:>10} MiB {:>14} B",
+            mib(bytes),
+            bytes.get()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "pytorch reserved is {} of the plan; the plan is {} of the lower bound",
+        percent(result.pytorch_reserved_bytes, result.planned_bytes),
+        percent(result.planned_bytes, result.live_lower_bound_bytes)
+    );
+    for note in &result.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+}
+
+fn print_distributed(out: &mut String, result: &distributed::DistributedComparison) {
+    let _ = writeln!(
+        out,
+        "distributed — per GPU over {} GPUs, overheads of {} (MiB)",
+        result.world_size, result.reference_gpu
+    );
+    let _ = writeln!(
+        out,
+        "  {:<16} {:>10} {:>10} {:>10} {:>8} {:>9} {:>5}",
+        "strategy", "total", "reserved", "allocated", "nccl", "added", "fits"
+    );
+    for row in &result.rows {
+        let name = match row.strategy {
+            distributed::Strategy::Single => "single gpu",
+            distributed::Strategy::Ddp => "ddp",
+            distributed::Strategy::Zero1 => "zero-1",
+            distributed::Strategy::Zero2 => "zero-2",
+            distributed::Strategy::Zero3 => "zero-3 / fsdp",
+            distributed::Strategy::TensorParallel => "tensor parallel",
+        };
+        let fits = row.fits.iter().filter(|f| f.fits).count();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>10} {:>10} {:>10} {:>8} {:>9} {:>2}/{:<2}",
+            name,
+            mib(row.peak.total_bytes),
+            mib(row.peak.reserved_bytes),
+            mib(row.peak.allocated_bytes),
+            mib(row.nccl_bytes),
+            mib(row.added_bytes),
+            fits,
+            row.fits.len()
+        );
+    }
+    for assumption in &result.assumptions {
+        let _ = writeln!(out, "assumption: {assumption}");
+    }
+}
+
+fn print_precision(out: &mut String, result: &precision::PrecisionComparison) {
+    let _ = writeln!(out, "mixed precision (APPROXIMATION) — peaks (MiB)");
+    let _ = writeln!(
+        out,
+        "  {:<22} {:>10} {:>10} {:>10}",
+        "variant", "total", "reserved", "allocated"
+    );
+    for (label, peak) in [
+        ("fp32 (captured)", &result.fp32),
+        ("bf16/fp16 autocast", &result.autocast_16bit),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {label:<22} {:>10} {:>10} {:>10}",
+            mib(peak.total_bytes),
+            mib(peak.reserved_bytes),
+            mib(peak.allocated_bytes)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "delta {} MiB; {} blocks halved; weight casts {} MiB per iteration",
+        signed_mib(result.delta_total_bytes),
+        result.halved_blocks,
+        mib(result.weight_cast_bytes)
+    );
+    for rule in &result.rules {
+        let _ = writeln!(out, "rule: {rule}");
+    }
+}

@@ -1,0 +1,333 @@
+//! **What-ifs**: answers to "what would change if …?" questions, each a small
+//! named transformation of the orchestrated [`Schedule`] (or of the allocator
+//! configuration) followed by the same simulation and report path as
+//! [`crate::estimate`]. None of them is a formula on the peak alone.
+//!
+//! One entry per what-if, each taking a [`Prepared`] and a [`Config`] and
+//! returning a plain serde result with its own versioned `schema`:
+//! - [`alloc_settings::compare`] — `memcast.whatif.alloc/1`: the job under
+//!   several `PYTORCH_CUDA_ALLOC_CONF` settings, the best one named;
+//! - [`zero_grad::compare`] — `memcast.whatif.zero_grad/1`: gradient frees
+//!   moved to the other `zero_grad` placement, `set_to_none` toggled;
+//! - [`batch::sweep`] — `memcast.batch/1`: a block-by-block model of the
+//!   schedule as a function of the batch size, fitted on two or more traces,
+//!   simulated at any batch size, and the largest batch that fits each GPU;
+//! - [`planned::compare`] — `memcast.whatif.plan/1`: an offline,
+//!   lifetime-aware allocation plan of the same sequence between the
+//!   live-tensor lower bound and the caching allocator's reserved memory;
+//! - [`distributed::compare`] — `memcast.whatif.distributed/1`: per-GPU
+//!   memory under DDP, ZeRO-1/2/3 (FSDP) and 1-D tensor parallel, with the
+//!   modelling assumptions (NCCL included) listed;
+//! - [`precision::compare`] — `memcast.whatif.precision/1`: the fp32 job under
+//!   bf16/fp16 autocast, an approximation with its rules listed.
+//!
+//! For a UI: every entry takes the [`Prepared`] that [`crate::prepare`] made
+//! (so the trace is read once) and the same [`Config`] as [`crate::estimate`]
+//! (its `reference` GPU gives the overheads of the peaks, its `gpus` the
+//! per-GPU fits); the batch what-if takes one [`Prepared`] per trace with its
+//! batch size ([`batch::batch_size_of_trace`] reads it from a trace's bytes,
+//! [`batch::complete_batch_sizes`] fills in the rest).
+//!
+//! Invariants: pure and deterministic like every core stage; each result
+//! reports peaks with the meaning of the estimate's `peak` (reserved plus the
+//! reference GPU's CUDA context).
+
+pub mod alloc_settings;
+pub mod batch;
+pub mod distributed;
+pub mod planned;
+pub mod precision;
+pub mod zero_grad;
+
+use serde::{Deserialize, Serialize};
+
+use crate::orchestrator::{Category, EventKind, Schedule, ScheduleEvent};
+use crate::presets::GpuTarget;
+use crate::report::Report;
+use crate::simulator::{self, AllocatorConfig, SimOp, Simulation};
+use crate::units::{Bytes, Nanos};
+use crate::{Config, Error, Prepared};
+
+/// Why a what-if could not be answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WhatIfError {
+    #[error(transparent)]
+    Pipeline(#[from] Error),
+    #[error("the schedule has no gradient blocks, so zero_grad cannot be moved: profile at least two training iterations with backward and optimizer.zero_grad(), got {0:?} gradient blocks")]
+    NoGradients(usize),
+    #[error("a batch-size model needs at least two traces of the same job at different batch sizes: pass two or more traces, got {0:?}")]
+    TooFewTraces(usize),
+    #[error("the traces must have different batch sizes to fit a batch model: profile the job at another batch size, got batch sizes {0:?}")]
+    SameBatch(Vec<u32>),
+    #[error("a what-if produced an inconsistent schedule, which is a bug in memcast: please report it with the trace, details {0:?}")]
+    Inconsistent(String),
+    #[error("the traces do not have the same sequence of blocks, so they are not the same job at different batch sizes: profile the same script with only the batch size changed, got block counts {0:?}")]
+    DifferentJobs(Vec<usize>),
+    #[error("a distributed job needs at least one GPU: pass --world-size 1 or more, got {0:?}")]
+    ZeroWorld(u32),
+    #[error("a batch size must be at least 1: pass --at 1 or more, got {0:?}")]
+    ZeroBatch(u32),
+    #[error("the batch size of a trace could not be identified from its data loader: pass the batch sizes explicitly with --batch, trace {0:?}")]
+    UnknownBatch(String),
+}
+
+/// The peak of one simulated variant, as `memcast estimate` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeakFigures {
+    /// Peak reserved plus the reference GPU's CUDA context (`peak.total_bytes`).
+    pub total_bytes: Bytes,
+    /// Peak reserved by the caching allocator.
+    pub reserved_bytes: Bytes,
+    /// Peak allocated (live blocks, rounded).
+    pub allocated_bytes: Bytes,
+}
+
+impl PeakFigures {
+    /// The peak figures of a report.
+    pub fn of(report: &Report) -> PeakFigures {
+        PeakFigures {
+            total_bytes: report.peak.total_bytes,
+            reserved_bytes: report.peak.reserved_bytes,
+            allocated_bytes: report.peak.allocated_bytes,
+        }
+    }
+}
+
+/// Whether a variant fits one GPU of the config (at its capacity).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fit {
+    pub preset: String,
+    pub fits: bool,
+}
+
+fn fits_of(report: &Report) -> Vec<Fit> {
+    report
+        .gpus
+        .iter()
+        .map(|gpu| Fit {
+            preset: gpu.preset.clone(),
+            fits: gpu.fits,
+        })
+        .collect()
+}
+
+/// Runs the estimate's simulation and report path on another schedule of the
+/// same job.
+pub fn estimate_schedule(
+    prepared: &Prepared,
+    schedule: Schedule,
+    config: &Config,
+) -> Result<Report, Error> {
+    let mut variant = Prepared {
+        orchestrated: crate::orchestrator::Orchestrated {
+            schedule,
+            facts: prepared.orchestrated.facts.clone(),
+        },
+        optimizer: prepared.optimizer.clone(),
+        parameter_bytes: prepared.parameter_bytes,
+        n_parameters: prepared.n_parameters,
+        warnings: Vec::new(),
+    };
+    // The warnings of the trace stages belong to the input, not the variant.
+    variant.warnings.clear();
+    Ok(crate::estimate(&variant, config, &mut |_| {})?.value)
+}
+
+/// The simulator ops of a schedule exactly as [`crate::simulate_schedule`]
+/// issues them (workspace blocks at the target's size, the first
+/// `cublas_workspaces` of them only), for what-ifs that need the allocator's
+/// full statistics (segments, fragmentation) rather than the samples.
+pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> Vec<SimOp> {
+    let workspace = target.overheads.cublas_workspace_bytes;
+    let mut workspaces_left = target.overheads.cublas_workspaces;
+    let mut issued = vec![false; schedule.blocks.len()];
+    let mut ops = Vec::with_capacity(schedule.events.len());
+    for event in &schedule.events {
+        let id = event.block.index();
+        match event.kind {
+            EventKind::Alloc => {
+                let size = match schedule.blocks.get(id) {
+                    Some(block) if block.category == Category::Workspace => {
+                        if workspaces_left > 0 {
+                            workspaces_left -= 1;
+                            workspace
+                        } else {
+                            Bytes::ZERO
+                        }
+                    }
+                    Some(block) => block.size,
+                    None => Bytes::ZERO,
+                };
+                if size > Bytes::ZERO {
+                    if let Some(slot) = issued.get_mut(id) {
+                        *slot = true;
+                    }
+                    ops.push(SimOp::Alloc {
+                        block: id as u64,
+                        size,
+                        stream: 0,
+                    });
+                }
+            }
+            EventKind::Free => {
+                if issued.get(id).copied().unwrap_or(false) {
+                    ops.push(SimOp::Free { block: id as u64 });
+                }
+            }
+        }
+    }
+    ops
+}
+
+/// Simulates a schedule without a capacity limit on the reference GPU's
+/// overheads and returns the allocator's full statistics.
+pub fn simulate_stats(
+    schedule: &Schedule,
+    config: &Config,
+    allocator: &AllocatorConfig,
+) -> Simulation {
+    let ops = schedule_ops(schedule, &config.reference);
+    simulator::simulate(&ops, allocator, &simulator::Device::unlimited())
+}
+
+/// Where a retimed event goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Anchor {
+    /// At this time, before every unmoved event of the same time (a
+    /// `zero_grad` runs before the op that follows it).
+    Before(Nanos),
+    /// Right after the event with this index, at its time.
+    After(usize),
+}
+
+/// Rebuilds a schedule's event order after some events moved.
+///
+/// `moved` pairs an event index with its new place; unmoved events keep their
+/// relative order. Events whose `drop` flag is set are removed. The result is
+/// checked against the schedule invariants.
+pub(crate) fn retime(
+    schedule: &Schedule,
+    moved: &[(usize, Anchor)],
+    drop: &[bool],
+) -> Result<Schedule, WhatIfError> {
+    let mut anchor: Vec<Option<Anchor>> = vec![None; schedule.events.len()];
+    for &(index, place) in moved {
+        if let Some(slot) = anchor.get_mut(index) {
+            *slot = Some(place);
+        }
+    }
+    let mut keyed: Vec<(Nanos, usize, ScheduleEvent)> = Vec::with_capacity(schedule.events.len());
+    for (index, event) in schedule.events.iter().enumerate() {
+        if drop.get(index).copied().unwrap_or(false) {
+            continue;
+        }
+        let (time, seq) = match anchor.get(index).copied().flatten() {
+            None => (event.time, 2 * index + 1),
+            Some(Anchor::Before(time)) => (time, 0),
+            Some(Anchor::After(other)) => {
+                let time = schedule.events.get(other).map_or(event.time, |e| e.time);
+                (time, 2 * other + 2)
+            }
+        };
+        keyed.push((
+            time,
+            seq,
+            ScheduleEvent {
+                time,
+                kind: event.kind,
+                block: event.block,
+            },
+        ));
+    }
+    keyed.sort_by_key(|&(time, seq, _)| (time, seq));
+    let schedule = Schedule {
+        blocks: schedule.blocks.clone(),
+        events: keyed.into_iter().map(|(_, _, event)| event).collect(),
+        iterations: schedule.iterations.clone(),
+        phases: schedule.phases.clone(),
+    };
+    schedule.check().map_err(WhatIfError::Inconsistent)?;
+    Ok(schedule)
+}
+
+/// A copy of the config that gives no per-GPU verdicts (the unlimited
+/// reference run only), for what-ifs that only need the peak.
+pub(crate) fn peak_only(config: &Config) -> Config {
+    let mut config = config.clone();
+    config.gpus.clear();
+    config
+}
+
+/// Which what-if to run on a prepared trace (the worker's request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum WhatIfKind {
+    /// [`alloc_settings::compare`] over the standard settings.
+    Alloc,
+    /// [`zero_grad::compare`].
+    ZeroGrad,
+    /// [`planned::compare`].
+    Plan,
+    /// [`distributed::compare`] at `world_size` GPUs.
+    Distributed { world_size: u32 },
+    /// [`precision::compare`].
+    Precision,
+    /// [`batch::sweep`] from the one prepared trace (the single-trace model).
+    Batch,
+}
+
+/// The answer to a [`WhatIfKind`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum WhatIfResult {
+    Alloc(alloc_settings::AllocComparison),
+    ZeroGrad(zero_grad::ZeroGradComparison),
+    Plan(planned::PlanResult),
+    Distributed(distributed::DistributedComparison),
+    Precision(precision::PrecisionComparison),
+    Batch(batch::BatchSweep),
+}
+
+/// Runs one what-if on a prepared trace. `batch_size` is the trace's batch
+/// size (from [`batch::batch_size_of_trace`]); only [`WhatIfKind::Batch`]
+/// needs it.
+pub fn run(
+    prepared: &Prepared,
+    batch_size: Option<u32>,
+    what: WhatIfKind,
+    config: &Config,
+) -> Result<WhatIfResult, WhatIfError> {
+    Ok(match what {
+        WhatIfKind::Alloc => WhatIfResult::Alloc(alloc_settings::compare(prepared, config, &[])?),
+        WhatIfKind::ZeroGrad => WhatIfResult::ZeroGrad(zero_grad::compare(prepared, config)?),
+        WhatIfKind::Plan => WhatIfResult::Plan(planned::compare(prepared, config)?),
+        WhatIfKind::Distributed { world_size } => WhatIfResult::Distributed(distributed::compare(
+            prepared,
+            config,
+            distributed::DistOptions::new(world_size),
+        )?),
+        WhatIfKind::Precision => WhatIfResult::Precision(precision::compare(prepared, config)?),
+        WhatIfKind::Batch => {
+            let batch = batch_size.ok_or_else(|| WhatIfError::UnknownBatch("this trace".into()))?;
+            let inputs = [batch::BatchInput { batch, prepared }];
+            let first = batch::sweep(&inputs, &[], config)?;
+            // Extend the curve to the largest batch found, so a chart shows
+            // the whole range up to the capacity lines.
+            let largest = first.max_batch.iter().map(|m| m.batch).max().unwrap_or(0);
+            let mut at: Vec<u32> = first.points.iter().map(|p| p.batch).collect();
+            if largest > at.last().copied().unwrap_or(0) {
+                at.extend(
+                    (1..=16u32)
+                        .map(|k| {
+                            u32::try_from(u64::from(largest) * u64::from(k) / 16).unwrap_or(largest)
+                        })
+                        .filter(|&b| b > 0),
+                );
+                WhatIfResult::Batch(batch::sweep(&inputs, &at, config)?)
+            } else {
+                WhatIfResult::Batch(first)
+            }
+        }
+    })
+}
