@@ -641,25 +641,14 @@ fn Results(
         charts::breakdown(canvas, &parts)
     });
 
-    let link = format!(
-        "{}{}",
-        window()
-            .location()
-            .href()
-            .unwrap_or_default()
-            .split('#')
-            .next()
-            .unwrap_or_default(),
-        format_args!(
-            "#{}",
-            permalink::encode(&Shared::new(
-                shown.trace.clone(),
-                shown.gpus.clone(),
-                &report
-            ))
-        )
-    );
+    // The address bar already carries this estimate's permalink: a computed
+    // estimate wrote it (`set_location_hash`), a shared one was opened from it.
+    let link = window().location().href().unwrap_or_default();
     let copied = RwSignal::new(false);
+    let timeline_open = RwSignal::new(false);
+    let json_open = RwSignal::new(false);
+    let timeline = std::sync::Arc::new(report.timeline.clone());
+    let json_report = std::sync::Arc::new(report.clone());
     let copy_link = {
         let link = link.clone();
         move |_| {
@@ -733,15 +722,19 @@ fn Results(
                     }).collect_view()}
                 </tbody>
             </table>
-            <details class="numbers">
+            <details class="numbers" on:toggle=move |_| timeline_open.update(|open| *open = !*open)>
                 <summary>"Timeline numbers ("{report.timeline.len()}" points)"</summary>
                 <table id="timeline-table">
                     <thead><tr><th>"time"</th><th>"allocated (B)"</th><th>"reserved (B)"</th></tr></thead>
                     <tbody>
-                        {report.timeline.iter().map(|p| view! {
-                            <tr><td>{seconds(p.time_ns.get() - report.timeline.first().map_or(0, |f| f.time_ns.get()))}</td>
-                                <td>{thousands(p.allocated_bytes.get())}</td><td>{thousands(p.reserved_bytes.get())}</td></tr>
-                        }).collect_view()}
+                        // Built when first opened: thousands of rows cost more than the charts.
+                        {move || timeline_open.get().then(|| {
+                            let t0 = timeline.first().map_or(0, |f| f.time_ns.get());
+                            timeline.iter().map(|p| view! {
+                                <tr><td>{seconds(p.time_ns.get() - t0)}</td>
+                                    <td>{thousands(p.allocated_bytes.get())}</td><td>{thousands(p.reserved_bytes.get())}</td></tr>
+                            }).collect_view()
+                        })}
                     </tbody>
                 </table>
             </details>
@@ -804,9 +797,11 @@ fn Results(
                 }).collect_view()}
             </ul>
 
-            <details class="numbers">
+            <details id="report-json-details" class="numbers" on:toggle=move |_| json_open.update(|open| *open = !*open)>
                 <summary>"Report JSON (the same as "<code>"memcast estimate --json"</code>")"</summary>
-                <textarea id="report-json" readonly rows="12">{serde_json::to_string_pretty(&report).unwrap_or_default()}</textarea>
+                {move || json_open.get().then(|| view! {
+                    <textarea id="report-json" readonly rows="12">{serde_json::to_string_pretty(&*json_report).unwrap_or_default()}</textarea>
+                })}
             </details>
 
             <h3>"Share"</h3>

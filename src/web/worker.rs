@@ -21,8 +21,12 @@ use crate::{Config, Prepared, Progress};
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 
 thread_local! {
-    /// The last trace prepared, with its identity and batch size.
-    static PREPARED: RefCell<Option<(TraceIdentity, Prepared, Option<u32>)>> = const { RefCell::new(None) };
+    /// The last trace prepared, with its identity.
+    static PREPARED: RefCell<Option<(TraceIdentity, Prepared)>> = const { RefCell::new(None) };
+    /// The file of the last trace prepared (a handle, not a copy of its bytes),
+    /// read again only if a what-if needs the batch size, and that batch size
+    /// once known.
+    static SOURCE: RefCell<Option<(Blob, Option<Option<u32>>)>> = const { RefCell::new(None) };
 }
 
 /// Installs the message handler and tells the page the worker is ready.
@@ -68,7 +72,11 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
                 return;
             };
             match read_blob(job, &blob, post) {
-                Ok(bytes) => run(job, &name, &bytes, &config, post),
+                Ok(bytes) => {
+                    if run(job, &name, &bytes, &config, post) {
+                        SOURCE.with(|slot| *slot.borrow_mut() = Some((blob, None)));
+                    }
+                }
                 Err(message) => post(Response::Failed { job, message }),
             }
         }
@@ -125,9 +133,10 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
     }
 }
 
-fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Response)) {
+/// Prepares and estimates a trace; returns whether it was prepared (and so
+/// replaced the worker's current trace).
+fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Response)) -> bool {
     let trace = TraceIdentity::of(name, bytes);
-    let batch_size = crate::whatif::batch::batch_size_of_trace(bytes);
     let mut progress = progress_poster(job, post);
     let prepared = match crate::prepare(bytes, config, &mut progress) {
         Ok(prepared) => prepared,
@@ -136,12 +145,12 @@ fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Respon
                 job,
                 message: format!("{name}: {err}"),
             });
-            return;
+            return false;
         }
     };
     let result = crate::estimate(&prepared, config, &mut progress);
     // The previous trace is replaced only by one that prepared successfully.
-    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared, batch_size)));
+    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared)));
     match result {
         Ok(report) => post(Response::Done {
             job,
@@ -153,12 +162,13 @@ fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Respon
             message: err.to_string(),
         }),
     }
+    true
 }
 
 fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
     let outcome = PREPARED.with(|slot| {
-        slot.borrow().as_ref().map(|(trace, prepared, _)| {
+        slot.borrow().as_ref().map(|(trace, prepared)| {
             (
                 trace.clone(),
                 crate::estimate(prepared, config, &mut progress),
@@ -186,10 +196,14 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
         done: 0,
         total: 1,
     });
+    let batch_size = match what {
+        crate::whatif::WhatIfKind::Batch => source_batch_size(job, post),
+        _ => None,
+    };
     let outcome = PREPARED.with(|slot| {
-        slot.borrow().as_ref().map(|(_, prepared, batch_size)| {
-            crate::whatif::run(prepared, *batch_size, what, config)
-        })
+        slot.borrow()
+            .as_ref()
+            .map(|(_, prepared)| crate::whatif::run(prepared, batch_size, what, config))
     });
     match outcome {
         None => post(Response::NeedTrace { job }),
@@ -202,4 +216,22 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
             message: err.to_string(),
         }),
     }
+}
+
+/// The batch size of the current trace, read from its file the first time.
+fn source_batch_size(job: u32, post: &dyn Fn(Response)) -> Option<u32> {
+    let source = SOURCE.with(|slot| slot.borrow().clone());
+    let (blob, known) = source?;
+    if let Some(known) = known {
+        return known;
+    }
+    let found = read_blob(job, &blob, post)
+        .ok()
+        .and_then(|bytes| crate::whatif::batch::batch_size_of_trace(&bytes));
+    SOURCE.with(|slot| {
+        if let Some((_, known)) = slot.borrow_mut().as_mut() {
+            *known = Some(found);
+        }
+    });
+    found
 }

@@ -44,6 +44,7 @@ test("every fixture dropped in the page gives the same peak as `memcast estimate
     assert.match(await page.textContent("#peak-allocated"), new RegExp(expected.peak.allocated_bytes.toLocaleString("en-US")), name);
     // The page's report is the CLI's, field for field, except the GPU list,
     // which the page lets the user choose.
+    await page.click("#report-json-details summary");
     const shown = JSON.parse(await page.inputValue("#report-json"));
     for (const key of ["schema", "reference_gpu", "summary", "peak", "breakdown_at_peak", "top_layers", "timeline", "warnings"]) {
       assert.deepEqual(shown[key], expected[key], `${name}: ${key}`);
