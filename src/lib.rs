@@ -335,20 +335,18 @@ pub fn estimate(
     })
 }
 
-/// Replays a schedule through the simulated allocator on one device, with
-/// the target's cuBLAS workspace size, and returns one sample per schedule
-/// event (fewer when the run ran out of memory).
-pub fn simulate_schedule(
+/// The simulator ops of a schedule on `target`: workspace blocks at the
+/// target's cuBLAS workspace size (the first `cublas_workspaces` of them
+/// only), zero-byte blocks skipped with their frees. Also returns, for each
+/// schedule event, the number of ops issued up to and including it.
+pub fn schedule_ops(
     schedule: &orchestrator::Schedule,
     target: &GpuTarget,
-    allocator: &AllocatorConfig,
-    device: &Device,
-) -> SimulatedRun {
+) -> (Vec<SimOp>, Vec<usize>) {
     let workspace = target.overheads.cublas_workspace_bytes;
     let mut workspaces_left = target.overheads.cublas_workspaces;
-    let mut skipped = vec![false; schedule.blocks.len()];
+    let mut issued = vec![false; schedule.blocks.len()];
     let mut ops: Vec<SimOp> = Vec::with_capacity(schedule.events.len());
-    // For each schedule event, the number of ops issued up to and including it.
     let mut ops_through: Vec<usize> = Vec::with_capacity(schedule.events.len());
     for event in &schedule.events {
         let id = event.block.index();
@@ -366,11 +364,10 @@ pub fn simulate_schedule(
                     Some(block) => block.size,
                     None => Bytes::ZERO,
                 };
-                if size == Bytes::ZERO {
-                    if let Some(slot) = skipped.get_mut(id) {
+                if size > Bytes::ZERO {
+                    if let Some(slot) = issued.get_mut(id) {
                         *slot = true;
                     }
-                } else {
                     ops.push(SimOp::Alloc {
                         block: id as u64,
                         size,
@@ -379,13 +376,26 @@ pub fn simulate_schedule(
                 }
             }
             EventKind::Free => {
-                if !skipped.get(id).copied().unwrap_or(true) {
+                if issued.get(id).copied().unwrap_or(false) {
                     ops.push(SimOp::Free { block: id as u64 });
                 }
             }
         }
         ops_through.push(ops.len());
     }
+    (ops, ops_through)
+}
+
+/// Replays a schedule through the simulated allocator on one device, with
+/// the target's cuBLAS workspace size, and returns one sample per schedule
+/// event (fewer when the run ran out of memory).
+pub fn simulate_schedule(
+    schedule: &orchestrator::Schedule,
+    target: &GpuTarget,
+    allocator: &AllocatorConfig,
+    device: &Device,
+) -> SimulatedRun {
+    let (ops, ops_through) = schedule_ops(schedule, target);
     let simulation = simulator::simulate(&ops, allocator, device);
     let op_samples: Vec<MemSample> = simulation
         .after_event

@@ -41,10 +41,9 @@ pub mod zero_grad;
 
 use serde::{Deserialize, Serialize};
 
-use crate::orchestrator::{Category, EventKind, Schedule, ScheduleEvent};
-use crate::presets::GpuTarget;
+use crate::orchestrator::{Schedule, ScheduleEvent};
 use crate::report::Report;
-use crate::simulator::{self, AllocatorConfig, SimOp, Simulation};
+use crate::simulator::{self, AllocatorConfig, Simulation};
 use crate::units::{Bytes, Nanos};
 use crate::{Config, Error, Prepared};
 
@@ -134,52 +133,6 @@ pub fn estimate_schedule(
     Ok(crate::estimate(&variant, config, &mut |_| {})?.value)
 }
 
-/// The simulator ops of a schedule exactly as [`crate::simulate_schedule`]
-/// issues them (workspace blocks at the target's size, the first
-/// `cublas_workspaces` of them only), for what-ifs that need the allocator's
-/// full statistics (segments, fragmentation) rather than the samples.
-pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> Vec<SimOp> {
-    let workspace = target.overheads.cublas_workspace_bytes;
-    let mut workspaces_left = target.overheads.cublas_workspaces;
-    let mut issued = vec![false; schedule.blocks.len()];
-    let mut ops = Vec::with_capacity(schedule.events.len());
-    for event in &schedule.events {
-        let id = event.block.index();
-        match event.kind {
-            EventKind::Alloc => {
-                let size = match schedule.blocks.get(id) {
-                    Some(block) if block.category == Category::Workspace => {
-                        if workspaces_left > 0 {
-                            workspaces_left -= 1;
-                            workspace
-                        } else {
-                            Bytes::ZERO
-                        }
-                    }
-                    Some(block) => block.size,
-                    None => Bytes::ZERO,
-                };
-                if size > Bytes::ZERO {
-                    if let Some(slot) = issued.get_mut(id) {
-                        *slot = true;
-                    }
-                    ops.push(SimOp::Alloc {
-                        block: id as u64,
-                        size,
-                        stream: 0,
-                    });
-                }
-            }
-            EventKind::Free => {
-                if issued.get(id).copied().unwrap_or(false) {
-                    ops.push(SimOp::Free { block: id as u64 });
-                }
-            }
-        }
-    }
-    ops
-}
-
 /// Simulates a schedule without a capacity limit on the reference GPU's
 /// overheads and returns the allocator's full statistics.
 pub fn simulate_stats(
@@ -187,7 +140,7 @@ pub fn simulate_stats(
     config: &Config,
     allocator: &AllocatorConfig,
 ) -> Simulation {
-    let ops = schedule_ops(schedule, &config.reference);
+    let (ops, _) = crate::schedule_ops(schedule, &config.reference);
     simulator::simulate(&ops, allocator, &simulator::Device::unlimited())
 }
 

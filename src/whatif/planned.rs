@@ -24,7 +24,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{schedule_ops, WhatIfError};
+use super::WhatIfError;
 use crate::simulator::{self, AllocatorConfig, Device, SimOp};
 use crate::units::Bytes;
 use crate::{Config, Prepared};
@@ -169,7 +169,7 @@ pub fn compare(prepared: &Prepared, config: &Config) -> Result<PlanResult, WhatI
         AllocatorConfig::parse(&config.alloc_conf, simulator::RuleVersion::New)
             .map_err(crate::Error::from)?
     };
-    let ops = schedule_ops(&prepared.orchestrated.schedule, &config.reference);
+    let (ops, _) = crate::schedule_ops(&prepared.orchestrated.schedule, &config.reference);
     let simulation = simulator::simulate(&ops, &allocator, &Device::unlimited());
     let requests = requests(&ops, &allocator);
     let lower = live_lower_bound(&requests);
