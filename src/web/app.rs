@@ -120,7 +120,7 @@ fn App() -> impl IntoView {
         }
     }
 
-    let config = move || -> Result<(Config, Vec<String>), String> {
+    let config = move || -> Result<Config, String> {
         let specs = selected.get_untracked();
         if specs.is_empty() {
             return Err("select at least one GPU".into());
@@ -132,7 +132,7 @@ fn App() -> impl IntoView {
             .map(|spec| presets::parse_gpu(spec))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|err| err.to_string())?;
-        Ok((config, specs))
+        Ok(config)
     };
     let next_job = move || {
         let next = job.get_value().wrapping_add(1);
@@ -146,26 +146,33 @@ fn App() -> impl IntoView {
             total: 0,
         })
     };
+    // Builds a request from the current settings and posts it; says whether it
+    // went out (a failure is shown as the page's error).
+    let post_request = move |build: &dyn Fn(u32, Config) -> Request, file: Option<&Blob>| -> bool {
+        let sent = config().and_then(|config| {
+            let request = build(next_job(), config);
+            worker.with_value(|worker| match worker {
+                Some(worker) => bridge::post(worker, &request, file),
+                None => Err("the worker is not running; reload the page".into()),
+            })
+        });
+        match sent {
+            Ok(()) => true,
+            Err(message) => {
+                error.set(Some(message));
+                false
+            }
+        }
+    };
     let send_run = move |file: Input| {
-        let (config, _) = match config() {
-            Ok(config) => config,
-            Err(message) => return error.set(Some(message)),
-        };
-        let request = Request::Run {
-            job: next_job(),
+        let build = |job, config| Request::Run {
+            job,
             name: file.name.clone(),
             config,
         };
-        let sent = worker.with_value(|worker| match worker {
-            Some(worker) => bridge::post(worker, &request, Some(&file.blob)),
-            None => Err("the worker is not running; reload the page".into()),
-        });
-        match sent {
-            Ok(()) => {
-                input.set_value(Some(file));
-                working("Sending the file");
-            }
-            Err(message) => error.set(Some(message)),
+        if post_request(&build, Some(&file.blob)) {
+            input.set_value(Some(file));
+            working("Sending the file");
         }
     };
     let resimulate = move || {
@@ -175,21 +182,8 @@ fn App() -> impl IntoView {
         if shown.with_untracked(|s| s.is_none()) {
             return;
         }
-        let (config, _) = match config() {
-            Ok(config) => config,
-            Err(message) => return error.set(Some(message)),
-        };
-        let request = Request::Resimulate {
-            job: next_job(),
-            config,
-        };
-        let sent = worker.with_value(|worker| match worker {
-            Some(worker) => bridge::post(worker, &request, None),
-            None => Err("the worker is not running; reload the page".into()),
-        });
-        match sent {
-            Ok(()) => working("Simulating"),
-            Err(message) => error.set(Some(message)),
+        if post_request(&|job, config| Request::Resimulate { job, config }, None) {
+            working("Simulating");
         }
     };
 
@@ -203,22 +197,8 @@ fn App() -> impl IntoView {
             ));
             return;
         }
-        let (config, _) = match config() {
-            Ok(config) => config,
-            Err(message) => return error.set(Some(message)),
-        };
-        let request = Request::WhatIf {
-            job: next_job(),
-            what,
-            config,
-        };
-        let sent = worker.with_value(|worker| match worker {
-            Some(worker) => bridge::post(worker, &request, None),
-            None => Err("the worker is not running; reload the page".into()),
-        });
-        match sent {
-            Ok(()) => working("Simulating the what-if"),
-            Err(message) => error.set(Some(message)),
+        if post_request(&|job, config| Request::WhatIf { job, what, config }, None) {
+            working("Simulating the what-if");
         }
     };
 

@@ -50,6 +50,19 @@ pub const CATEGORY_COLORS: [RGBColor; 9] = [
     RGBColor(52, 73, 94),
 ];
 
+/// The label of a horizontal-bar chart's tick at `y`: the name of the row
+/// whose bar is centred there, empty between rows. Rows are drawn top to
+/// bottom in `names` order, so row 0 of the chart (bottom) is the last name.
+fn row_label(names: &[String], y: f64) -> String {
+    let n = names.len();
+    let row = y.floor() as usize;
+    if (y - row as f64 - 0.5).abs() < 0.26 && row < n {
+        names.get(n - 1 - row).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
 fn gib(bytes: Bytes) -> f64 {
     bytes.get() as f64 / Bytes::GIB as f64
 }
@@ -168,15 +181,7 @@ pub fn gpus(canvas: &HtmlCanvasElement, report: &Report) -> Result<(), String> {
         .light_line_style(GRID.mix(0.3))
         .x_desc("GiB")
         .y_labels(n * 2 + 1)
-        .y_label_formatter(&|y| {
-            let row = y.floor() as usize;
-            if (y - row as f64 - 0.5).abs() < 0.26 && row < n {
-                // Row 0 is at the bottom; the first GPU is drawn at the top.
-                names.get(n - 1 - row).cloned().unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .y_label_formatter(&|y| row_label(&names, *y))
         .label_style((FONT, 13))
         .draw()
         .map_err(|err| err.to_string())?;
@@ -248,6 +253,7 @@ pub fn breakdown(canvas: &HtmlCanvasElement, parts: &[(&str, Bytes)]) -> Result<
 pub fn bars(canvas: &HtmlCanvasElement, rows: &[(String, Bytes, bool)]) -> Result<(), String> {
     let root = area(canvas)?;
     let n = rows.len().max(1);
+    let names: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     let x_max = rows
         .iter()
         .map(|(_, b, _)| gib(*b))
@@ -266,16 +272,7 @@ pub fn bars(canvas: &HtmlCanvasElement, rows: &[(String, Bytes, bool)]) -> Resul
         .light_line_style(GRID.mix(0.3))
         .x_desc("peak total, GiB")
         .y_labels(n * 2 + 1)
-        .y_label_formatter(&|y| {
-            let row = y.floor() as usize;
-            if (y - row as f64 - 0.5).abs() < 0.26 && row < n {
-                rows.get(n - 1 - row)
-                    .map(|r| r.0.clone())
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .y_label_formatter(&|y| row_label(&names, *y))
         .label_style((FONT, 12))
         .draw()
         .map_err(|err| err.to_string())?;
