@@ -23,7 +23,7 @@ fn shared() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"))
 }
 
-fn prepare(name: &str, config: &Config) -> (Prepared, Vec<u8>) {
+fn prepare(name: &str, config: &Config) -> Prepared {
     let path = shared().join("fixtures/traces").join(name);
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     let started = Instant::now();
@@ -33,7 +33,7 @@ fn prepare(name: &str, config: &Config) -> (Prepared, Vec<u8>) {
         started.elapsed().as_secs_f64(),
         prepared.orchestrated.schedule.events.len()
     );
-    (prepared, bytes)
+    prepared
 }
 
 fn main() {
@@ -43,8 +43,8 @@ fn main() {
     points_only.gpus.clear();
     let at: Vec<u32> = (1..=50).collect();
 
-    let (t5, t5_bytes) = prepare("t5-small_adamw_bs8_pos1.json.gz", &config);
-    let t5_batch = batch::batch_size_of_trace(&t5_bytes).unwrap();
+    let t5 = prepare("t5-small_adamw_bs8_pos1.json.gz", &config);
+    let t5_batch = t5.batch_size.unwrap();
     let single = [BatchInput {
         batch: t5_batch,
         prepared: &t5,
@@ -65,8 +65,8 @@ fn main() {
         sweep.points.last().map_or(0, |p| p.peak_total_bytes.get())
     );
 
-    let (bs16, _) = prepare("resnet18_sgd_bs16_pos1.json.gz", &config);
-    let (bs32, _) = prepare("resnet18_sgd_bs32_pos1.json.gz", &config);
+    let bs16 = prepare("resnet18_sgd_bs16_pos1.json.gz", &config);
+    let bs32 = prepare("resnet18_sgd_bs32_pos1.json.gz", &config);
     let fitted = [
         BatchInput {
             batch: 16,

@@ -44,7 +44,7 @@ use orchestrator::{Category, EventKind, OrchestrateError, Orchestrated, Orchestr
 use presets::{GpuTarget, PresetError};
 use report::{GpuRuns, MemSample, Report, ReportError, ReportInput, RunSummary, SimulatedRun};
 use simulator::{AllocatorConfig, ConfigError, Device, RuleVersion, SimOp};
-use trace::TraceError;
+use trace::{TraceError, TraceSource};
 
 /// Settings of a whole estimate. Build one with [`Config::standard`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +164,9 @@ pub struct Prepared {
     pub optimizer: Option<String>,
     pub parameter_bytes: Bytes,
     pub n_parameters: u32,
+    /// Samples per batch, when the trace shows it
+    /// ([`analyzer::loader_batch_size`]).
+    pub batch_size: Option<u32>,
     /// Warnings of the trace, analyzer and orchestrator stages.
     pub warnings: Vec<Warning>,
 }
@@ -190,13 +193,33 @@ pub fn run(
     estimate(&prepared, config, progress)
 }
 
+/// Runs the whole pipeline on a trace read piece by piece from `source`
+/// (what the CLI and the worker call: neither holds the whole file).
+pub fn run_from(
+    source: &mut dyn TraceSource,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Warned<Report>, Error> {
+    let prepared = prepare_from(source, config, progress)?;
+    estimate(&prepared, config, progress)
+}
+
 /// Parses, analyzes and orchestrates a trace.
 pub fn prepare(
     bytes: &[u8],
     config: &Config,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Prepared, Error> {
-    let trace = trace::parse_with_progress(bytes, &mut |done, total| {
+    prepare_from(&mut trace::SliceSource::new(bytes), config, progress)
+}
+
+/// Parses, analyzes and orchestrates a trace read piece by piece from `source`.
+pub fn prepare_from(
+    source: &mut dyn TraceSource,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Prepared, Error> {
+    let trace = trace::read(source, &mut |done, total| {
         progress(Progress {
             stage: Stage::Parsing,
             done,
@@ -224,6 +247,7 @@ pub fn prepare(
         optimizer: analysis.optimizer.class_name.clone(),
         parameter_bytes: analysis.parameters.iter().map(|p| p.bytes).sum(),
         n_parameters: u32::try_from(analysis.parameters.len()).unwrap_or(u32::MAX),
+        batch_size: analysis.batch_size,
         warnings,
     })
 }

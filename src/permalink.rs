@@ -46,8 +46,31 @@ pub struct TraceIdentity {
 impl TraceIdentity {
     /// Names and fingerprints a trace's bytes.
     pub fn of(name: &str, bytes: &[u8]) -> TraceIdentity {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(bytes);
+        let mut fingerprint = Fingerprint::default();
+        fingerprint.update(bytes);
+        fingerprint.finish(name)
+    }
+}
+
+/// A [`TraceIdentity`] computed piece by piece as a file streams past.
+#[derive(Debug, Clone, Default)]
+pub struct Fingerprint {
+    hasher: sha2::Sha256,
+    size: u64,
+}
+
+impl Fingerprint {
+    /// Adds the next piece of the file.
+    pub fn update(&mut self, bytes: &[u8]) {
+        use sha2::Digest;
+        self.hasher.update(bytes);
+        self.size += bytes.len() as u64;
+    }
+
+    /// The identity of the bytes seen, under `name`.
+    pub fn finish(self, name: &str) -> TraceIdentity {
+        use sha2::Digest;
+        let digest = self.hasher.finalize();
         let mut sha256 = String::with_capacity(64);
         for byte in digest {
             sha256.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0'));
@@ -55,7 +78,7 @@ impl TraceIdentity {
         }
         TraceIdentity {
             name: name.to_owned(),
-            size_bytes: Bytes(bytes.len() as u64),
+            size_bytes: Bytes(self.size),
             sha256,
         }
     }

@@ -69,7 +69,6 @@ pub enum Response {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkStage {
-    Reading,
     Pipeline(Stage),
 }
 
@@ -77,8 +76,7 @@ impl WorkStage {
     /// The stage's name as the page shows it.
     pub fn label(self) -> &'static str {
         match self {
-            WorkStage::Reading => "Reading the file",
-            WorkStage::Pipeline(Stage::Parsing) => "Parsing the trace",
+            WorkStage::Pipeline(Stage::Parsing) => "Reading the trace",
             WorkStage::Pipeline(Stage::Analyzing) => "Analyzing memory blocks",
             WorkStage::Pipeline(Stage::Orchestrating) => "Orchestrating the GPU run",
             WorkStage::Pipeline(Stage::Simulating) => "Simulating the CUDA allocator",

@@ -553,6 +553,7 @@ pub(crate) fn assemble(
         },
         peak,
         layers_at_peak,
+        batch_size: super::loader_batch_size(trace),
     }
 }
 

@@ -359,6 +359,36 @@ pub struct Analysis {
     pub peak: Peak,
     /// Live bytes per layer at [`Analysis::peak`], largest first (ties by name).
     pub layers_at_peak: Vec<LayerBytes>,
+    /// Samples per batch as the data loader made it, when the trace shows it
+    /// (see [`loader_batch_size`]).
+    #[serde(default)]
+    pub batch_size: Option<u32>,
+}
+
+/// The batch size of a trace as its data loader made it: the number of
+/// samples the collate function stacked (the tensor list of the first
+/// `aten::stack` or `aten::cat` inside the first `DataLoader … __next__`
+/// span), read from `Input Dims`. `None` when the trace has no such op (the
+/// profiler leaves long tensor lists out of `Input Dims`).
+pub fn loader_batch_size(trace: &Trace) -> Option<u32> {
+    let is_next = |name: &str| name.contains("DataLoader") && name.contains("__next__");
+    let spans = trace
+        .annotations
+        .iter()
+        .map(|a| (a.name, a.start, a.dur))
+        .chain(trace.python.iter().map(|p| (p.name, p.start, p.dur)))
+        .chain(trace.ops.iter().map(|o| (o.name, o.start, o.dur)));
+    let (start, end) = spans
+        .filter(|&(name, _, _)| is_next(trace.name(name)))
+        .map(|(_, start, dur)| (start, start.saturating_add(dur)))
+        .min()?;
+    trace
+        .ops
+        .iter()
+        .filter(|o| o.start >= start && o.start <= end)
+        .filter_map(|o| o.tensor_list_len.filter(|&n| n > 0).map(|n| (o.start, n)))
+        .min()
+        .map(|(_, n)| n)
 }
 
 impl Analysis {
@@ -500,5 +530,32 @@ impl Names {
 
     fn get(&self, id: NameId) -> &str {
         self.names.get(id.index()).map_or("", String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_size_is_read_from_the_first_collate_op_of_the_loader() {
+        let text = r#"{"traceEvents": [
+            {"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "ts": 10.0, "dur": 50.0},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::cat", "ts": 5.0, "dur": 1.0, "args": {"Input Dims": [[[2], [2]], []]}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::stack", "ts": 20.0, "dur": 5.0, "args": {"Input Dims": [[[3, 8, 8], [3, 8, 8], [3, 8, 8]], []]}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::stack", "ts": 30.0, "dur": 5.0, "args": {"Input Dims": [[[1], [1], [1], [1]], []]}},
+            {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 1, "args": {"Addr": 1, "Bytes": 8}}
+        ]}"#;
+        let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+        assert_eq!(loader_batch_size(&trace), Some(3));
+        // No loader span, or no tensor list inside it: unknown.
+        let mut no_loader = trace.clone();
+        no_loader.annotations.clear();
+        assert_eq!(loader_batch_size(&no_loader), None);
+        let mut no_list = trace;
+        for op in &mut no_list.ops {
+            op.tensor_list_len = None;
+        }
+        assert_eq!(loader_batch_size(&no_list), None);
     }
 }

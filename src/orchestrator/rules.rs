@@ -1161,6 +1161,7 @@ mod tests {
                     devices: DeviceSummary::default(),
                     peak: Default::default(),
                     layers_at_peak: Vec::new(),
+                    batch_size: None,
                 },
                 next_event: 0,
             }

@@ -8,13 +8,17 @@
 //!
 //! Invariants:
 //! - This is the only module that knows the profiler's JSON field names.
-//! - It reads the input in one pass and never builds a `serde_json::Value` tree
-//!   of the whole file: events are visited one by one while `traceEvents` is
-//!   parsed, and each is reduced to a small typed record (names interned).
+//! - It reads the input in one pass, piece by piece as it arrives
+//!   ([`TraceReader`]), and never holds the whole file, its decompressed text
+//!   or a `serde_json::Value` tree: each entry of `traceEvents` is reduced to a
+//!   small typed record (names interned) as soon as its last byte arrives.
 //! - It never panics on user data: anything that is not a usable trace is a
 //!   [`TraceError`] whose message names the capture setting to fix.
 
 mod raw;
+mod stream;
+
+pub use stream::{is_gzip, Gunzip, TraceReader};
 
 use serde::{Deserialize, Serialize};
 
@@ -108,6 +112,11 @@ pub struct OpEvent {
     pub input_dims: Vec<Vec<i64>>,
     /// `Input type`, one dtype name per argument; kept like `input_dims`.
     pub input_types: Vec<NameId>,
+    /// When the first argument of `Input Dims` is a tensor list, its length.
+    /// Kept only for `aten::stack` and `aten::cat`, with which a data
+    /// loader's collate function stacks one tensor per sample.
+    #[serde(default)]
+    pub tensor_list_len: Option<u32>,
 }
 
 /// One `user_annotation` span (`record_function`): `ProfilerStep#N`, optimizer, DataLoader.
@@ -213,6 +222,10 @@ pub const MAX_EVENT_BYTES: u64 = 1 << 50;
 /// Why bytes could not be read as a profiler trace.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TraceError {
+    #[error(
+        "cannot read the file: {0}; check that it is still there and readable, then try again"
+    )]
+    Read(String),
     #[error("the file is empty: export the trace again with prof.export_chrome_trace(path) after the profiler has stopped")]
     Empty,
     #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0:?}")]
@@ -241,16 +254,49 @@ pub enum TraceError {
     NoMemoryEvents,
 }
 
+/// Where a trace's bytes come from, piece by piece: a file read by the CLI,
+/// slices of a browser `Blob` read by the worker, or bytes in memory. The
+/// reading itself happens in the shells; the core only asks for the next piece.
+pub trait TraceSource {
+    /// The size of the whole input in bytes, if known (for progress).
+    fn size_hint(&self) -> Option<u64>;
+    /// The next piece of the input, or `None` at its end.
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError>;
+}
+
+/// Bytes already in memory, handed out as one piece.
+#[derive(Debug, Clone, Copy)]
+pub struct SliceSource<'a> {
+    bytes: Option<&'a [u8]>,
+    len: u64,
+}
+
+impl<'a> SliceSource<'a> {
+    pub fn new(bytes: &'a [u8]) -> SliceSource<'a> {
+        SliceSource {
+            bytes: Some(bytes),
+            len: bytes.len() as u64,
+        }
+    }
+}
+
+impl TraceSource for SliceSource<'_> {
+    fn size_hint(&self) -> Option<u64> {
+        Some(self.len)
+    }
+
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError> {
+        Ok(self.bytes.take())
+    }
+}
+
 /// Parses a `.json` or `.json.gz` profiler trace.
 pub fn parse(bytes: &[u8]) -> Result<Warned<Trace>, TraceError> {
     parse_with_progress(bytes, &mut |_, _| {})
 }
 
-/// Parses like [`parse`], calling `progress(done, total)` from time to time.
-///
-/// `total` is the length of the input; `done` grows monotonically to `total`.
-/// For gzip input the first half of the range covers decompression and the
-/// second half parsing.
+/// Parses like [`parse`], calling `progress(done, total)` as the input is
+/// read (`total` is its length; `done` grows monotonically to `total`).
 pub fn parse_with_progress(
     bytes: &[u8],
     progress: &mut dyn FnMut(u64, u64),
@@ -265,21 +311,48 @@ pub fn parse_with_limit(
     max_decompressed_bytes: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Warned<Trace>, TraceError> {
-    let total = bytes.len() as u64;
-    if raw::is_gzip(bytes) {
-        let json = raw::gunzip(bytes, max_decompressed_bytes, &mut |done| {
-            progress(done / 2, total)
-        })?;
-        let half = total / 2;
-        let json_len = json.len().max(1) as u64;
-        raw::parse_json(&json, &mut |done| {
-            let scaled = done.saturating_mul(total - half) / json_len;
-            progress(half + scaled.min(total - half), total);
-        })
-    } else {
-        raw::parse_json(bytes, &mut |done| progress(done.min(total), total))
+    read_with_limit(
+        &mut SliceSource::new(bytes),
+        max_decompressed_bytes,
+        progress,
+    )
+}
+
+/// Bytes handed to the reader at a time: about a sixteenth of the input
+/// within these bounds, so progress moves on input that arrives in one piece.
+const READ_PIECE: (u64, u64) = (64 << 10, 4 << 20);
+
+/// Reads a trace piece by piece from `source`, calling `progress(done,
+/// total)` with the input bytes read so far (`total` is the source's size,
+/// or `done` when it does not know it).
+pub fn read(
+    source: &mut dyn TraceSource,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Warned<Trace>, TraceError> {
+    read_with_limit(source, MAX_DECOMPRESSED_BYTES, progress)
+}
+
+/// Reads like [`read`] with another limit than [`MAX_DECOMPRESSED_BYTES`].
+pub fn read_with_limit(
+    source: &mut dyn TraceSource,
+    max_decompressed_bytes: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Warned<Trace>, TraceError> {
+    let mut reader = TraceReader::new(max_decompressed_bytes);
+    let total = source.size_hint();
+    let piece_len = total.map_or(READ_PIECE.1, |t| (t / 16).clamp(READ_PIECE.0, READ_PIECE.1));
+    let piece_len = usize::try_from(piece_len).unwrap_or(usize::MAX);
+    let mut done = 0u64;
+    while let Some(chunk) = source.next_chunk()? {
+        for piece in chunk.chunks(piece_len) {
+            reader.push(piece)?;
+            done += piece.len() as u64;
+            progress(done, total.unwrap_or(done).max(done));
+        }
     }
-    .inspect(|_| progress(total, total))
+    let trace = reader.finish()?;
+    progress(done, total.unwrap_or(done).max(done));
+    Ok(trace)
 }
 
 /// Helper for warnings about skipped or incomplete events.

@@ -1,6 +1,8 @@
-//! The serde side of the trace reader: visitors that walk `traceEvents` one
-//! event at a time and reduce each to a typed record, without building a
-//! `serde_json::Value` tree and without collecting the raw events first.
+//! The serde side of the trace reader: visitors that read one entry of
+//! `traceEvents` (or one header value) and the [`Builder`] that reduces each
+//! to a typed record, without building a `serde_json::Value` tree and without
+//! collecting the raw events first. [`super::stream`] finds where each entry
+//! starts and ends in the bytes as they arrive.
 //!
 //! Every visitor is tolerant: a field of an unexpected JSON type is treated as
 //! missing (and counted for a warning) instead of failing the whole file.
@@ -8,7 +10,6 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
-use std::io::Read;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
@@ -19,102 +20,15 @@ use super::{
 use crate::diag::{Warned, Warning};
 use crate::units::Nanos;
 
-/// The two magic bytes that open every gzip member.
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
-/// How many events pass between two progress reports.
-const PROGRESS_EVERY: usize = 4096;
-
-pub(super) fn is_gzip(bytes: &[u8]) -> bool {
-    bytes.starts_with(&GZIP_MAGIC)
-}
-
-/// Decompresses a (possibly multi-member) gzip file fully into memory.
-/// Output past `max_bytes` is refused as [`TraceError::GzipTooLarge`].
-pub(super) fn gunzip(
-    bytes: &[u8],
-    max_bytes: u64,
-    progress: &mut dyn FnMut(u64),
-) -> Result<Vec<u8>, TraceError> {
-    let mut decoder = flate2::bufread::MultiGzDecoder::new(bytes);
-    let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-    let mut out = Vec::with_capacity(bytes.len().saturating_mul(8).min(limit));
-    let mut chunk = vec![0_u8; 1 << 20];
-    let mut last_report = 0_u64;
-    loop {
-        let n = decoder.read(&mut chunk).map_err(|err| match err.kind() {
-            std::io::ErrorKind::UnexpectedEof => TraceError::TruncatedGzip,
-            _ => TraceError::CorruptGzip(err.to_string()),
-        })?;
-        if n == 0 {
-            break;
-        }
-        if out.len().saturating_add(n) > limit {
-            return Err(TraceError::GzipTooLarge { limit: max_bytes });
-        }
-        out.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        // The decoder reads its input slice front to back; what is left of it
-        // tells how far decompression got.
-        let done = (bytes.len() - decoder.get_ref().len()) as u64;
-        if done > last_report {
-            last_report = done;
-            progress(done);
-        }
-    }
-    Ok(out)
-}
-
-/// Parses uncompressed JSON text into a [`Trace`].
-pub(super) fn parse_json(
-    json: &[u8],
-    progress: &mut dyn FnMut(u64),
-) -> Result<Warned<Trace>, TraceError> {
-    let json = json.strip_prefix(b"\xef\xbb\xbf").unwrap_or(json);
-    let Some(&first) = json.iter().find(|b| !b.is_ascii_whitespace()) else {
-        return Err(TraceError::Empty);
-    };
-    if first != b'{' && first != b'[' {
-        let preview: String = String::from_utf8_lossy(json.get(..24).unwrap_or(json)).into_owned();
-        return Err(TraceError::NotJson(preview));
-    }
-
-    let mut builder = Builder::new(json, progress);
-    let mut de = serde_json::Deserializer::from_slice(json);
-    let top = TopSeed {
-        builder: &mut builder,
-    };
-    top.deserialize(&mut de)
-        .and_then(|()| de.end())
-        .map_err(json_error)?;
-    builder.finish()
-}
-
-fn json_error(err: serde_json::Error) -> TraceError {
-    match err.classify() {
-        serde_json::error::Category::Eof => TraceError::Truncated {
-            line: err.line(),
-            column: err.column(),
-        },
-        serde_json::error::Category::Data => TraceError::NotAProfilerTrace(err.to_string()),
-        serde_json::error::Category::Syntax | serde_json::error::Category::Io => {
-            TraceError::InvalidJson {
-                line: err.line(),
-                column: err.column(),
-                message: err.to_string(),
-            }
-        }
-    }
-}
-
 /// Accumulates the typed events while the visitors walk the file.
-struct Builder<'p> {
-    trace: Trace,
+#[derive(Default)]
+pub(super) struct Builder {
+    pub(super) trace: Trace,
     interner: HashMap<String, NameId>,
-    progress: &'p mut dyn FnMut(u64),
-    base: usize,
-    len: usize,
-    saw_trace_events: bool,
-    top_keys: Vec<String>,
+    pub(super) saw_trace_events: bool,
+    /// The first top-level keys that are not trace fields, for the message
+    /// when there is no `traceEvents`.
+    pub(super) top_keys: Vec<String>,
     n_malformed: usize,
     n_memory_incomplete: usize,
     n_memory_no_addr: usize,
@@ -128,29 +42,7 @@ struct Builder<'p> {
     size_out_of_range: Option<i64>,
 }
 
-impl<'p> Builder<'p> {
-    fn new(json: &[u8], progress: &'p mut dyn FnMut(u64)) -> Builder<'p> {
-        Builder {
-            trace: Trace::default(),
-            interner: HashMap::new(),
-            progress,
-            base: json.as_ptr() as usize,
-            len: json.len(),
-            saw_trace_events: false,
-            top_keys: Vec::new(),
-            n_malformed: 0,
-            n_memory_incomplete: 0,
-            n_memory_no_addr: 0,
-            n_memory_no_total: 0,
-            n_memory_no_device: 0,
-            n_spans_no_ts: 0,
-            n_spans_no_dur: 0,
-            n_flows_incomplete: 0,
-            n_no_tid: 0,
-            size_out_of_range: None,
-        }
-    }
-
+impl Builder {
     fn intern(&mut self, name: &str) -> NameId {
         if let Some(&id) = self.interner.get(name) {
             return id;
@@ -161,15 +53,7 @@ impl<'p> Builder<'p> {
         id
     }
 
-    /// Reports progress from the position of a string borrowed from the input.
-    fn report_progress(&mut self, borrowed: &str) {
-        let offset = (borrowed.as_ptr() as usize).wrapping_sub(self.base);
-        if offset <= self.len {
-            (self.progress)(offset as u64);
-        }
-    }
-
-    fn finish(mut self) -> Result<Warned<Trace>, TraceError> {
+    pub(super) fn finish(mut self) -> Result<Warned<Trace>, TraceError> {
         if let Some(bytes) = self.size_out_of_range {
             return Err(TraceError::MemorySizeOutOfRange(bytes));
         }
@@ -240,13 +124,14 @@ impl<'p> Builder<'p> {
         })
     }
 
-    fn add_event(&mut self, ev: RawEvent<'_>) {
+    /// Counts an entry of `traceEvents` that is not a JSON object.
+    pub(super) fn add_malformed(&mut self) {
         self.trace.n_events += 1;
-        if self.trace.n_events % PROGRESS_EVERY == 0 {
-            if let Some(Cow::Borrowed(name)) = &ev.name {
-                self.report_progress(name);
-            }
-        }
+        self.n_malformed += 1;
+    }
+
+    pub(super) fn add_event(&mut self, ev: RawEvent<'_>) {
+        self.trace.n_events += 1;
         let is_memory = ev.name.as_deref() == Some("[memory]");
         if is_memory {
             self.add_memory(&ev);
@@ -355,6 +240,7 @@ impl<'p> Builder<'p> {
                     fwd_thread_id: args.fwd_thread_id,
                     input_dims: args.input_dims,
                     input_types,
+                    tensor_list_len: args.tensor_list_len,
                 });
             }
             Cat::PythonFunction => self.trace.python.push(PythonEvent {
@@ -374,106 +260,6 @@ impl<'p> Builder<'p> {
             }),
             _ => {}
         }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Top level.
-
-struct TopSeed<'b, 'p> {
-    builder: &'b mut Builder<'p>,
-}
-
-impl<'de> DeserializeSeed<'de> for TopSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for TopSeed<'_, '_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a torch.profiler trace object with a \"traceEvents\" list")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let builder = self.builder;
-        while let Some(key) = map.next_key::<LooseStr<'de>>()? {
-            let key = key.0.unwrap_or_default();
-            let header = &mut builder.trace.header;
-            match key.as_ref() {
-                "traceEvents" => {
-                    builder.saw_trace_events = true;
-                    map.next_value_seed(EventsSeed {
-                        builder: &mut *builder,
-                    })?;
-                }
-                "schemaVersion" => {
-                    header.schema_version = map.next_value::<LooseInt>()?.0;
-                }
-                "with_stack" => header.with_stack = map.next_value::<LooseInt>()?.0.map(|v| v != 0),
-                "profile_memory" => {
-                    header.profile_memory = map.next_value::<LooseInt>()?.0.map(|v| v != 0);
-                }
-                "record_shapes" => {
-                    header.record_shapes = map.next_value::<LooseInt>()?.0.map(|v| v != 0);
-                }
-                "baseTimeNanoseconds" => {
-                    header.base_time_ns = map.next_value::<LooseInt>()?.0;
-                }
-                "traceName" => {
-                    header.trace_name = map.next_value::<LooseStr<'de>>()?.0.map(Cow::into_owned);
-                }
-                "deviceProperties" => header.n_gpu_devices = map.next_value::<CountSeq>()?.0,
-                other => {
-                    if builder.top_keys.len() < 8 {
-                        builder.top_keys.push(other.to_owned());
-                    }
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The JSON Array Format of Chrome traces: a bare list of events.
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
-        self.builder.saw_trace_events = true;
-        EventsSeed {
-            builder: self.builder,
-        }
-        .visit_seq(seq)
-    }
-}
-
-struct EventsSeed<'b, 'p> {
-    builder: &'b mut Builder<'p>,
-}
-
-impl<'de> DeserializeSeed<'de> for EventsSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EventsSeed<'_, '_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("\"traceEvents\" to be a list of trace events")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq
-            .next_element_seed(EventSeed {
-                builder: &mut *self.builder,
-            })?
-            .is_some()
-        {}
-        Ok(())
     }
 }
 
@@ -525,7 +311,7 @@ fn classify_cat(cat: &str) -> Cat {
     }
 }
 
-struct RawEvent<'de> {
+pub(super) struct RawEvent<'de> {
     ph: Ph,
     cat: Cat,
     name: Option<Cow<'de, str>>,
@@ -536,34 +322,32 @@ struct RawEvent<'de> {
     args: RawArgs<'de>,
 }
 
-/// Reads one entry of `traceEvents` and hands it to the builder; an entry
-/// that is not an object is counted as malformed.
-struct EventSeed<'b, 'p> {
-    builder: &'b mut Builder<'p>,
+/// One entry of `traceEvents`: an event object, or anything else (counted as
+/// malformed by the builder).
+// One value per entry, on the stack and handed straight to the builder:
+// boxing the event would cost an allocation per entry.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Entry<'de> {
+    Event(RawEvent<'de>),
+    Malformed,
 }
 
-impl<'de> DeserializeSeed<'de> for EventSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
+impl<'de> de::Deserialize<'de> for Entry<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(EntryVisitor)
     }
 }
 
-impl EventSeed<'_, '_> {
-    fn malformed(self) {
-        self.builder.trace.n_events += 1;
-        self.builder.n_malformed += 1;
-    }
-}
+struct EntryVisitor;
 
-impl<'de> Visitor<'de> for EventSeed<'_, '_> {
-    type Value = ();
+impl<'de> Visitor<'de> for EntryVisitor {
+    type Value = Entry<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a trace event object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry<'de>, A::Error> {
         let mut ev = RawEvent {
             ph: Ph::Other,
             cat: Cat::Other,
@@ -594,15 +378,16 @@ impl<'de> Visitor<'de> for EventSeed<'_, '_> {
                 EventKey::Dur => ev.dur = map.next_value::<LooseF64>()?.0,
                 EventKey::Id => ev.id = map.next_value::<LooseInt>()?.0,
                 EventKey::Args => {
-                    // Shapes are only needed on AccumulateGrad ops. The
-                    // exporter writes `name` before `args`; if it did not,
-                    // keep the shapes to be safe.
-                    let keep_shapes = ev
-                        .name
-                        .as_deref()
-                        .is_none_or(|name| name.contains("AccumulateGrad"));
+                    // Shapes are only needed on AccumulateGrad ops, and
+                    // the length of a tensor list on the collate ops
+                    // (batch size). The exporter writes `name` before
+                    // `args`; if it did not, keep both to be safe.
+                    let name = ev.name.as_deref();
+                    let keep_shapes = name.is_none_or(|name| name.contains("AccumulateGrad"));
+                    let keep_list_len = name.is_none_or(is_collate_op);
                     map.next_value_seed(ArgsSeed {
                         keep_shapes,
+                        keep_list_len,
                         args: &mut ev.args,
                     })?;
                 }
@@ -611,38 +396,30 @@ impl<'de> Visitor<'de> for EventSeed<'_, '_> {
                 }
             }
         }
-        self.builder.add_event(ev);
-        Ok(())
+        Ok(Entry::Event(ev))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Entry<'de>, A::Error> {
         drain_seq(seq)?;
-        self.malformed();
-        Ok(())
+        Ok(Entry::Malformed)
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
-        self.malformed();
-        Ok(())
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Entry<'de>, E> {
+        Ok(Entry::Malformed)
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
-        self.malformed();
-        Ok(())
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Entry<'de>, E> {
+        Ok(Entry::Malformed)
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
-        self.malformed();
-        Ok(())
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Entry<'de>, E> {
+        Ok(Entry::Malformed)
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
-        self.malformed();
-        Ok(())
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Entry<'de>, E> {
+        Ok(Entry::Malformed)
     }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
-        self.malformed();
-        Ok(())
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Entry<'de>, E> {
+        Ok(Entry::Malformed)
     }
-    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        self.malformed();
-        Ok(())
+    fn visit_unit<E: de::Error>(self) -> Result<Entry<'de>, E> {
+        Ok(Entry::Malformed)
     }
 }
 
@@ -666,21 +443,22 @@ impl<'de> de::Deserialize<'de> for EventKey {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an event field name")
             }
-            fn visit_str<E: de::Error>(self, key: &str) -> Result<EventKey, E> {
+            fn visit_bytes<E: de::Error>(self, key: &[u8]) -> Result<EventKey, E> {
                 Ok(match key {
-                    "ph" => EventKey::Ph,
-                    "cat" => EventKey::Cat,
-                    "name" => EventKey::Name,
-                    "tid" => EventKey::Tid,
-                    "ts" => EventKey::Ts,
-                    "dur" => EventKey::Dur,
-                    "id" => EventKey::Id,
-                    "args" => EventKey::Args,
+                    b"ph" => EventKey::Ph,
+                    b"cat" => EventKey::Cat,
+                    b"name" => EventKey::Name,
+                    b"tid" => EventKey::Tid,
+                    b"ts" => EventKey::Ts,
+                    b"dur" => EventKey::Dur,
+                    b"id" => EventKey::Id,
+                    b"args" => EventKey::Args,
                     _ => EventKey::Other,
                 })
             }
         }
-        deserializer.deserialize_identifier(KeyVisitor)
+        // As bytes: a key is only compared, so it need not be checked as UTF-8.
+        deserializer.deserialize_bytes(KeyVisitor)
     }
 }
 
@@ -703,11 +481,18 @@ struct RawArgs<'de> {
     python_module_id: Option<i64>,
     input_dims: Vec<Vec<i64>>,
     input_types: Vec<Cow<'de, str>>,
+    tensor_list_len: Option<u32>,
+}
+
+/// The ops a data loader's collate function stacks the samples with.
+pub(super) fn is_collate_op(name: &str) -> bool {
+    name == "aten::stack" || name == "aten::cat"
 }
 
 /// Reads `args` into the event's record; anything but an object is ignored.
 struct ArgsSeed<'a, 'de> {
     keep_shapes: bool,
+    keep_list_len: bool,
     args: &'a mut RawArgs<'de>,
 }
 
@@ -741,8 +526,14 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
                 ArgKey::PythonId => &mut args.python_id,
                 ArgKey::PythonParentId => &mut args.python_parent_id,
                 ArgKey::PythonModuleId => &mut args.python_module_id,
-                ArgKey::InputDims if self.keep_shapes => {
-                    args.input_dims = map.next_value::<Shapes>()?.0;
+                ArgKey::InputDims if self.keep_shapes || self.keep_list_len => {
+                    let shapes = map.next_value::<Shapes>()?;
+                    if self.keep_shapes {
+                        args.input_dims = shapes.0;
+                    }
+                    if self.keep_list_len {
+                        args.tensor_list_len = shapes.1;
+                    }
                     continue;
                 }
                 ArgKey::InputType if self.keep_shapes => {
@@ -808,27 +599,28 @@ impl<'de> de::Deserialize<'de> for ArgKey {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an args field name")
             }
-            fn visit_str<E: de::Error>(self, key: &str) -> Result<ArgKey, E> {
+            fn visit_bytes<E: de::Error>(self, key: &[u8]) -> Result<ArgKey, E> {
                 Ok(match key {
-                    "Addr" => ArgKey::Addr,
-                    "Bytes" => ArgKey::Bytes,
-                    "Total Allocated" => ArgKey::TotalAllocated,
-                    "Total Reserved" => ArgKey::TotalReserved,
-                    "Device Type" => ArgKey::DeviceType,
-                    "Device Id" => ArgKey::DeviceId,
-                    "External id" => ArgKey::ExternalId,
-                    "Sequence number" => ArgKey::SequenceNumber,
-                    "Fwd thread id" => ArgKey::FwdThreadId,
-                    "Python id" => ArgKey::PythonId,
-                    "Python parent id" => ArgKey::PythonParentId,
-                    "Python module id" => ArgKey::PythonModuleId,
-                    "Input Dims" => ArgKey::InputDims,
-                    "Input type" => ArgKey::InputType,
+                    b"Addr" => ArgKey::Addr,
+                    b"Bytes" => ArgKey::Bytes,
+                    b"Total Allocated" => ArgKey::TotalAllocated,
+                    b"Total Reserved" => ArgKey::TotalReserved,
+                    b"Device Type" => ArgKey::DeviceType,
+                    b"Device Id" => ArgKey::DeviceId,
+                    b"External id" => ArgKey::ExternalId,
+                    b"Sequence number" => ArgKey::SequenceNumber,
+                    b"Fwd thread id" => ArgKey::FwdThreadId,
+                    b"Python id" => ArgKey::PythonId,
+                    b"Python parent id" => ArgKey::PythonParentId,
+                    b"Python module id" => ArgKey::PythonModuleId,
+                    b"Input Dims" => ArgKey::InputDims,
+                    b"Input type" => ArgKey::InputType,
                     _ => ArgKey::Other,
                 })
             }
         }
-        deserializer.deserialize_identifier(KeyVisitor)
+        // As bytes, like the event keys.
+        deserializer.deserialize_bytes(KeyVisitor)
     }
 }
 
@@ -868,7 +660,7 @@ macro_rules! none_for_other_types {
 
 /// A string, borrowed from the input when it has no escapes.
 #[derive(Default)]
-struct LooseStr<'de>(Option<Cow<'de, str>>);
+pub(super) struct LooseStr<'de>(pub(super) Option<Cow<'de, str>>);
 
 impl<'de> de::Deserialize<'de> for LooseStr<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -905,7 +697,7 @@ impl<'de> de::Deserialize<'de> for LooseStr<'de> {
 /// An integer; integral floats, booleans and numeric strings are accepted too.
 /// Integers above `i64::MAX` keep their bit pattern (addresses are opaque).
 #[derive(Default)]
-struct LooseInt(Option<i64>);
+pub(super) struct LooseInt(pub(super) Option<i64>);
 
 impl<'de> de::Deserialize<'de> for LooseInt {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -982,7 +774,7 @@ impl<'de> de::Deserialize<'de> for LooseF64 {
 
 /// Counts the entries of a list (for `deviceProperties`).
 #[derive(Default)]
-struct CountSeq(usize);
+pub(super) struct CountSeq(pub(super) usize);
 
 impl<'de> de::Deserialize<'de> for CountSeq {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -1074,8 +866,10 @@ impl<'de> de::Deserialize<'de> for LooseStrList<'de> {
 
 /// `Input Dims`: one shape per argument; anything that is not a list of
 /// integers (a tensor list, a scalar) reads as an empty shape.
+/// `Input Dims`: one shape per argument, and the length of the first
+/// argument when it is a tensor list.
 #[derive(Default)]
-struct Shapes(Vec<Vec<i64>>);
+struct Shapes(Vec<Vec<i64>>, Option<u32>);
 
 impl<'de> de::Deserialize<'de> for Shapes {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -1087,10 +881,14 @@ impl<'de> de::Deserialize<'de> for Shapes {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
+                let mut first_list_len = None;
                 while let Some(shape) = seq.next_element::<Shape>()? {
+                    if out.is_empty() {
+                        first_list_len = shape.1;
+                    }
                     out.push(shape.0);
                 }
-                Ok(Shapes(out))
+                Ok(Shapes(out, first_list_len))
             }
             fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
                 Ok(Shapes::default())
@@ -1119,8 +917,63 @@ impl<'de> de::Deserialize<'de> for Shapes {
     }
 }
 
+/// One argument of `Input Dims`: a tensor's shape (empty for anything else),
+/// and the number of shapes when the argument is a tensor list.
 #[derive(Default)]
-struct Shape(Vec<i64>);
+struct Shape(Vec<i64>, Option<u32>);
+
+/// One element of an `Input Dims` argument: a dimension, or a whole shape
+/// (the argument is then a tensor list).
+enum Dim {
+    Int(i64),
+    List,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for Dim {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Dim;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a dimension")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Dim, E> {
+                Ok(Dim::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Dim, E> {
+                Ok(i64::try_from(v).map_or(Dim::Other, Dim::Int))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Dim, E> {
+                let integral = v.is_finite() && v.fract() == 0.0;
+                // `as` saturates out-of-range floats.
+                Ok(if integral {
+                    Dim::Int(v as i64)
+                } else {
+                    Dim::Other
+                })
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Dim, E> {
+                Ok(Dim::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Dim, E> {
+                Ok(Dim::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Dim, E> {
+                Ok(Dim::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Dim, A::Error> {
+                drain_seq(seq)?;
+                Ok(Dim::List)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Dim, A::Error> {
+                drain_map(map)?;
+                Ok(Dim::Other)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
 
 impl<'de> de::Deserialize<'de> for Shape {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -1133,13 +986,21 @@ impl<'de> de::Deserialize<'de> for Shape {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut dims = Vec::new();
                 let mut all_ints = true;
-                while let Some(dim) = seq.next_element::<LooseInt>()? {
-                    match dim.0 {
-                        Some(d) => dims.push(d),
-                        None => all_ints = false,
+                let mut lists = 0u32;
+                let mut len = 0u32;
+                while let Some(dim) = seq.next_element::<Dim>()? {
+                    len = len.saturating_add(1);
+                    match dim {
+                        Dim::Int(d) => dims.push(d),
+                        Dim::List => {
+                            lists = lists.saturating_add(1);
+                            all_ints = false;
+                        }
+                        Dim::Other => all_ints = false,
                     }
                 }
-                Ok(Shape(if all_ints { dims } else { Vec::new() }))
+                let list_len = (len > 0 && lists == len).then_some(len);
+                Ok(Shape(if all_ints { dims } else { Vec::new() }, list_len))
             }
             fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
                 Ok(Shape::default())
@@ -1195,23 +1056,10 @@ mod tests {
     fn shapes_keep_tensor_dims_and_blank_tensor_lists() {
         let shapes: Shapes = parse_one("[[2, 3], [], [[1], [2]], 5, \"x\"]");
         assert_eq!(shapes.0, [vec![2, 3], vec![], vec![], vec![], vec![]]);
-    }
-
-    #[test]
-    fn progress_offsets_come_from_borrowed_names() {
-        let json = format!(
-            "{{\"traceEvents\": [{}]}}",
-            vec![
-                r#"{"ph": "i", "name": "[memory]", "ts": 1, "args": {"Addr": 1, "Bytes": 8}}"#;
-                PROGRESS_EVERY * 2
-            ]
-            .join(",")
-        );
-        let mut seen = Vec::new();
-        let parsed = parse_json(json.as_bytes(), &mut |done| seen.push(done)).unwrap();
-        assert_eq!(parsed.value.memory.len(), PROGRESS_EVERY * 2);
-        assert_eq!(seen.len(), 2);
-        assert!(seen[0] < seen[1] && seen[1] < json.len() as u64);
+        assert_eq!(shapes.1, None);
+        let shapes: Shapes = parse_one("[[[3, 4], [3, 4], [3, 4]], []]");
+        assert_eq!(shapes.0, [Vec::<i64>::new(), Vec::new()]);
+        assert_eq!(shapes.1, Some(3));
     }
 
     #[test]
@@ -1220,7 +1068,7 @@ mod tests {
             let json = format!(
                 r#"{{"traceEvents": [{{"ph": "i", "name": "[memory]", "ts": 1, "args": {{"Addr": 1, "Bytes": {bytes}}}}}]}}"#
             );
-            let err = parse_json(json.as_bytes(), &mut |_| {}).unwrap_err();
+            let err = crate::trace::parse(json.as_bytes()).unwrap_err();
             assert!(
                 matches!(err, TraceError::MemorySizeOutOfRange(_)),
                 "{bytes}: {err:?}"
@@ -1230,23 +1078,7 @@ mod tests {
         let json = format!(
             r#"{{"traceEvents": [{{"ph": "i", "name": "[memory]", "ts": 1, "args": {{"Addr": 1, "Bytes": {MAX_EVENT_BYTES}}}}}]}}"#
         );
-        let parsed = parse_json(json.as_bytes(), &mut |_| {});
+        let parsed = crate::trace::parse(json.as_bytes());
         assert!(parsed.is_ok(), "{parsed:?}");
-    }
-
-    #[test]
-    fn gzip_past_the_limit_is_refused_while_decompressing() {
-        use std::io::Write as _;
-        // 8 MiB of zeros compress to a few KiB; with a 4 MiB limit the
-        // decoder stops at the first chunk past it.
-        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        encoder.write_all(&vec![0_u8; 8 << 20]).unwrap();
-        let bomb = encoder.finish().unwrap();
-        assert!(bomb.len() < 64 << 10, "{}", bomb.len());
-        let err = gunzip(&bomb, 4 << 20, &mut |_| {}).unwrap_err();
-        assert_eq!(err, TraceError::GzipTooLarge { limit: 4 << 20 });
-        assert!(err.to_string().contains("4194304 bytes"), "{err}");
-        // At exactly its size the same stream is read.
-        assert_eq!(gunzip(&bomb, 8 << 20, &mut |_| {}).unwrap().len(), 8 << 20);
     }
 }

@@ -1,9 +1,10 @@
 //! The Web Worker: runs the pipeline off the page's thread.
 //!
-//! It receives a [`Request`] with a `Blob`, reads the blob in slices (so a file
-//! of hundreds of MB is never copied whole on the main thread), runs
-//! [`crate::prepare`] and [`crate::estimate`], and posts [`Response`]s back as
-//! JSON strings. It keeps the last prepared trace, so a change of GPUs or
+//! It receives a [`Request`] with a `Blob` and streams the blob slice by slice
+//! into [`crate::prepare_from`] (fingerprinting each slice on the way), so a
+//! file of hundreds of MB is never held whole, neither on the page nor here;
+//! then it runs [`crate::estimate`] and posts [`Response`]s back as JSON
+//! strings. It keeps the last prepared trace, so a change of GPUs or
 //! allocator settings re-runs only the simulation.
 
 use std::cell::RefCell;
@@ -11,11 +12,23 @@ use std::cell::RefCell;
 use js_sys::{Reflect, Uint8Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent};
+use web_sys::{
+    Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent, XmlHttpRequest,
+    XmlHttpRequestResponseType,
+};
 
-use crate::permalink::TraceIdentity;
+use crate::permalink::{Fingerprint, TraceIdentity};
 use crate::protocol::{Request, Response, WorkStage};
+use crate::trace::{TraceError, TraceSource};
 use crate::{Config, Prepared, Progress};
+
+/// The trace the worker runs once when it starts (the demo shipped with the
+/// site, relative to the worker's own script), so that the browser has
+/// compiled the hot code with its optimizing tier before the user's first
+/// file arrives: V8 starts WebAssembly in a baseline compiler and optimizes a
+/// function only after it has run a while, which made a first drop about
+/// 2.5 times slower than the next one.
+const WARM_UP_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
 
 /// Bytes read per slice of the blob.
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
@@ -23,10 +36,6 @@ const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 thread_local! {
     /// The last trace prepared, with its identity.
     static PREPARED: RefCell<Option<(TraceIdentity, Prepared)>> = const { RefCell::new(None) };
-    /// The file of the last trace prepared (a handle, not a copy of its bytes),
-    /// read again only if a what-if needs the batch size, and that batch size
-    /// once known.
-    static SOURCE: RefCell<Option<(Blob, Option<Option<u32>>)>> = const { RefCell::new(None) };
 }
 
 /// Installs the message handler and tells the page the worker is ready.
@@ -44,7 +53,32 @@ pub fn register() {
     });
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
+    warm_up();
     let _ = scope.post_message(&Response::Ready.to_json().into());
+}
+
+/// Runs the pipeline once on the demo trace and forgets the result. Any
+/// failure (a site deployed without the demo) only skips the warm-up.
+fn warm_up() {
+    let Some(bytes) = fetch_sync(WARM_UP_URL) else {
+        return;
+    };
+    let config = Config::standard();
+    if let Ok(prepared) = crate::prepare(&bytes, &config, &mut |_| {}) {
+        let _ = crate::estimate(&prepared, &config, &mut |_| {});
+    }
+}
+
+/// A same-origin file by synchronous request (allowed in workers).
+fn fetch_sync(url: &str) -> Option<Vec<u8>> {
+    let request = XmlHttpRequest::new().ok()?;
+    request.open_with_async("GET", url, false).ok()?;
+    request.set_response_type(XmlHttpRequestResponseType::Arraybuffer);
+    request.send().ok()?;
+    if request.status().ok()? != 200 {
+        return None;
+    }
+    Some(Uint8Array::new(&request.response().ok()?).to_vec())
 }
 
 fn handle(data: &JsValue, post: &dyn Fn(Response)) {
@@ -71,12 +105,8 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
                 });
                 return;
             };
-            match read_blob(job, &blob, post) {
-                Ok(bytes) => {
-                    if run(job, &name, &bytes, &config, post) {
-                        SOURCE.with(|slot| *slot.borrow_mut() = Some((blob, None)));
-                    }
-                }
+            match BlobSource::new(blob) {
+                Ok(mut source) => run(job, &name, &mut source, &config, post),
                 Err(message) => post(Response::Failed { job, message }),
             }
         }
@@ -85,31 +115,53 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
     }
 }
 
-/// Reads the whole blob slice by slice, reporting progress.
-fn read_blob(job: u32, blob: &Blob, post: &dyn Fn(Response)) -> Result<Vec<u8>, String> {
-    let total = blob.size() as u64;
-    let reader = FileReaderSync::new().map_err(|err| format!("cannot read the file: {err:?}"))?;
-    let mut bytes = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-    let mut done = 0u64;
-    while done < total {
-        let end = (done + CHUNK_BYTES).min(total);
-        let chunk = blob
-            .slice_with_f64_and_f64(done as f64, end as f64)
-            .and_then(|slice| reader.read_as_array_buffer(&slice))
-            .map_err(|err| format!("cannot read the file: {err:?}"))?;
-        let view = Uint8Array::new(&chunk);
-        let start = bytes.len();
-        bytes.resize(start + view.length() as usize, 0);
-        view.copy_to(&mut bytes[start..]);
-        done = end;
-        post(Response::Progress {
-            job,
-            stage: WorkStage::Reading,
-            done,
-            total,
-        });
+/// A blob read slice by slice, each slice fingerprinted as it passes.
+struct BlobSource {
+    blob: Blob,
+    reader: FileReaderSync,
+    total: u64,
+    done: u64,
+    slice: Vec<u8>,
+    fingerprint: Fingerprint,
+}
+
+impl BlobSource {
+    fn new(blob: Blob) -> Result<BlobSource, String> {
+        let reader =
+            FileReaderSync::new().map_err(|err| format!("cannot read the file: {err:?}"))?;
+        Ok(BlobSource {
+            total: blob.size() as u64,
+            blob,
+            reader,
+            done: 0,
+            slice: Vec::new(),
+            fingerprint: Fingerprint::default(),
+        })
     }
-    Ok(bytes)
+}
+
+impl TraceSource for BlobSource {
+    fn size_hint(&self) -> Option<u64> {
+        Some(self.total)
+    }
+
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError> {
+        if self.done >= self.total {
+            return Ok(None);
+        }
+        let end = (self.done + CHUNK_BYTES).min(self.total);
+        let buffer = self
+            .blob
+            .slice_with_f64_and_f64(self.done as f64, end as f64)
+            .and_then(|slice| self.reader.read_as_array_buffer(&slice))
+            .map_err(|err| TraceError::Read(format!("{err:?}")))?;
+        let view = Uint8Array::new(&buffer);
+        self.slice.resize(view.length() as usize, 0);
+        view.copy_to(&mut self.slice);
+        self.fingerprint.update(&self.slice);
+        self.done = end;
+        Ok(Some(&self.slice))
+    }
 }
 
 /// Posts pipeline progress, at most once per percent of each stage.
@@ -133,21 +185,21 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
     }
 }
 
-/// Prepares and estimates a trace; returns whether it was prepared (and so
-/// replaced the worker's current trace).
-fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Response)) -> bool {
-    let trace = TraceIdentity::of(name, bytes);
+/// Prepares and estimates a trace; one that prepares replaces the worker's
+/// current trace.
+fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
-    let prepared = match crate::prepare(bytes, config, &mut progress) {
+    let prepared = match crate::prepare_from(source, config, &mut progress) {
         Ok(prepared) => prepared,
         Err(err) => {
             post(Response::Failed {
                 job,
                 message: format!("{name}: {err}"),
             });
-            return false;
+            return;
         }
     };
+    let trace = std::mem::take(&mut source.fingerprint).finish(name);
     let result = crate::estimate(&prepared, config, &mut progress);
     // The previous trace is replaced only by one that prepared successfully.
     PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared)));
@@ -162,7 +214,6 @@ fn run(job: u32, name: &str, bytes: &[u8], config: &Config, post: &dyn Fn(Respon
             message: err.to_string(),
         }),
     }
-    true
 }
 
 fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
@@ -196,14 +247,10 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
         done: 0,
         total: 1,
     });
-    let batch_size = match what {
-        crate::whatif::WhatIfKind::Batch => source_batch_size(job, post),
-        _ => None,
-    };
     let outcome = PREPARED.with(|slot| {
         slot.borrow()
             .as_ref()
-            .map(|(_, prepared)| crate::whatif::run(prepared, batch_size, what, config))
+            .map(|(_, prepared)| crate::whatif::run(prepared, what, config))
     });
     match outcome {
         None => post(Response::NeedTrace { job }),
@@ -216,22 +263,4 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
             message: err.to_string(),
         }),
     }
-}
-
-/// The batch size of the current trace, read from its file the first time.
-fn source_batch_size(job: u32, post: &dyn Fn(Response)) -> Option<u32> {
-    let source = SOURCE.with(|slot| slot.borrow().clone());
-    let (blob, known) = source?;
-    if let Some(known) = known {
-        return known;
-    }
-    let found = read_blob(job, &blob, post)
-        .ok()
-        .and_then(|bytes| crate::whatif::batch::batch_size_of_trace(&bytes));
-    SOURCE.with(|slot| {
-        if let Some((_, known)) = slot.borrow_mut().as_mut() {
-            *known = Some(found);
-        }
-    });
-    found
 }

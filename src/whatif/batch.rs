@@ -22,8 +22,6 @@
 //! The largest batch that fits is found by doubling and bisection, assuming
 //! the peak does not shrink when the batch grows (stated in the result).
 
-use std::io::Read as _;
-
 use serde::{Deserialize, Serialize};
 
 use super::{estimate_schedule, peak_only, WhatIfError};
@@ -527,58 +525,6 @@ fn max_batch_for(
     })
 }
 
-/// The batch size of a trace as its data loader made it: the number of
-/// samples the collate function stacked (`aten::stack`/`aten::cat` of a
-/// tensor list inside the first `DataLoader … __next__`), read from
-/// `Input Dims`. `None` when the trace has no such op.
-pub fn batch_size_of_trace(bytes: &[u8]) -> Option<u32> {
-    let owned;
-    let json: &[u8] = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(bytes)
-            .read_to_end(&mut out)
-            .ok()?;
-        owned = out;
-        &owned
-    } else {
-        bytes
-    };
-    let trace: LiteTrace = serde_json::from_slice(json).ok()?;
-    let loaders: Vec<(f64, f64)> = trace
-        .events
-        .iter()
-        .filter(|e| {
-            e.ph.as_deref() == Some("X")
-                && e.name.contains("DataLoader")
-                && e.name.contains("__next__")
-        })
-        .filter_map(|e| Some((e.ts?, e.ts? + e.dur?)))
-        .collect();
-    let (start, end) = loaders.iter().copied().min_by(|a, b| a.0.total_cmp(&b.0))?;
-    let mut collates: Vec<(f64, u32)> = trace
-        .events
-        .iter()
-        .filter(|e| {
-            e.ph.as_deref() == Some("X") && (e.name == "aten::stack" || e.name == "aten::cat")
-        })
-        .filter_map(|e| {
-            let ts = e.ts?;
-            if ts < start || ts > end {
-                return None;
-            }
-            let dims = e.args.as_ref()?.input_dims.as_ref()?;
-            let list = dims.as_array()?.first()?.as_array()?;
-            // A tensor list: every element is itself a shape (an array).
-            if list.is_empty() || !list.iter().all(serde_json::Value::is_array) {
-                return None;
-            }
-            Some((ts, u32::try_from(list.len()).ok()?))
-        })
-        .collect();
-    collates.sort_by(|a, b| a.0.total_cmp(&b.0));
-    collates.first().map(|c| c.1)
-}
-
 /// The bytes of the first simulated iteration's batch tensors.
 fn batch_bytes(prepared: &Prepared) -> Bytes {
     let schedule = &prepared.orchestrated.schedule;
@@ -628,32 +574,6 @@ pub fn complete_batch_sizes(
         .collect()
 }
 
-#[derive(Deserialize)]
-struct LiteTrace {
-    #[serde(rename = "traceEvents", default)]
-    events: Vec<LiteEvent>,
-}
-
-#[derive(Deserialize)]
-struct LiteEvent {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    ph: Option<String>,
-    #[serde(default)]
-    ts: Option<f64>,
-    #[serde(default)]
-    dur: Option<f64>,
-    #[serde(default)]
-    args: Option<LiteArgs>,
-}
-
-#[derive(Deserialize)]
-struct LiteArgs {
-    #[serde(rename = "Input Dims", default)]
-    input_dims: Option<serde_json::Value>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -682,18 +602,5 @@ mod tests {
     fn sizes_never_go_negative() {
         let shrinking = fit_sizes(&[(16, Bytes(100)), (32, Bytes(50))]);
         assert_eq!(shrinking.at(1000), Bytes(0));
-    }
-
-    #[test]
-    fn batch_size_is_read_from_the_collate_op() {
-        let trace = r#"{"traceEvents": [
-            {"ph": "X", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "ts": 10.0, "dur": 50.0},
-            {"ph": "X", "name": "aten::cat", "ts": 5.0, "dur": 1.0, "args": {"Input Dims": [[[2], [2]], []]}},
-            {"ph": "X", "name": "aten::stack", "ts": 20.0, "dur": 5.0, "args": {"Input Dims": [[[3, 8, 8], [3, 8, 8], [3, 8, 8]], []]}},
-            {"ph": "X", "name": "aten::stack", "ts": 30.0, "dur": 5.0, "args": {"Input Dims": [[[1], [1], [1]], []]}}
-        ]}"#;
-        assert_eq!(batch_size_of_trace(trace.as_bytes()), Some(3));
-        assert_eq!(batch_size_of_trace(br#"{"traceEvents": []}"#), None);
-        assert_eq!(batch_size_of_trace(b"not json"), None);
     }
 }

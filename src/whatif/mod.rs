@@ -25,7 +25,7 @@
 //! (so the trace is read once) and the same [`Config`] as [`crate::estimate`]
 //! (its `reference` GPU gives the overheads of the peaks, its `gpus` the
 //! per-GPU fits); the batch what-if takes one [`Prepared`] per trace with its
-//! batch size ([`batch::batch_size_of_trace`] reads it from a trace's bytes,
+//! batch size ([`Prepared::batch_size`] when the trace shows it,
 //! [`batch::complete_batch_sizes`] fills in the rest).
 //!
 //! Invariants: pure and deterministic like every core stage; each result
@@ -118,7 +118,7 @@ pub fn estimate_schedule(
     schedule: Schedule,
     config: &Config,
 ) -> Result<Report, Error> {
-    let mut variant = Prepared {
+    let variant = Prepared {
         orchestrated: crate::orchestrator::Orchestrated {
             schedule,
             facts: prepared.orchestrated.facts.clone(),
@@ -126,10 +126,10 @@ pub fn estimate_schedule(
         optimizer: prepared.optimizer.clone(),
         parameter_bytes: prepared.parameter_bytes,
         n_parameters: prepared.n_parameters,
+        batch_size: prepared.batch_size,
+        // The warnings of the trace stages belong to the input, not the variant.
         warnings: Vec::new(),
     };
-    // The warnings of the trace stages belong to the input, not the variant.
-    variant.warnings.clear();
     Ok(crate::estimate(&variant, config, &mut |_| {})?.value)
 }
 
@@ -242,12 +242,10 @@ pub enum WhatIfResult {
     Batch(batch::BatchSweep),
 }
 
-/// Runs one what-if on a prepared trace. `batch_size` is the trace's batch
-/// size (from [`batch::batch_size_of_trace`]); only [`WhatIfKind::Batch`]
-/// needs it.
+/// Runs one what-if on a prepared trace ([`WhatIfKind::Batch`] needs the
+/// trace's batch size, [`Prepared::batch_size`]).
 pub fn run(
     prepared: &Prepared,
-    batch_size: Option<u32>,
     what: WhatIfKind,
     config: &Config,
 ) -> Result<WhatIfResult, WhatIfError> {
@@ -262,7 +260,9 @@ pub fn run(
         )?),
         WhatIfKind::Precision => WhatIfResult::Precision(precision::compare(prepared, config)?),
         WhatIfKind::Batch => {
-            let batch = batch_size.ok_or_else(|| WhatIfError::UnknownBatch("this trace".into()))?;
+            let batch = prepared
+                .batch_size
+                .ok_or_else(|| WhatIfError::UnknownBatch("this trace".into()))?;
             let inputs = [batch::BatchInput { batch, prepared }];
             let first = batch::sweep(&inputs, &[], config)?;
             // Extend the curve to the largest batch found, so a chart shows

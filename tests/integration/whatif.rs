@@ -309,11 +309,10 @@ fn largest_batch_fits_and_one_more_does_not() {
 
 #[test]
 fn batch_sizes_come_from_the_trace_or_the_batch_bytes() {
-    let bs16 = common::read_shared(&path(BS16));
-    let bs32 = common::read_shared(&path(BS32));
-    assert_eq!(batch::batch_size_of_trace(&bs16), Some(16));
+    assert_eq!(prepared(BS16).batch_size, Some(16));
     // The profiler drops tensor lists longer than 30 from Input Dims.
-    let known = [batch::batch_size_of_trace(&bs32), Some(16)];
+    assert_eq!(prepared(BS32).batch_size, None);
+    let known = [prepared(BS32).batch_size, Some(16)];
     let names = ["bs32".to_owned(), "bs16".to_owned()];
     let batches =
         batch::complete_batch_sizes(&known, &[prepared(BS32), prepared(BS16)], &names).unwrap();
@@ -664,10 +663,8 @@ fn set_to_none_false_from_the_pos1_trace_matches_the_real_nonone_trace() {
 #[test]
 fn the_worker_entry_runs_every_kind() {
     use memcast::whatif::{run, WhatIfKind, WhatIfResult};
-    let bytes = common::read_shared(&path(BS16));
-    let batch_size = batch::batch_size_of_trace(&bytes);
-    assert_eq!(batch_size, Some(16));
     let prepared = prepared(BS16);
+    assert_eq!(prepared.batch_size, Some(16));
     let kinds = [
         WhatIfKind::Alloc,
         WhatIfKind::ZeroGrad,
@@ -677,7 +674,7 @@ fn the_worker_entry_runs_every_kind() {
         WhatIfKind::Batch,
     ];
     for what in kinds {
-        let result = run(prepared, batch_size, what, &config()).unwrap();
+        let result = run(prepared, what, &config()).unwrap();
         let round_trip: WhatIfResult =
             serde_json::from_str(&serde_json::to_string(&result).unwrap()).unwrap();
         assert_eq!(round_trip, result, "{what:?}");
@@ -691,8 +688,10 @@ fn the_worker_entry_runs_every_kind() {
             assert!(sweep.points.windows(2).all(|w| w[0].batch < w[1].batch));
         }
     }
+    let mut unknown = prepared.clone();
+    unknown.batch_size = None;
     assert!(matches!(
-        run(prepared, None, WhatIfKind::Batch, &config()),
+        run(&unknown, WhatIfKind::Batch, &config()),
         Err(WhatIfError::UnknownBatch(_))
     ));
 }

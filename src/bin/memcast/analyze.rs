@@ -290,10 +290,9 @@ fn print_text(s: &Summary) {
 }
 
 pub fn run(args: &AnalyzeArgs) -> anyhow::Result<()> {
-    let bytes = std::fs::read(&args.trace)
+    let mut source = crate::source::FileSource::open(&args.trace)?;
+    let parsed = trace::read(&mut source, &mut |_, _| {})
         .with_context(|| format!("cannot read the trace {:?}", args.trace))?;
-    let parsed =
-        trace::parse(&bytes).with_context(|| format!("cannot read the trace {:?}", args.trace))?;
     let analyzed = analyzer::analyze(&parsed.value, &AnalyzerConfig::standard())
         .with_context(|| format!("cannot analyze the trace {:?}", args.trace))?;
     let mut warnings = parsed.warnings;

@@ -52,16 +52,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut prepared: Vec<Prepared> = Vec::with_capacity(args.traces.len());
     let mut known: Vec<Option<u32>> = Vec::with_capacity(args.traces.len());
     for (index, path) in args.traces.iter().enumerate() {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("failed to read trace {path:?}"))?;
-        known.push(match args.batches.get(index) {
-            Some(&batch) => Some(batch),
-            None => batch::batch_size_of_trace(&bytes),
-        });
-        prepared.push(
-            memcast::prepare(&bytes, &config, &mut |_| {})
-                .with_context(|| format!("failed to prepare {path:?}"))?,
-        );
+        let mut source = crate::source::FileSource::open(path)?;
+        let trace = memcast::prepare_from(&mut source, &config, &mut |_| {})
+            .with_context(|| format!("failed to prepare {path:?}"))?;
+        known.push(args.batches.get(index).copied().or(trace.batch_size));
+        prepared.push(trace);
     }
     let names: Vec<String> = args
         .traces

@@ -44,8 +44,7 @@ pub struct Args {
 
 /// Runs the estimate and prints it.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let bytes = std::fs::read(&args.trace)
-        .with_context(|| format!("failed to read trace {:?}", args.trace))?;
+    let mut source = crate::source::FileSource::open(&args.trace)?;
     let mut config = Config::standard().with_gpus(&args.gpus)?;
     if let Some(context) = &args.context {
         let bytes = if context.trim() == "0" {
@@ -60,7 +59,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.captured_optimizer {
         config.orchestrator.optimizer_path = OptimizerPath::Captured;
     }
-    let report = memcast::run(&bytes, &config, &mut |_| {})
+    let report = memcast::run_from(&mut source, &config, &mut |_| {})
         .with_context(|| format!("failed to estimate {:?}", args.trace))?
         .value;
     let mut out = String::new();

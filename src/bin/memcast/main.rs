@@ -7,6 +7,7 @@ mod batch;
 mod estimate;
 mod presets;
 mod replay;
+mod source;
 mod whatif;
 
 use std::io::Write as _;

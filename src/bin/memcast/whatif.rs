@@ -68,11 +68,10 @@ pub struct Common {
 
 impl Common {
     fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
-        let bytes = std::fs::read(&self.trace)
-            .with_context(|| format!("failed to read trace {:?}", self.trace))?;
+        let mut source = crate::source::FileSource::open(&self.trace)?;
         let mut config = Config::standard().with_gpus(&self.gpus)?;
         config.orchestrator.iterations = self.iterations;
-        let prepared = memcast::prepare(&bytes, &config, &mut |_| {})
+        let prepared = memcast::prepare_from(&mut source, &config, &mut |_| {})
             .with_context(|| format!("failed to prepare {:?}", self.trace))?;
         Ok((prepared, config))
     }
