@@ -5,6 +5,7 @@ use leptos::prelude::*;
 
 use super::charts;
 use super::format::{exact, gib, short};
+use crate::whatif::planned::Planner;
 use crate::whatif::zero_grad::Placement;
 use crate::whatif::WhatIfResult;
 use crate::Bytes;
@@ -32,6 +33,20 @@ fn signed(delta: i64) -> String {
     } else {
         format!("+{magnitude}")
     }
+}
+
+/// Thousandths as a percentage with one decimal.
+fn permille(value: u64) -> String {
+    format!("{}.{} %", value / 10, value % 10)
+}
+
+/// `part / whole` as a percentage with one decimal (integer arithmetic).
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "–".to_owned();
+    }
+    let tenths = (u128::from(part) * 1000 + u128::from(whole) / 2) / u128::from(whole);
+    format!("{}.{} %", tenths / 10, tenths % 10)
 }
 
 fn placement(placement: Option<Placement>) -> &'static str {
@@ -134,29 +149,71 @@ fn layout(result: &WhatIfResult) -> Layout {
             notes: c.notes.clone(),
         },
         WhatIfResult::Plan(p) => {
+            let won = |planner: Planner| if p.winner == planner { "yes" } else { "" };
             let rows = [
-                ("live tensors (lower bound)", p.live_lower_bound_bytes),
-                ("planned, lifetime-aware allocator", p.planned_bytes),
-                ("PyTorch peak allocated", p.pytorch_allocated_bytes),
-                ("PyTorch peak reserved", p.pytorch_reserved_bytes),
+                (
+                    "live tensors (lower bound, peak allocated)".to_owned(),
+                    "live tensors",
+                    p.live_lower_bound_bytes,
+                    "",
+                ),
+                (
+                    format!(
+                        "STWeaver plan ({} phase groups, {} fused, {} layers)",
+                        p.phase_groups, p.fused_groups, p.memory_layers
+                    ),
+                    "STWeaver plan",
+                    p.stweaver_bytes,
+                    won(Planner::Stweaver),
+                ),
+                (
+                    format!("best-fit plan ({} sizes)", p.size_groups),
+                    "best-fit plan",
+                    p.best_fit_bytes,
+                    won(Planner::BestFit),
+                ),
+                (
+                    "PyTorch peak allocated (whole blocks)".to_owned(),
+                    "PyTorch allocated",
+                    p.pytorch_allocated_bytes,
+                    "",
+                ),
+                (
+                    "PyTorch peak reserved".to_owned(),
+                    "PyTorch reserved",
+                    p.pytorch_reserved_bytes,
+                    "",
+                ),
             ];
+            let bound = p.live_lower_bound_bytes.get();
             Layout {
                 title: "Planned allocation".into(),
                 headline: Some(format!(
-                    "PyTorch reserves {:.1} % of the plan ({} requests, {} size groups)",
-                    p.pytorch_reserved_bytes.get() as f64 * 100.0
-                        / p.planned_bytes.get().max(1) as f64,
+                    "PyTorch reserves {} of the plan; the plan ({}, {} requests) is {} of the live-tensor lower bound",
+                    permille(p.reserved_per_planned_permille),
+                    match p.winner {
+                        Planner::Stweaver => "STWeaver",
+                        Planner::BestFit => "best fit",
+                    },
                     p.requests,
-                    p.size_groups
+                    permille(p.planned_per_lower_bound_permille),
                 )),
-                headers: vec!["", "bytes", "GiB"],
+                headers: vec!["", "bytes", "GiB", "vs lower bound", "kept"],
                 rows: rows
                     .iter()
-                    .map(|(n, b)| vec![n.to_string(), exact(*b), gib(*b)])
+                    .map(|(n, _, b, kept)| {
+                        vec![
+                            n.clone(),
+                            exact(*b),
+                            gib(*b),
+                            percent(b.get(), bound),
+                            (*kept).to_owned(),
+                        ]
+                    })
                     .collect(),
                 bars: rows
                     .iter()
-                    .map(|(n, b)| (n.to_string(), *b, n.starts_with("planned")))
+                    .map(|(_, bar, b, kept)| ((*bar).to_owned(), *b, !kept.is_empty()))
                     .collect(),
                 batch: None,
                 notes: p.notes.clone(),

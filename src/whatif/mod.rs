@@ -12,8 +12,9 @@
 //! - [`batch::sweep`] — `memcast.batch/1`: a block-by-block model of the
 //!   schedule as a function of the batch size, fitted on two or more traces,
 //!   simulated at any batch size, and the largest batch that fits each GPU;
-//! - [`planned::compare`] — `memcast.whatif.plan/1`: an offline,
-//!   lifetime-aware allocation plan of the same sequence between the
+//! - [`planned::compare`] — `memcast.whatif.plan/1`: offline, lifetime-aware
+//!   allocation plans of the same sequence (STWeaver's grouped planner and a
+//!   best-fit one, both checked valid, the smaller kept) between the
 //!   live-tensor lower bound and the caching allocator's reserved memory;
 //! - [`distributed::compare`] — `memcast.whatif.distributed/1`: per-GPU
 //!   memory under DDP, ZeRO-1/2/3 (FSDP) and 1-D tensor parallel, with the

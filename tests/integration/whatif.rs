@@ -457,20 +457,77 @@ fn planned_allocation_lies_between_the_live_bound_and_pytorch() {
             result.pytorch_allocated_bytes, report.peak.allocated_bytes,
             "{name}"
         );
-        assert!(
-            result.live_lower_bound_bytes <= result.planned_bytes,
-            "{name}"
-        );
-        assert!(
-            result.planned_bytes <= result.pytorch_reserved_bytes,
-            "{name}"
-        );
         // PyTorch's allocated also counts the unsplit remainders of its blocks.
         assert!(
             result.live_lower_bound_bytes <= result.pytorch_allocated_bytes,
             "{name}"
         );
         assert!(result.requests > 0 && result.size_groups > 0);
+    }
+}
+
+/// On every fixture: `live lower bound ≤ each plan ≤ PyTorch reserved`, both
+/// plans pass the validity checker, the kept plan is the smaller one, and
+/// planning twice gives the same result.
+#[test]
+fn both_plans_are_valid_and_bounded_on_every_fixture() {
+    use memcast::whatif::planned::{self, check, Planner};
+    let config = config();
+    for name in common::trace_fixtures() {
+        let bytes = common::read_shared(&path(&name));
+        let prepared = memcast::prepare(&bytes, &config, &mut |_| {})
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        let plans = planned::plan_sequence(&prepared, &config).unwrap();
+        assert_eq!(
+            check::validate(&plans.requests, &plans.stweaver.plan),
+            Ok(()),
+            "{name}"
+        );
+        assert_eq!(
+            check::validate(&plans.requests, &plans.best_fit),
+            Ok(()),
+            "{name}"
+        );
+        let result = planned::compare(&prepared, &config).unwrap();
+        let lower = result.live_lower_bound_bytes;
+        let reserved = result.pytorch_reserved_bytes;
+        for (planner, bytes) in [
+            ("stweaver", result.stweaver_bytes),
+            ("best fit", result.best_fit_bytes),
+        ] {
+            assert!(
+                lower <= bytes,
+                "{name}: {planner} {bytes:?} below the bound {lower:?}"
+            );
+            assert!(
+                bytes <= reserved,
+                "{name}: {planner} {bytes:?} above PyTorch reserved {reserved:?}"
+            );
+        }
+        assert_eq!(
+            result.stweaver_bytes.get(),
+            plans.stweaver.plan.top,
+            "{name}"
+        );
+        assert_eq!(result.best_fit_bytes.get(), plans.best_fit.top, "{name}");
+        assert_eq!(
+            result.planned_bytes,
+            result.stweaver_bytes.min(result.best_fit_bytes),
+            "{name}"
+        );
+        let kept = match result.winner {
+            Planner::Stweaver => result.stweaver_bytes,
+            Planner::BestFit => result.best_fit_bytes,
+        };
+        assert_eq!(kept, result.planned_bytes, "{name}");
+        assert!(result.reserved_per_planned_permille >= 1000, "{name}");
+        assert!(result.planned_per_lower_bound_permille >= 1000, "{name}");
+        assert!(result.fused_groups <= result.phase_groups && result.memory_layers > 0);
+        assert_eq!(
+            planned::compare(&prepared, &config).unwrap(),
+            result,
+            "{name}"
+        );
     }
 }
 
@@ -485,7 +542,10 @@ fn plan_cli_prints_the_bounds() {
     );
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
-        text.contains("live lower bound") && text.contains("offline plan"),
+        text.contains("live lower bound")
+            && text.contains("STWeaver plan")
+            && text.contains("best-fit plan")
+            && text.contains("offline plan"),
         "{text}"
     );
 }

@@ -260,34 +260,81 @@ fn percent(part: Bytes, whole: Bytes) -> String {
 fn print_plan(out: &mut String, result: &planned::PlanResult) {
     let _ = writeln!(
         out,
-        "planned allocation — {} requests in {} sizes, reference GPU {} (MiB, without the {} MiB context)",
+        "planned allocation — {} requests in {} sizes, reference GPU {} (without the {} MiB context)",
         result.requests,
         result.size_groups,
         result.reference_gpu,
         mib(result.context_bytes)
     );
-    for (label, bytes) in [
-        ("live lower bound", result.live_lower_bound_bytes),
-        ("offline plan", result.planned_bytes),
-        ("pytorch allocated", result.pytorch_allocated_bytes),
-        ("pytorch reserved", result.pytorch_reserved_bytes),
+    let winner = |planner: planned::Planner| {
+        if result.winner == planner {
+            "*"
+        } else {
+            " "
+        }
+    };
+    let _ = writeln!(
+        out,
+        "  {:<34} {:>10} {:>14} {:>12}",
+        "", "MiB", "bytes", "vs bound"
+    );
+    for (mark, label, bytes) in [
+        (
+            " ",
+            "live lower bound (peak allocated)",
+            result.live_lower_bound_bytes,
+        ),
+        (
+            winner(planned::Planner::Stweaver),
+            "STWeaver plan",
+            result.stweaver_bytes,
+        ),
+        (
+            winner(planned::Planner::BestFit),
+            "best-fit plan",
+            result.best_fit_bytes,
+        ),
+        (
+            " ",
+            "pytorch allocated (whole blocks)",
+            result.pytorch_allocated_bytes,
+        ),
+        (" ", "pytorch reserved", result.pytorch_reserved_bytes),
     ] {
         let _ = writeln!(
             out,
-            "  {label:<20} {:>10} MiB {:>14} B",
+            "{mark} {label:<34} {:>10} {:>14} {:>12}",
             mib(bytes),
-            bytes.get()
+            bytes.get(),
+            percent(bytes, result.live_lower_bound_bytes)
         );
     }
+    let winner_name = match result.winner {
+        planned::Planner::Stweaver => "STWeaver",
+        planned::Planner::BestFit => "best fit",
+    };
+    let _ = writeln!(
+        out,
+        "offline plan: {} MiB ({winner_name}, marked *); STWeaver: {} HomoPhase groups, {} after fusion, {} memory layers",
+        mib(result.planned_bytes),
+        result.phase_groups,
+        result.fused_groups,
+        result.memory_layers
+    );
     let _ = writeln!(
         out,
         "pytorch reserved is {} of the plan; the plan is {} of the lower bound",
-        percent(result.pytorch_reserved_bytes, result.planned_bytes),
-        percent(result.planned_bytes, result.live_lower_bound_bytes)
+        permille(result.reserved_per_planned_permille),
+        permille(result.planned_per_lower_bound_permille)
     );
     for note in &result.notes {
         let _ = writeln!(out, "note: {note}");
     }
+}
+
+/// Thousandths as a percentage with one decimal.
+fn permille(value: u64) -> String {
+    format!("{}.{}%", value / 10, value % 10)
 }
 
 fn print_distributed(out: &mut String, result: &distributed::DistributedComparison) {
