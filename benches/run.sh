@@ -37,21 +37,31 @@ if [ "$big" = 1 ]; then
   files+=("$out")
 fi
 
+# Seconds of "Elapsed (wall clock)" in /usr/bin/time -v output.
+wall_of() { awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' <<<"$1"; }
+# The smaller of two numbers; the first may be empty.
+min_of() { if [ -z "$1" ]; then echo "$2"; else awk -v a="$1" -v b="$2" 'BEGIN { print (a < b ? a : b) }'; fi; }
+
 rows=()
 for f in "${files[@]}"; do
   result=$(cargo bench --quiet --bench pipeline -- "$f" | tee /dev/stderr | grep '^RESULT')
   read -r _ name raw floor parse analyze orchestrate simulate prepare e2e <<<"$result"
-  # The CLI as a user runs it: read the file, estimate, print.
-  cli=$( { /usr/bin/time -v ./target/release/memcast estimate "$f" >/dev/null; } 2>&1 )
-  cli_s=$(awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' <<<"$cli")
-  rss_kb=$(awk -F': ' '/Maximum resident set size/ {print $2}' <<<"$cli")
+  # The CLI as a user runs it (read the file, estimate, print) and the bare
+  # Python load, alternately, best of $RUNS each: the wall time and the
+  # largest peak RSS of the CLI.
   if [[ "$f" == *.gz ]]; then
     py='import json,gzip,sys; json.load(gzip.open(sys.argv[1]))'
   else
     py='import json,sys; json.load(open(sys.argv[1],"rb"))'
   fi
-  pyt=$( { /usr/bin/time -v python3 -c "$py" "$f"; } 2>&1 )
-  py_s=$(awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' <<<"$pyt")
+  cli_s=""; py_s=""; rss_kb=0
+  for _ in $(seq "${RUNS:-3}"); do
+    cli=$( { /usr/bin/time -v ./target/release/memcast estimate "$f" >/dev/null; } 2>&1 )
+    s=$(wall_of "$cli"); cli_s=$(min_of "$cli_s" "$s")
+    r=$(awk -F': ' '/Maximum resident set size/ {print $2}' <<<"$cli"); (( r > rss_kb )) && rss_kb=$r
+    pyt=$( { /usr/bin/time -v python3 -c "$py" "$f"; } 2>&1 )
+    s=$(wall_of "$pyt"); py_s=$(min_of "$py_s" "$s")
+  done
   rows+=("$(awk -v name="$name" -v raw="$raw" -v fl="$floor" -v p="$parse" -v a="$analyze" -v o="$orchestrate" \
       -v s="$simulate" -v e="$e2e" -v cli="$cli_s" -v rss="$rss_kb" -v py="$py_s" 'BEGIN {
     mb = raw / 1e6;

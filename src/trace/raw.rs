@@ -443,22 +443,21 @@ impl<'de> de::Deserialize<'de> for EventKey {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an event field name")
             }
-            fn visit_bytes<E: de::Error>(self, key: &[u8]) -> Result<EventKey, E> {
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<EventKey, E> {
                 Ok(match key {
-                    b"ph" => EventKey::Ph,
-                    b"cat" => EventKey::Cat,
-                    b"name" => EventKey::Name,
-                    b"tid" => EventKey::Tid,
-                    b"ts" => EventKey::Ts,
-                    b"dur" => EventKey::Dur,
-                    b"id" => EventKey::Id,
-                    b"args" => EventKey::Args,
+                    "ph" => EventKey::Ph,
+                    "cat" => EventKey::Cat,
+                    "name" => EventKey::Name,
+                    "tid" => EventKey::Tid,
+                    "ts" => EventKey::Ts,
+                    "dur" => EventKey::Dur,
+                    "id" => EventKey::Id,
+                    "args" => EventKey::Args,
                     _ => EventKey::Other,
                 })
             }
         }
-        // As bytes: a key is only compared, so it need not be checked as UTF-8.
-        deserializer.deserialize_bytes(KeyVisitor)
+        deserializer.deserialize_identifier(KeyVisitor)
     }
 }
 
@@ -599,28 +598,27 @@ impl<'de> de::Deserialize<'de> for ArgKey {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an args field name")
             }
-            fn visit_bytes<E: de::Error>(self, key: &[u8]) -> Result<ArgKey, E> {
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<ArgKey, E> {
                 Ok(match key {
-                    b"Addr" => ArgKey::Addr,
-                    b"Bytes" => ArgKey::Bytes,
-                    b"Total Allocated" => ArgKey::TotalAllocated,
-                    b"Total Reserved" => ArgKey::TotalReserved,
-                    b"Device Type" => ArgKey::DeviceType,
-                    b"Device Id" => ArgKey::DeviceId,
-                    b"External id" => ArgKey::ExternalId,
-                    b"Sequence number" => ArgKey::SequenceNumber,
-                    b"Fwd thread id" => ArgKey::FwdThreadId,
-                    b"Python id" => ArgKey::PythonId,
-                    b"Python parent id" => ArgKey::PythonParentId,
-                    b"Python module id" => ArgKey::PythonModuleId,
-                    b"Input Dims" => ArgKey::InputDims,
-                    b"Input type" => ArgKey::InputType,
+                    "Addr" => ArgKey::Addr,
+                    "Bytes" => ArgKey::Bytes,
+                    "Total Allocated" => ArgKey::TotalAllocated,
+                    "Total Reserved" => ArgKey::TotalReserved,
+                    "Device Type" => ArgKey::DeviceType,
+                    "Device Id" => ArgKey::DeviceId,
+                    "External id" => ArgKey::ExternalId,
+                    "Sequence number" => ArgKey::SequenceNumber,
+                    "Fwd thread id" => ArgKey::FwdThreadId,
+                    "Python id" => ArgKey::PythonId,
+                    "Python parent id" => ArgKey::PythonParentId,
+                    "Python module id" => ArgKey::PythonModuleId,
+                    "Input Dims" => ArgKey::InputDims,
+                    "Input type" => ArgKey::InputType,
                     _ => ArgKey::Other,
                 })
             }
         }
-        // As bytes, like the event keys.
-        deserializer.deserialize_bytes(KeyVisitor)
+        deserializer.deserialize_identifier(KeyVisitor)
     }
 }
 
