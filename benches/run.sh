@@ -65,13 +65,13 @@ for f in "${files[@]}"; do
   rows+=("$(awk -v name="$name" -v raw="$raw" -v fl="$floor" -v p="$parse" -v a="$analyze" -v o="$orchestrate" \
       -v s="$simulate" -v e="$e2e" -v cli="$cli_s" -v rss="$rss_kb" -v py="$py_s" 'BEGIN {
     mb = raw / 1e6;
-    printf "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.3f | %.0f | %.2f |",
-      name, mb, mb/fl, mb/p, mb/a, mb/o, mb/s, mb/e, cli, py, cli/py, rss/1024, rss*1024/raw }')")
+    printf "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.3f | %.0f | %.2f |",
+      name, mb, mb/fl, mb/p, mb/a, mb/o, mb/s, mb/e, cli, mb/cli, py, cli/py, rss/1024, rss*1024/raw }')")
 done
 
 echo
-echo "| trace | raw MB | gunzip+serde MB/s | parse MB/s | analyze MB/s | orchestrate MB/s | simulate MB/s | end-to-end MB/s | CLI wall s | python json.load s | ratio | CLI peak RSS MiB | RSS / raw |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| trace | raw MB | gunzip+serde MB/s | parse MB/s | analyze MB/s | orchestrate MB/s | simulate MB/s | end-to-end MB/s (one thread) | CLI wall s | CLI MB/s | python json.load s | ratio | CLI peak RSS MiB | RSS / raw |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 if [ "$big" = 1 ] && [ "${MEMCAST_KEEP_BIG:-0}" != 1 ]; then
   rm -f "$out"

@@ -195,13 +195,16 @@ pub fn run(
 
 /// Runs the whole pipeline on a trace read piece by piece from `source`
 /// (what the CLI and the worker call: neither holds the whole file).
+///
+/// `parallel` runs the simulations (see [`estimate_with`]).
 pub fn run_from(
     source: &mut dyn TraceSource,
     config: &Config,
     progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
 ) -> Result<Warned<Report>, Error> {
     let prepared = prepare_from(source, config, progress)?;
-    estimate(&prepared, config, progress)
+    estimate_with(&prepared, config, progress, parallel)
 }
 
 /// Parses, analyzes and orchestrates a trace.
@@ -259,44 +262,114 @@ pub fn estimate(
     config: &Config,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Warned<Report>, Error> {
+    estimate_with(prepared, config, progress, &InTurn)
+}
+
+/// One simulation of [`estimate_with`], to run wherever the caller likes.
+pub type SimulationJob<'a> = Box<dyn FnOnce() -> SimulatedRun + Send + 'a>;
+
+/// Runs independent simulations: the CLI on several threads, the browser's
+/// worker (one thread) in turn with [`InTurn`]. The core itself never
+/// starts a thread.
+pub trait Parallel {
+    /// Runs every job and returns their results in the jobs' order, calling
+    /// `finished(n)` on the calling thread as the number of finished jobs grows.
+    fn run_all<'a>(
+        &self,
+        jobs: Vec<SimulationJob<'a>>,
+        finished: &mut dyn FnMut(u64),
+    ) -> Vec<SimulatedRun>;
+}
+
+/// Runs jobs one after the other on the calling thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InTurn;
+
+impl Parallel for InTurn {
+    fn run_all<'a>(
+        &self,
+        jobs: Vec<SimulationJob<'a>>,
+        finished: &mut dyn FnMut(u64),
+    ) -> Vec<SimulatedRun> {
+        let mut done = 0;
+        jobs.into_iter()
+            .map(|job| {
+                let run = job();
+                done += 1;
+                finished(done);
+                run
+            })
+            .collect()
+    }
+}
+
+/// Estimates like [`estimate`], running the simulations (the reference
+/// GPU's and each GPU's) with `parallel`. The report does not depend on how
+/// they were run.
+pub fn estimate_with(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Warned<Report>, Error> {
     let allocator = if config.alloc_conf.trim().is_empty() {
         AllocatorConfig::pytorch_defaults()
     } else {
         AllocatorConfig::parse(&config.alloc_conf, RuleVersion::New)?
     };
     let schedule = &prepared.orchestrated.schedule;
-    let total = config.gpus.len() as u64 + 1;
-    let mut step = 0u64;
-    let mut tick = |progress: &mut dyn FnMut(Progress)| {
-        progress(Progress {
-            stage: Stage::Simulating,
-            done: step,
-            total,
-        });
-        step += 1;
-    };
-    // Unlimited runs depend only on the workspace size; share them.
-    let mut unlimited: BTreeMap<(Bytes, u32), SimulatedRun> = BTreeMap::new();
-    let mut unlimited_for = |target: &GpuTarget| {
-        let key = (
+    // Unlimited runs depend only on the workspace size: one per size, then
+    // one at capacity per GPU.
+    let key = |target: &GpuTarget| {
+        (
             target.overheads.cublas_workspace_bytes,
             target.overheads.cublas_workspaces,
-        );
-        unlimited
-            .entry(key)
-            .or_insert_with(|| {
-                simulate_schedule(schedule, target, &allocator, &Device::unlimited())
-            })
-            .clone()
+        )
     };
-    tick(progress);
-    let reference_run = unlimited_for(&config.reference);
+    let mut unlimited_targets: BTreeMap<(Bytes, u32), &GpuTarget> = BTreeMap::new();
+    for target in std::iter::once(&config.reference).chain(&config.gpus) {
+        unlimited_targets.entry(key(target)).or_insert(target);
+    }
+    let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
+    for &target in unlimited_targets.values() {
+        let allocator = &allocator;
+        jobs.push(Box::new(move || {
+            simulate_schedule(schedule, target, allocator, &Device::unlimited())
+        }));
+    }
+    for target in &config.gpus {
+        let allocator = &allocator;
+        jobs.push(Box::new(move || {
+            let device = Device::new(target.capacity, target.overheads.context_bytes);
+            simulate_schedule(schedule, target, allocator, &device)
+        }));
+    }
+    let total = jobs.len() as u64;
+    progress(Progress {
+        stage: Stage::Simulating,
+        done: 0,
+        total,
+    });
+    let mut results = parallel
+        .run_all(jobs, &mut |done| {
+            progress(Progress {
+                stage: Stage::Simulating,
+                done,
+                total,
+            });
+        })
+        .into_iter();
+    let unlimited: BTreeMap<(Bytes, u32), SimulatedRun> = unlimited_targets
+        .keys()
+        .filter_map(|&k| results.next().map(|run| (k, run)))
+        .collect();
+    let unlimited_for = |target: &GpuTarget| unlimited.get(&key(target)).cloned();
+    let missing = || Error::Report(ReportError::MissingSimulation);
+    let reference_run = unlimited_for(&config.reference).ok_or_else(missing)?;
     let mut runs: Vec<(SimulatedRun, SimulatedRun)> = Vec::with_capacity(config.gpus.len());
     for target in &config.gpus {
-        tick(progress);
-        let device = Device::new(target.capacity, target.overheads.context_bytes);
-        let at_capacity = simulate_schedule(schedule, target, &allocator, &device);
-        runs.push((at_capacity, unlimited_for(target)));
+        let at_capacity = results.next().ok_or_else(missing)?;
+        runs.push((at_capacity, unlimited_for(target).ok_or_else(missing)?));
     }
     progress(Progress {
         stage: Stage::Reporting,
@@ -482,7 +555,12 @@ mod tests {
             .filter(|p| p.stage == Stage::Simulating)
             .map(|p| (p.done, p.total))
             .collect();
-        assert_eq!(simulating, vec![(0, 3), (1, 3), (2, 3)]);
+        // The reference GPU and two GPUs: one unlimited run per workspace
+        // size, one run at capacity per GPU.
+        let total = simulating[0].1;
+        assert!(total >= 3, "{simulating:?}");
+        let expected: Vec<(u64, u64)> = (0..=total).map(|done| (done, total)).collect();
+        assert_eq!(simulating, expected);
         assert!(seen.iter().all(|p| p.done <= p.total));
     }
 

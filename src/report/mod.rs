@@ -240,6 +240,8 @@ pub enum ReportError {
     Empty,
     #[error("the simulation does not match the schedule: this is a bug in memcast, please report it with the trace, samples vs events {0:?}")]
     Mismatch((usize, usize)),
+    #[error("a simulation did not come back from the code that ran it: this is a bug in memcast, please report it with the trace")]
+    MissingSimulation,
 }
 
 /// Builds the report.

@@ -18,7 +18,7 @@
 mod raw;
 mod stream;
 
-pub use stream::{is_gzip, Gunzip, TraceReader};
+pub use stream::{is_gzip, split_candidate, Gunzip, TracePart, TraceReader};
 
 use serde::{Deserialize, Serialize};
 
@@ -262,6 +262,12 @@ pub trait TraceSource {
     fn size_hint(&self) -> Option<u64>;
     /// The next piece of the input, or `None` at its end.
     fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError>;
+    /// The whole trace already read, for a shell that can read parts of the
+    /// file at once on several threads ([`TraceReader::continuing`]); asked
+    /// before any piece. `None` (the default): read the pieces.
+    fn parsed(&mut self) -> Option<Result<Warned<Trace>, TraceError>> {
+        None
+    }
 }
 
 /// Bytes already in memory, handed out as one piece.
@@ -338,6 +344,11 @@ pub fn read_with_limit(
     max_decompressed_bytes: u64,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Warned<Trace>, TraceError> {
+    if let Some(parsed) = source.parsed() {
+        let total = source.size_hint().unwrap_or(0);
+        progress(total, total);
+        return parsed;
+    }
     let mut reader = TraceReader::new(max_decompressed_bytes);
     let total = source.size_hint();
     let piece_len = total.map_or(READ_PIECE.1, |t| (t / 16).clamp(READ_PIECE.0, READ_PIECE.1));

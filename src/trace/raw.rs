@@ -53,6 +53,72 @@ impl Builder {
         id
     }
 
+    /// Appends what `tail` read from the part of the file after this one's:
+    /// its names re-interned here, its events after these (file order kept),
+    /// its counts added, its header fields where this part had none.
+    pub(super) fn append(&mut self, tail: Builder) {
+        let names: Vec<NameId> = tail.trace.names.iter().map(|n| self.intern(n)).collect();
+        let map = |id: NameId| names.get(id.index()).copied().unwrap_or(id);
+        let Trace {
+            header,
+            names: _,
+            memory,
+            ops,
+            annotations,
+            python,
+            flows,
+            n_gpu_events,
+            n_events,
+        } = tail.trace;
+        let mine = &mut self.trace;
+        mine.memory.extend(memory);
+        mine.ops.extend(ops.into_iter().map(|mut op| {
+            op.name = map(op.name);
+            for t in &mut op.input_types {
+                *t = map(*t);
+            }
+            op
+        }));
+        mine.annotations
+            .extend(annotations.into_iter().map(|mut a| {
+                a.name = map(a.name);
+                a
+            }));
+        mine.python.extend(python.into_iter().map(|mut p| {
+            p.name = map(p.name);
+            p
+        }));
+        mine.flows.extend(flows);
+        mine.n_gpu_events += n_gpu_events;
+        mine.n_events += n_events;
+        let h = &mut mine.header;
+        h.schema_version = h.schema_version.or(header.schema_version);
+        h.with_stack = h.with_stack.or(header.with_stack);
+        h.profile_memory = h.profile_memory.or(header.profile_memory);
+        h.record_shapes = h.record_shapes.or(header.record_shapes);
+        h.base_time_ns = h.base_time_ns.or(header.base_time_ns);
+        h.n_gpu_devices = h.n_gpu_devices.max(header.n_gpu_devices);
+        if h.trace_name.is_none() {
+            h.trace_name = header.trace_name;
+        }
+        self.saw_trace_events |= tail.saw_trace_events;
+        for key in tail.top_keys {
+            if self.top_keys.len() < 8 {
+                self.top_keys.push(key);
+            }
+        }
+        self.n_malformed += tail.n_malformed;
+        self.n_memory_incomplete += tail.n_memory_incomplete;
+        self.n_memory_no_addr += tail.n_memory_no_addr;
+        self.n_memory_no_total += tail.n_memory_no_total;
+        self.n_memory_no_device += tail.n_memory_no_device;
+        self.n_spans_no_ts += tail.n_spans_no_ts;
+        self.n_spans_no_dur += tail.n_spans_no_dur;
+        self.n_flows_incomplete += tail.n_flows_incomplete;
+        self.n_no_tid += tail.n_no_tid;
+        self.size_out_of_range = self.size_out_of_range.or(tail.size_out_of_range);
+    }
+
     pub(super) fn finish(mut self) -> Result<Warned<Trace>, TraceError> {
         if let Some(bytes) = self.size_out_of_range {
             return Err(TraceError::MemorySizeOutOfRange(bytes));

@@ -317,6 +317,44 @@ impl JsonStream {
         self.builder.finish()
     }
 
+    /// A parser for a part of a plain JSON trace that starts with an entry of
+    /// the event list (just after a `,` between two entries); `bare` when
+    /// the list is the whole document.
+    fn continuing(bare: bool) -> JsonStream {
+        let mut json = JsonStream::new();
+        json.builder.saw_trace_events = true;
+        json.state = State::Entry { first: false, bare };
+        // Not the file's start: no byte-order mark to look for.
+        json.used = 1;
+        json
+    }
+
+    /// Ends a part that stops just after a `,` between two entries: what it
+    /// read, or `None` when the part does not end there.
+    fn finish_head(mut self) -> Option<Builder> {
+        let pending = std::mem::take(&mut self.pending);
+        let used = self.process(&pending, false).ok()?;
+        let rest = pending.get(used..).unwrap_or_default();
+        let at_boundary = matches!(self.state, State::Entry { first: false, .. })
+            && rest.iter().all(u8::is_ascii_whitespace);
+        at_boundary.then_some(self.builder)
+    }
+
+    /// Ends the last part like [`JsonStream::finish`], keeping what it read
+    /// unfinished.
+    fn finish_tail(mut self) -> Result<Builder, TraceError> {
+        let pending = std::mem::take(&mut self.pending);
+        let used = self.process(&pending, true)?;
+        let rest = pending.get(used..).unwrap_or_default();
+        if self.state != State::End || rest.iter().any(|b| !b.is_ascii_whitespace()) {
+            return Err(TraceError::Truncated {
+                line: self.line,
+                column: self.column + 1,
+            });
+        }
+        Ok(self.builder)
+    }
+
     /// Keeps the unused tail of a buffer for the next piece.
     fn keep(&mut self, tail: &[u8]) {
         self.pending.clear();
@@ -737,6 +775,35 @@ impl TraceReader {
         json.finish()
     }
 
+    /// A reader for the second part of a plain (not gzip) JSON trace split in
+    /// two at a `,` between two entries of its event list, so that the parts
+    /// can be read at once on two threads: push the bytes after the comma,
+    /// then call [`TraceReader::finish_tail`]. `bare`: the document is a bare
+    /// list of events (it starts with `[`), not a trace object.
+    pub fn continuing(bare: bool) -> TraceReader {
+        TraceReader {
+            mode: Mode::Plain,
+            json: JsonStream::continuing(bare),
+            limit: 0,
+        }
+    }
+
+    /// Ends the first part of a split trace (see [`TraceReader::continuing`]):
+    /// `None` when its bytes do not end just after a `,` between two entries
+    /// of the event list, and the split must not be used.
+    pub fn finish_head(self) -> Option<TracePart> {
+        match self.mode {
+            Mode::Plain => self.json.finish_head().map(|builder| TracePart { builder }),
+            Mode::Unknown(_) | Mode::Gzip(_) => None,
+        }
+    }
+
+    /// Ends the second part of a split trace: an error if the document does
+    /// not end well (the error's position counts from the split).
+    pub fn finish_tail(self) -> Result<TracePart, TraceError> {
+        self.json.finish_tail().map(|builder| TracePart { builder })
+    }
+
     fn decide(&mut self, head: &[u8]) {
         self.mode = if is_gzip(head) {
             Mode::Gzip(Box::new(Gunzip::new(self.limit)))
@@ -752,6 +819,39 @@ impl TraceReader {
             Mode::Plain | Mode::Unknown(_) => json.push(bytes),
         }
     }
+}
+
+/// What one part of a split trace read (see [`TraceReader::continuing`]).
+pub struct TracePart {
+    builder: Builder,
+}
+
+impl TracePart {
+    /// The trace of the whole file from its two parts, as one reader would
+    /// have read it.
+    pub fn join(head: TracePart, tail: TracePart) -> Result<Warned<Trace>, TraceError> {
+        let mut builder = head.builder;
+        builder.append(tail.builder);
+        builder.finish()
+    }
+}
+
+/// Where a plain JSON trace can be split for two readers: the offset just
+/// after the first `,` in `window` (bytes of the file from `offset`) that is
+/// followed, after whitespace, by `{`. Only a guess: the first reader checks
+/// it with [`TraceReader::finish_head`].
+pub fn split_candidate(window: &[u8], offset: u64) -> Option<u64> {
+    let mut from = 0;
+    while let Some(at) = memchr::memchr(b',', window.get(from..)?) {
+        let comma = from + at;
+        let after = window.get(comma + 1..)?;
+        let ws = after.iter().position(|b| !b.is_ascii_whitespace())?;
+        if after.get(ws) == Some(&b'{') {
+            return Some(offset + comma as u64 + 1);
+        }
+        from = comma + 1;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -856,6 +956,40 @@ mod tests {
         let text = format!("{{\"other\": {big}, \"traceEvents\": [{EVENT}]}}");
         let trace = read_in_pieces(text.as_bytes(), 1024).unwrap();
         assert_eq!(trace.value.memory.len(), 1);
+    }
+
+    #[test]
+    fn a_trace_split_at_an_entry_reads_the_same_in_two_parts() {
+        let text = document(50);
+        let whole = read_in_pieces(text.as_bytes(), text.len()).unwrap();
+        let bytes = text.as_bytes();
+        let mut checked = 0;
+        for guess in (0..bytes.len()).step_by(97) {
+            let Some(split) = split_candidate(&bytes[guess..], guess as u64) else {
+                continue;
+            };
+            let split = split as usize;
+            let mut head = TraceReader::new(MAX_DECOMPRESSED_BYTES);
+            head.push(&bytes[..split]).unwrap();
+            let Some(head) = head.finish_head() else {
+                continue;
+            };
+            let mut tail = TraceReader::continuing(false);
+            for piece in bytes[split..].chunks(333) {
+                tail.push(piece).unwrap();
+            }
+            let joined = TracePart::join(head, tail.finish_tail().unwrap()).unwrap();
+            assert_eq!(joined, whole, "{split}");
+            checked += 1;
+        }
+        assert!(checked > 10, "{checked}");
+        // A comma inside a string is no boundary: the head says so.
+        let tricky =
+            format!("{{\"traceEvents\": [{{\"name\": \"a, {{b\", \"ph\": \"X\"}}, {EVENT}]}}");
+        let split = split_candidate(tricky.as_bytes(), 0).unwrap() as usize;
+        let mut head = TraceReader::new(MAX_DECOMPRESSED_BYTES);
+        head.push(&tricky.as_bytes()[..split]).unwrap();
+        assert!(head.finish_head().is_none());
     }
 
     #[test]

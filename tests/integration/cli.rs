@@ -169,3 +169,31 @@ fn presets_lists_every_preset_with_exact_bytes() {
     assert_eq!(h100["capacity_bytes"], 85_045_477_376u64);
     assert_eq!(h100["cublas_workspace_bytes"], 33_554_432u64);
 }
+
+/// A plain JSON trace past 32 MiB is read in two halves on two threads; a
+/// gzip one by a reader thread that inflates while the main thread parses; the
+/// simulations run on threads. None of it may change a byte of the report.
+#[test]
+fn threaded_reading_and_simulation_give_the_library_report() {
+    let name = "fixtures/traces/t5-small_adamw_bs8_pos1.json.gz";
+    let gz = common::read_shared(name);
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut plain)
+        .unwrap();
+    assert!(plain.len() > 32 << 20, "the fixture is too small to be split");
+    let dir = std::env::temp_dir().join(format!("memcast-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plain_path = dir.join("t5-small.json");
+    std::fs::write(&plain_path, &plain).unwrap();
+
+    let config = Config::standard();
+    let library = memcast::run(&gz, &config, &mut |_| {}).unwrap().value;
+    let expected = serde_json::to_value(&library).unwrap();
+    for path in [common::shared_file(name), plain_path.clone()] {
+        let output = memcast(&["estimate", "--json", path.to_str().unwrap()]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let shown: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(shown, expected, "{path:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

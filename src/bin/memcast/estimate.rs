@@ -59,7 +59,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.captured_optimizer {
         config.orchestrator.optimizer_path = OptimizerPath::Captured;
     }
-    let report = memcast::run_from(&mut source, &config, &mut |_| {})
+    let report = memcast::run_from(&mut source, &config, &mut |_| {}, &crate::source::Threads)
         .with_context(|| format!("failed to estimate {:?}", args.trace))?
         .value;
     let mut out = String::new();

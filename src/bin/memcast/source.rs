@@ -2,15 +2,29 @@
 //! the file and, when it is gzip, inflates it ([`memcast::trace::Gunzip`]),
 //! while the main thread parses what it sends. The file is never held whole,
 //! and on two cores decompression overlaps parsing.
+//!
+//! A large plain JSON file is instead split in two at a boundary between two
+//! events and both halves are parsed at once, one per thread
+//! ([`TraceReader::continuing`]); if the guessed boundary is not one, the
+//! file is read the ordinary way.
 
 use std::fs::File;
-use std::io::Read as _;
-use std::path::Path;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
 use anyhow::Context as _;
-use memcast::trace::{self, Gunzip, TraceError, TraceSource, MAX_DECOMPRESSED_BYTES};
+use memcast::trace::{
+    self, Gunzip, Trace, TraceError, TracePart, TraceReader, TraceSource, MAX_DECOMPRESSED_BYTES,
+};
+use memcast::Warned;
+
+/// Plain JSON files from this size on are parsed in two halves at once.
+const SPLIT_FROM_BYTES: u64 = 32 << 20;
+
+/// Bytes around the middle searched for a boundary between two events.
+const SPLIT_WINDOW: usize = 1 << 20;
 
 /// Bytes read from the file at a time.
 const READ_BYTES: usize = 4 << 20;
@@ -21,27 +35,48 @@ const IN_FLIGHT: usize = 4;
 
 type Piece = Result<Vec<u8>, TraceError>;
 
-/// A trace file being read by a background thread.
+/// A trace file, read by a background thread once the core asks for pieces.
 pub struct FileSource {
-    pieces: Receiver<Piece>,
+    path: PathBuf,
+    file: Option<File>,
+    pieces: Option<Receiver<Piece>>,
     current: Vec<u8>,
     reader: Option<JoinHandle<()>>,
 }
 
 impl FileSource {
-    /// Opens `path` and starts reading it.
+    /// Opens `path`.
     pub fn open(path: &Path) -> anyhow::Result<FileSource> {
         let file = File::open(path).with_context(|| format!("failed to read trace {path:?}"))?;
-        let (send, pieces) = mpsc::sync_channel(IN_FLIGHT);
-        let reader = std::thread::Builder::new()
-            .name("trace-reader".into())
-            .spawn(move || read_file(file, &send))
-            .context("cannot start the thread that reads the trace")?;
         Ok(FileSource {
-            pieces,
+            path: path.to_owned(),
+            file: Some(file),
+            pieces: None,
             current: Vec::new(),
-            reader: Some(reader),
+            reader: None,
         })
+    }
+
+    /// Starts the reader thread (once).
+    fn start(&mut self) -> Result<&Receiver<Piece>, TraceError> {
+        if self.pieces.is_none() {
+            let mut file = self
+                .file
+                .take()
+                .ok_or_else(|| TraceError::Read("the file was already read".into()))?;
+            file.seek(SeekFrom::Start(0))
+                .map_err(|err| TraceError::Read(err.to_string()))?;
+            let (send, pieces) = mpsc::sync_channel(IN_FLIGHT);
+            let reader = std::thread::Builder::new()
+                .name("trace-reader".into())
+                .spawn(move || read_file(file, &send))
+                .map_err(|err| TraceError::Read(format!("cannot start a thread: {err}")))?;
+            self.pieces = Some(pieces);
+            self.reader = Some(reader);
+        }
+        self.pieces
+            .as_ref()
+            .ok_or_else(|| TraceError::Read("no reader".into()))
     }
 }
 
@@ -51,8 +86,14 @@ impl TraceSource for FileSource {
         None
     }
 
+    fn parsed(&mut self) -> Option<Result<Warned<Trace>, TraceError>> {
+        let file = self.file.as_mut()?;
+        read_split(file, &self.path)
+    }
+
     fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError> {
-        match self.pieces.recv() {
+        let next = self.start()?.recv();
+        match next {
             Ok(Ok(piece)) => {
                 self.current = piece;
                 Ok(Some(&self.current))
@@ -69,6 +110,64 @@ impl TraceSource for FileSource {
             }
         }
     }
+}
+
+/// Reads a large plain JSON file in two halves at once; `None` when the file
+/// is small, gzip, on one core, or has no usable boundary near its middle.
+fn read_split(file: &mut File, path: &Path) -> Option<Result<Warned<Trace>, TraceError>> {
+    let size = file.metadata().ok()?.len();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if size < SPLIT_FROM_BYTES || cores < 2 {
+        return None;
+    }
+    let mut head = vec![0_u8; 64];
+    let n = fill(file, &mut head).ok()?;
+    let head = head.get(..n)?;
+    if trace::is_gzip(head) {
+        return None;
+    }
+    let start = head
+        .iter()
+        .find(|b| !b.is_ascii_whitespace() && **b != 0xef && **b != 0xbb && **b != 0xbf)?;
+    let bare = *start == b'[';
+    let middle = size / 2;
+    file.seek(SeekFrom::Start(middle)).ok()?;
+    let mut window = vec![0_u8; SPLIT_WINDOW];
+    let n = fill(file, &mut window).ok()?;
+    let split = trace::split_candidate(window.get(..n)?, middle)?;
+    let (head, tail) = std::thread::scope(|scope| {
+        let head = scope.spawn(|| {
+            let mut reader = TraceReader::new(MAX_DECOMPRESSED_BYTES);
+            read_range(path, 0, split, &mut reader).ok()?;
+            reader.finish_head()
+        });
+        let mut reader = TraceReader::continuing(bare);
+        let tail = read_range(path, split, size, &mut reader).and_then(|()| reader.finish_tail());
+        (head.join().ok().flatten(), tail)
+    });
+    // Anything but two good halves: read the file the ordinary way, which
+    // also places any error in the whole file.
+    Some(TracePart::join(head?, tail.ok()?))
+}
+
+/// Pushes bytes `[from, to)` of the file at `path` into `reader`.
+fn read_range(path: &Path, from: u64, to: u64, reader: &mut TraceReader) -> Result<(), TraceError> {
+    let read_error = |err: std::io::Error| TraceError::Read(err.to_string());
+    let mut file = File::open(path).map_err(read_error)?;
+    file.seek(SeekFrom::Start(from)).map_err(read_error)?;
+    let mut left = to.saturating_sub(from);
+    let mut buf = vec![0_u8; READ_BYTES];
+    while left > 0 {
+        let want = usize::try_from(left).map_or(READ_BYTES, |l| l.min(READ_BYTES));
+        let piece = buf.get_mut(..want).unwrap_or_default();
+        let n = fill(&mut file, piece).map_err(read_error)?;
+        if n == 0 {
+            break;
+        }
+        reader.push(piece.get(..n).unwrap_or_default())?;
+        left -= n as u64;
+    }
+    Ok(())
 }
 
 /// The reader thread: sends the file's text in pieces, inflating gzip.
@@ -130,4 +229,49 @@ fn fill(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(filled)
+}
+
+/// Runs simulations on up to as many threads as the machine has cores.
+pub struct Threads;
+
+impl memcast::Parallel for Threads {
+    fn run_all<'a>(
+        &self,
+        jobs: Vec<memcast::SimulationJob<'a>>,
+        finished: &mut dyn FnMut(u64),
+    ) -> Vec<memcast::report::SimulatedRun> {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        if cores < 2 || jobs.len() < 2 {
+            return memcast::InTurn.run_all(jobs, finished);
+        }
+        // Deal the jobs round-robin to `cores` threads; collect in order.
+        let mut lanes: Vec<Vec<(usize, memcast::SimulationJob<'a>)>> =
+            (0..cores).map(|_| Vec::new()).collect();
+        let n = jobs.len();
+        for (index, job) in jobs.into_iter().enumerate() {
+            if let Some(lane) = lanes.get_mut(index % cores) {
+                lane.push((index, job));
+            }
+        }
+        let mut done: Vec<(usize, memcast::report::SimulatedRun)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| {
+                    scope.spawn(move || {
+                        lane.into_iter()
+                            .map(|(index, job)| (index, job()))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|handle| handle.join().unwrap_or_default())
+                .collect()
+        });
+        done.sort_by_key(|(index, _)| *index);
+        debug_assert_eq!(done.len(), n);
+        finished(done.len() as u64);
+        done.into_iter().map(|(_, run)| run).collect()
+    }
 }
