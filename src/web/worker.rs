@@ -10,11 +10,12 @@
 use std::cell::RefCell;
 
 use js_sys::{Reflect, Uint8Array};
+use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::{
-    Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent, XmlHttpRequest,
-    XmlHttpRequestResponseType,
+    Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent, Worker, WorkerOptions,
+    XmlHttpRequest, XmlHttpRequestResponseType,
 };
 
 use crate::permalink::{Fingerprint, TraceIdentity};
@@ -33,16 +34,51 @@ const WARM_UP_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
 /// Bytes read per slice of the blob.
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 
+/// This worker's own loader, to start the hasher from (relative to the
+/// worker's script, so the site works from any sub-path).
+const WORKER_URL: &str = "./worker_loader.js";
+
+/// The name of the helper worker that fingerprints (SHA-256) each file on
+/// another core while this one runs the pipeline: hashing in turn took about
+/// a third of the time on a large plain JSON file.
+const HASHER_NAME: &str = "memcast-hasher";
+
 thread_local! {
     /// The last trace prepared, with its identity.
     static PREPARED: RefCell<Option<(TraceIdentity, Prepared)>> = const { RefCell::new(None) };
+    /// The hasher, when it could be started.
+    static HASHER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+    /// A result waiting for its file's fingerprint from the hasher.
+    static WAITING: RefCell<Option<Waiting>> = const { RefCell::new(None) };
 }
 
-/// Installs the message handler and tells the page the worker is ready.
+/// A prepared trace and its result, until the hasher's fingerprint arrives.
+struct Waiting {
+    job: u32,
+    name: String,
+    blob: Blob,
+    prepared: Prepared,
+    result: Result<Box<crate::report::Report>, String>,
+}
+
+/// What the hasher sends back for a job.
+#[derive(Debug, Serialize, Deserialize)]
+struct Fingerprinted {
+    job: u32,
+    /// The identity (its name is filled in by the receiver), or why not.
+    identity: Result<TraceIdentity, String>,
+}
+
+/// Installs the message handler and tells the page the worker is ready; the
+/// hasher, started by this same script under [`HASHER_NAME`], only hashes.
 pub fn register() {
     let Ok(scope) = js_sys::global().dyn_into::<DedicatedWorkerGlobalScope>() else {
         return;
     };
+    if scope.name() == HASHER_NAME {
+        register_hasher(&scope);
+        return;
+    }
     let post_scope = scope.clone();
     let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
         let post = |response: Response| {
@@ -53,8 +89,140 @@ pub fn register() {
     });
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
+    start_hasher(&scope);
     warm_up();
     let _ = scope.post_message(&Response::Ready.to_json().into());
+}
+
+/// Starts the hasher and routes its answers; without one (a browser without
+/// nested workers) this worker hashes each file itself.
+fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
+    let options = WorkerOptions::new();
+    options.set_name(HASHER_NAME);
+    let Ok(hasher) = Worker::new_with_options(WORKER_URL, &options) else {
+        return;
+    };
+    let post_scope = scope.clone();
+    let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
+        let post = |response: Response| {
+            let _ = post_scope.post_message(&response.to_json().into());
+        };
+        let reply = event
+            .data()
+            .as_string()
+            .and_then(|text| serde_json::from_str::<Fingerprinted>(&text).ok());
+        if let Some(reply) = reply {
+            fingerprinted(reply, &post);
+        }
+    });
+    hasher.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    on_message.forget();
+    // A hasher that fails is dropped: the waiting job and the next ones are
+    // hashed here.
+    let post_scope = scope.clone();
+    let on_error = Closure::<dyn Fn(JsValue)>::new(move |_| {
+        HASHER.with(|slot| *slot.borrow_mut() = None);
+        let post = |response: Response| {
+            let _ = post_scope.post_message(&response.to_json().into());
+        };
+        let job = WAITING.with(|slot| slot.borrow().as_ref().map(|w| w.job));
+        if let Some(job) = job {
+            let identity = Err("the hasher stopped".to_owned());
+            fingerprinted(Fingerprinted { job, identity }, &post);
+        }
+    });
+    hasher.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+    on_error.forget();
+    HASHER.with(|slot| *slot.borrow_mut() = Some(hasher));
+}
+
+/// The hasher: fingerprints each blob it is sent.
+fn register_hasher(scope: &DedicatedWorkerGlobalScope) {
+    let post_scope = scope.clone();
+    let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
+        let data = event.data();
+        let job = Reflect::get(&data, &"job".into())
+            .ok()
+            .and_then(|v| v.as_f64())
+            .map_or(0, |v| v as u32);
+        let identity = Reflect::get(&data, &"file".into())
+            .ok()
+            .and_then(|value| value.dyn_into::<Blob>().ok())
+            .ok_or_else(|| "no file to fingerprint".to_owned())
+            .and_then(fingerprint_blob);
+        let reply = Fingerprinted { job, identity };
+        if let Ok(text) = serde_json::to_string(&reply) {
+            let _ = post_scope.post_message(&text.into());
+        }
+    });
+    scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    on_message.forget();
+    // Get the hash function optimized before the first file.
+    let _ = TraceIdentity::of("", &vec![0_u8; 4 << 20]);
+}
+
+/// Reads a whole blob slice by slice and fingerprints it.
+fn fingerprint_blob(blob: Blob) -> Result<TraceIdentity, String> {
+    let mut source = BlobSource::new(blob, true)?;
+    while source
+        .next_chunk()
+        .map_err(|err| err.to_string())?
+        .is_some()
+    {}
+    Ok(source.fingerprint.take().unwrap_or_default().finish(""))
+}
+
+/// The hasher's answer for a job: the waiting result goes out with it.
+fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
+    let waiting = WAITING.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        match slot.as_ref() {
+            Some(w) if w.job == reply.job => slot.take(),
+            _ => None,
+        }
+    });
+    let Some(waiting) = waiting else {
+        // A job that failed or was replaced meanwhile.
+        return;
+    };
+    let mut identity = match reply.identity {
+        Ok(identity) => identity,
+        // The hasher could not: hash here.
+        Err(_) => match fingerprint_blob(waiting.blob.clone()) {
+            Ok(identity) => identity,
+            Err(message) => {
+                post(Response::Failed {
+                    job: waiting.job,
+                    message,
+                });
+                return;
+            }
+        },
+    };
+    identity.name = waiting.name;
+    finish(
+        waiting.job,
+        identity,
+        waiting.prepared,
+        waiting.result,
+        post,
+    );
+}
+
+/// Keeps the prepared trace and posts its result.
+fn finish(
+    job: u32,
+    trace: TraceIdentity,
+    prepared: Prepared,
+    result: Result<Box<crate::report::Report>, String>,
+    post: &dyn Fn(Response),
+) {
+    // The previous trace is replaced only by one that prepared successfully.
+    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared)));
+    match result {
+        Ok(report) => post(Response::Done { job, trace, report }),
+        Err(message) => post(Response::Failed { job, message }),
+    }
 }
 
 /// Runs the pipeline once on the demo trace and forgets the result. Any
@@ -110,7 +278,13 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
                 });
                 return;
             };
-            match BlobSource::new(blob) {
+            // Hash on the hasher when there is one, here otherwise.
+            let hashed_elsewhere = HASHER.with(|slot| {
+                slot.borrow()
+                    .as_ref()
+                    .is_some_and(|hasher| post_to_hasher(hasher, job, &blob))
+            });
+            match BlobSource::new(blob, !hashed_elsewhere) {
                 Ok(mut source) => run(job, &name, &mut source, &config, post),
                 Err(message) => post(Response::Failed { job, message }),
             }
@@ -120,18 +294,27 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
     }
 }
 
-/// A blob read slice by slice, each slice fingerprinted as it passes.
+/// Asks the hasher to fingerprint `blob` for `job`; whether it was asked.
+fn post_to_hasher(hasher: &Worker, job: u32, blob: &Blob) -> bool {
+    let message = js_sys::Object::new();
+    Reflect::set(&message, &"job".into(), &JsValue::from(job)).is_ok()
+        && Reflect::set(&message, &"file".into(), blob).is_ok()
+        && hasher.post_message(&message).is_ok()
+}
+
+/// A blob read slice by slice, each slice fingerprinted as it passes unless
+/// the hasher does it.
 struct BlobSource {
     blob: Blob,
     reader: FileReaderSync,
     total: u64,
     done: u64,
     slice: Vec<u8>,
-    fingerprint: Fingerprint,
+    fingerprint: Option<Fingerprint>,
 }
 
 impl BlobSource {
-    fn new(blob: Blob) -> Result<BlobSource, String> {
+    fn new(blob: Blob, fingerprint: bool) -> Result<BlobSource, String> {
         let reader =
             FileReaderSync::new().map_err(|err| format!("cannot read the file: {err:?}"))?;
         Ok(BlobSource {
@@ -140,7 +323,7 @@ impl BlobSource {
             reader,
             done: 0,
             slice: Vec::new(),
-            fingerprint: Fingerprint::default(),
+            fingerprint: fingerprint.then(Fingerprint::default),
         })
     }
 }
@@ -163,7 +346,9 @@ impl TraceSource for BlobSource {
         let view = Uint8Array::new(&buffer);
         self.slice.resize(view.length() as usize, 0);
         view.copy_to(&mut self.slice);
-        self.fingerprint.update(&self.slice);
+        if let Some(fingerprint) = &mut self.fingerprint {
+            fingerprint.update(&self.slice);
+        }
         self.done = end;
         Ok(Some(&self.slice))
     }
@@ -191,7 +376,8 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
 }
 
 /// Prepares and estimates a trace; one that prepares replaces the worker's
-/// current trace.
+/// current trace, once its fingerprint is known (at once when this worker
+/// hashed it, when the hasher answers otherwise).
 fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
     let prepared = match crate::prepare_from(source, config, &mut progress) {
@@ -204,20 +390,21 @@ fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dy
             return;
         }
     };
-    let trace = std::mem::take(&mut source.fingerprint).finish(name);
-    let result = crate::estimate(&prepared, config, &mut progress);
-    // The previous trace is replaced only by one that prepared successfully.
-    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared)));
-    match result {
-        Ok(report) => post(Response::Done {
-            job,
-            trace,
-            report: Box::new(report.value),
-        }),
-        Err(err) => post(Response::Failed {
-            job,
-            message: err.to_string(),
-        }),
+    let result = crate::estimate(&prepared, config, &mut progress)
+        .map(|report| Box::new(report.value))
+        .map_err(|err| err.to_string());
+    match source.fingerprint.take() {
+        Some(fingerprint) => finish(job, fingerprint.finish(name), prepared, result, post),
+        None => {
+            let waiting = Waiting {
+                job,
+                name: name.to_owned(),
+                blob: source.blob.clone(),
+                prepared,
+                result,
+            };
+            WAITING.with(|slot| *slot.borrow_mut() = Some(waiting));
+        }
     }
 }
 

@@ -5,6 +5,8 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { writeFileSync, mkdtempSync, readFileSync } from "node:fs";
+import { gunzipSync } from "node:zlib";
+import { createHash } from "node:crypto";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import {
@@ -83,6 +85,9 @@ test("a permalink reopens in a fresh browser with the same numbers, marked as sh
     await other.goto(link);
     await other.locator("#shared-banner").waitFor({ timeout: 30_000 });
     assert.match(await other.textContent("#shared-banner"), /resnet18_sgd_bs32_pos1\.json\.gz/);
+    // The fingerprint (computed by the worker's hasher) is the file's SHA-256.
+    const sha = createHash("sha256").update(readFileSync(fixture("resnet18_sgd_bs32_pos1.json.gz"))).digest("hex");
+    assert.match(await other.textContent("#shared-banner"), new RegExp(`SHA-256 ${sha.slice(0, 16)}`));
     assert.deepEqual(await numbers(other), original);
     await screenshot(other, "permalink");
     assert.deepEqual(otherRequests.filter((u) => !u.startsWith(site.origin)), []);
@@ -158,7 +163,13 @@ test("cancel stops the work, restarts the worker and keeps the previous estimate
   await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
   const before = await page.textContent("#peak-total-bytes");
 
-  await page.setInputFiles("#file-input", fixture("t5-small_adamw_bs8_pos1.json.gz"));
+  // A job long enough to cancel in the middle: t5-small's events six times
+  // over (≈ 260 MB of plain JSON, seconds of work).
+  const text = gunzipSync(readFileSync(fixture("t5-small_adamw_bs8_pos1.json.gz"))).toString("utf8");
+  const events = text.slice(text.indexOf("[", text.indexOf('"traceEvents"')) + 1, text.lastIndexOf("]"));
+  const long = path.join(mkdtempSync(path.join(tmpdir(), "memcast-long-")), "long.json");
+  writeFileSync(long, `{"traceEvents": [${Array(6).fill(events).join(",")}]}`);
+  await page.setInputFiles("#file-input", long);
   await page.locator("#cancel").waitFor({ timeout: 30_000 });
   // The page stays responsive while the worker parses: a round trip through
   // the main thread's event loop takes well under a frame budget or two.
@@ -170,7 +181,7 @@ test("cancel stops the work, restarts the worker and keeps the previous estimate
   await page.locator("#error", { hasText: "cancelled" }).waitFor({ timeout: 10_000 });
   await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
   assert.equal(await page.textContent("#peak-total-bytes"), before, "the previous estimate is kept");
-  assert.doesNotMatch(await page.textContent("#trace-name"), /t5-small/);
+  assert.doesNotMatch(await page.textContent("#trace-name"), /long/);
 
   // The restarted worker works.
   await page.setInputFiles("#file-input", fixture("resnet18_sgd_bs32_pos1.json.gz"));

@@ -180,7 +180,10 @@ fn threaded_reading_and_simulation_give_the_library_report() {
     let mut plain = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut plain)
         .unwrap();
-    assert!(plain.len() > 32 << 20, "the fixture is too small to be split");
+    assert!(
+        plain.len() > 32 << 20,
+        "the fixture is too small to be split"
+    );
     let dir = std::env::temp_dir().join(format!("memcast-split-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let plain_path = dir.join("t5-small.json");
