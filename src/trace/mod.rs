@@ -1,7 +1,8 @@
 //! Stage 0 — **trace**: bytes of a `torch.profiler` Chrome trace → typed events.
 //!
-//! Input: the raw bytes of a `.json` or `.json.gz` file (gzip is detected by its
-//! magic bytes and decoded in pure Rust, so this also runs in WebAssembly).
+//! Input: the raw bytes of a `.json` or `.json.gz` file, whole ([`parse`]) or
+//! piece by piece from a [`TraceSource`] ([`read`]); gzip is detected by its
+//! magic bytes and decoded in pure Rust, so this also runs in WebAssembly.
 //! Output: a [`Trace`] holding only what later stages need — `[memory]` events,
 //! `cpu_op`, `python_function` and `user_annotation` spans, `fwdbwd` flows and
 //! the header flags — plus [`crate::Warning`]s for fields that were missing.

@@ -43,10 +43,14 @@ const WORKER_URL: &str = "./worker_loader.js";
 /// a third of the time on a large plain JSON file.
 const HASHER_NAME: &str = "memcast-hasher";
 
+/// What the hasher posts once its handler is installed.
+const HASHER_READY: &str = "hasher-ready";
+
 thread_local! {
     /// The last trace prepared, with its identity.
     static PREPARED: RefCell<Option<(TraceIdentity, Prepared)>> = const { RefCell::new(None) };
-    /// The hasher, when it could be started.
+    /// The hasher, once it has said it is ready (a message sent to a worker
+    /// before its handler is installed is lost).
     static HASHER: RefCell<Option<Worker>> = const { RefCell::new(None) };
     /// A result waiting for its file's fingerprint from the hasher.
     static WAITING: RefCell<Option<Waiting>> = const { RefCell::new(None) };
@@ -94,8 +98,9 @@ pub fn register() {
     let _ = scope.post_message(&Response::Ready.to_json().into());
 }
 
-/// Starts the hasher and routes its answers; without one (a browser without
-/// nested workers) this worker hashes each file itself.
+/// Starts the hasher and routes its answers. Until it has said it is ready,
+/// or without one (a browser without nested workers, a hasher that failed),
+/// this worker hashes each file itself.
 fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
     let options = WorkerOptions::new();
     options.set_name(HASHER_NAME);
@@ -103,15 +108,17 @@ fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
         return;
     };
     let post_scope = scope.clone();
+    let hasher_handle = hasher.clone();
     let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
         let post = |response: Response| {
             let _ = post_scope.post_message(&response.to_json().into());
         };
-        let reply = event
-            .data()
-            .as_string()
-            .and_then(|text| serde_json::from_str::<Fingerprinted>(&text).ok());
-        if let Some(reply) = reply {
+        let Some(text) = event.data().as_string() else {
+            return;
+        };
+        if text == HASHER_READY {
+            HASHER.with(|slot| *slot.borrow_mut() = Some(hasher_handle.clone()));
+        } else if let Ok(reply) = serde_json::from_str::<Fingerprinted>(&text) {
             fingerprinted(reply, &post);
         }
     });
@@ -133,7 +140,6 @@ fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
     });
     hasher.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
-    HASHER.with(|slot| *slot.borrow_mut() = Some(hasher));
 }
 
 /// The hasher: fingerprints each blob it is sent.
@@ -159,6 +165,7 @@ fn register_hasher(scope: &DedicatedWorkerGlobalScope) {
     on_message.forget();
     // Get the hash function optimized before the first file.
     let _ = TraceIdentity::of("", &vec![0_u8; 4 << 20]);
+    let _ = scope.post_message(&HASHER_READY.into());
 }
 
 /// Reads a whole blob slice by slice and fingerprints it.
