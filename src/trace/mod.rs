@@ -19,7 +19,7 @@
 mod raw;
 mod stream;
 
-pub use stream::{is_gzip, split_candidate, Gunzip, TracePart, TraceReader};
+pub use stream::{is_bare_list, is_gzip, split_candidate, Gunzip, TracePart, TraceReader};
 
 use serde::{Deserialize, Serialize};
 

@@ -758,6 +758,12 @@ impl<'de> de::Deserialize<'de> for LooseStr<'de> {
     }
 }
 
+/// A float that is a whole number, as an integer (`as` saturates the
+/// out-of-range ones).
+fn integral(v: f64) -> Option<i64> {
+    (v.is_finite() && v.fract() == 0.0).then_some(v as i64)
+}
+
 /// An integer; integral floats, booleans and numeric strings are accepted too.
 /// Integers above `i64::MAX` keep their bit pattern (addresses are opaque).
 #[derive(Default)]
@@ -778,9 +784,7 @@ impl<'de> de::Deserialize<'de> for LooseInt {
                 Ok(LooseInt(Some(v as i64)))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-                let integral = v.is_finite() && v.fract() == 0.0;
-                // `as` saturates out-of-range floats.
-                Ok(LooseInt(integral.then_some(v as i64)))
+                Ok(LooseInt(integral(v)))
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
                 Ok(LooseInt(s.trim().parse().ok()))
@@ -1009,13 +1013,7 @@ impl<'de> de::Deserialize<'de> for Dim {
                 Ok(i64::try_from(v).map_or(Dim::Other, Dim::Int))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Dim, E> {
-                let integral = v.is_finite() && v.fract() == 0.0;
-                // `as` saturates out-of-range floats.
-                Ok(if integral {
-                    Dim::Int(v as i64)
-                } else {
-                    Dim::Other
-                })
+                Ok(integral(v).map_or(Dim::Other, Dim::Int))
             }
             fn visit_str<E: de::Error>(self, _: &str) -> Result<Dim, E> {
                 Ok(Dim::Other)

@@ -49,6 +49,16 @@ pub fn is_gzip(bytes: &[u8]) -> bool {
     bytes.starts_with(&GZIP_MAGIC)
 }
 
+/// Whether plain JSON text that starts with `head` is a bare list of events
+/// (Chrome's array format) rather than a trace object: its first byte after
+/// a byte-order mark and whitespace is `[`. `None` when `head` has no such
+/// byte yet.
+pub fn is_bare_list(head: &[u8]) -> Option<bool> {
+    let text = head.strip_prefix(BOM).unwrap_or(head);
+    let first = text.iter().find(|b| !b.is_ascii_whitespace())?;
+    Some(*first == b'[')
+}
+
 // ---------------------------------------------------------------------------
 // gzip
 
@@ -132,11 +142,6 @@ impl Gunzip {
             });
         }
         self.flush(out)
-    }
-
-    /// Decompressed bytes so far.
-    pub fn total_out(&self) -> u64 {
-        self.decoder.get_ref().total
     }
 
     fn flush(
@@ -300,7 +305,13 @@ impl JsonStream {
     }
 
     /// Ends the input and returns the trace.
-    pub(super) fn finish(mut self) -> Result<Warned<Trace>, TraceError> {
+    pub(super) fn finish(self) -> Result<Warned<Trace>, TraceError> {
+        self.end()?.finish()
+    }
+
+    /// Ends the input: checks that the document is whole and returns what
+    /// was read, not yet finished into a trace.
+    fn end(mut self) -> Result<Builder, TraceError> {
         let pending = std::mem::take(&mut self.pending);
         let used = self.process(&pending, true)?;
         let rest = pending.get(used..).unwrap_or_default();
@@ -314,7 +325,7 @@ impl JsonStream {
                 column: self.column + 1,
             });
         }
-        self.builder.finish()
+        Ok(self.builder)
     }
 
     /// A parser for a part of a plain JSON trace that starts with an entry of
@@ -338,21 +349,6 @@ impl JsonStream {
         let at_boundary = matches!(self.state, State::Entry { first: false, .. })
             && rest.iter().all(u8::is_ascii_whitespace);
         at_boundary.then_some(self.builder)
-    }
-
-    /// Ends the last part like [`JsonStream::finish`], keeping what it read
-    /// unfinished.
-    fn finish_tail(mut self) -> Result<Builder, TraceError> {
-        let pending = std::mem::take(&mut self.pending);
-        let used = self.process(&pending, true)?;
-        let rest = pending.get(used..).unwrap_or_default();
-        if self.state != State::End || rest.iter().any(|b| !b.is_ascii_whitespace()) {
-            return Err(TraceError::Truncated {
-                line: self.line,
-                column: self.column + 1,
-            });
-        }
-        Ok(self.builder)
     }
 
     /// Keeps the unused tail of a buffer for the next piece.
@@ -801,7 +797,7 @@ impl TraceReader {
     /// Ends the second part of a split trace: an error if the document does
     /// not end well (the error's position counts from the split).
     pub fn finish_tail(self) -> Result<TracePart, TraceError> {
-        self.json.finish_tail().map(|builder| TracePart { builder })
+        self.json.end().map(|builder| TracePart { builder })
     }
 
     fn decide(&mut self, head: &[u8]) {

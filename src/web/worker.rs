@@ -85,17 +85,20 @@ pub fn register() {
     }
     let post_scope = scope.clone();
     let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
-        let post = |response: Response| {
-            // A failed post means the page is gone; there is nobody to tell.
-            let _ = post_scope.post_message(&response.to_json().into());
-        };
+        let post = |response: Response| post_to(&post_scope, response);
         handle(&event.data(), &post);
     });
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
     start_hasher(&scope);
     warm_up();
-    let _ = scope.post_message(&Response::Ready.to_json().into());
+    post_to(&scope, Response::Ready);
+}
+
+/// Posts a response to the page. A failed post means the page is gone;
+/// there is nobody to tell.
+fn post_to(scope: &DedicatedWorkerGlobalScope, response: Response) {
+    let _ = scope.post_message(&response.to_json().into());
 }
 
 /// Starts the hasher and routes its answers. Until it has said it is ready,
@@ -110,9 +113,7 @@ fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
     let post_scope = scope.clone();
     let hasher_handle = hasher.clone();
     let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
-        let post = |response: Response| {
-            let _ = post_scope.post_message(&response.to_json().into());
-        };
+        let post = |response: Response| post_to(&post_scope, response);
         let Some(text) = event.data().as_string() else {
             return;
         };
@@ -129,9 +130,7 @@ fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
     let post_scope = scope.clone();
     let on_error = Closure::<dyn Fn(JsValue)>::new(move |_| {
         HASHER.with(|slot| *slot.borrow_mut() = None);
-        let post = |response: Response| {
-            let _ = post_scope.post_message(&response.to_json().into());
-        };
+        let post = |response: Response| post_to(&post_scope, response);
         let job = WAITING.with(|slot| slot.borrow().as_ref().map(|w| w.job));
         if let Some(job) = job {
             let identity = Err("the hasher stopped".to_owned());

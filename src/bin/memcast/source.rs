@@ -126,10 +126,7 @@ fn read_split(file: &mut File, path: &Path) -> Option<Result<Warned<Trace>, Trac
     if trace::is_gzip(head) {
         return None;
     }
-    let start = head
-        .iter()
-        .find(|b| !b.is_ascii_whitespace() && **b != 0xef && **b != 0xbb && **b != 0xbf)?;
-    let bare = *start == b'[';
+    let bare = trace::is_bare_list(head)?;
     let middle = size / 2;
     file.seek(SeekFrom::Start(middle)).ok()?;
     let mut window = vec![0_u8; SPLIT_WINDOW];

@@ -43,7 +43,9 @@ fuzz_target!(|input: (Vec<u16>, Vec<u8>)| {
         return;
     };
     let split = split as usize;
-    let bare = data.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+    let Some(bare) = trace::is_bare_list(&data) else {
+        return;
+    };
     let mut head = TraceReader::new(limit);
     if head.push(&data[..split]).is_err() {
         return;
