@@ -21,7 +21,14 @@ as_root() {
 apt_install() {
   say "installing Debian packages: $*"
   as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+  if ! DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null; then
+    # Seen on a fresh machine: the image's perl was older than the libperl that
+    # chromium's dependencies pull in after `apt-get update`, and dpkg stopped
+    # half-way ("unmet dependencies"). Let apt finish what it started, then retry.
+    say "apt-get install failed; running apt-get --fix-broken install and retrying"
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --fix-broken >/dev/null
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
+  fi
 }
 
 # 1. The WebAssembly target.
