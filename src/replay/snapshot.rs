@@ -619,7 +619,10 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
                     // Otherwise (garbage collection, max_split release, a flush
                     // the simulator's state disagrees with) apply the recorded
                     // frees one by one and count them as forced.
-                    let burst_events: Vec<&Event> = snap.events[index as usize..]
+                    let burst_events: Vec<&Event> = snap
+                        .events
+                        .get(index as usize..)
+                        .unwrap_or_default()
                         .iter()
                         .take_while(|b| releasing(b.action))
                         .collect();

@@ -33,6 +33,9 @@
 //! - Best-fit lookup is logarithmic (ordered maps per pool keyed by stream,
 //!   size, address).
 
+// A bug here must not kill the browser's worker: every index is checked.
+#![deny(clippy::indexing_slicing)]
+
 mod allocator;
 mod config;
 mod device;

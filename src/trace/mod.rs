@@ -21,6 +21,8 @@ mod stream;
 
 pub use stream::{is_bare_list, is_gzip, split_candidate, Gunzip, TracePart, TraceReader};
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::diag::{Warned, Warning};
@@ -365,6 +367,28 @@ pub fn read_with_limit(
     let trace = reader.finish()?;
     progress(done, total.unwrap_or(done).max(done));
     Ok(trace)
+}
+
+/// Decompresses gzip input whole, refusing more than
+/// [`MAX_DECOMPRESSED_BYTES`] of output; other input comes back as it is.
+/// For formats that are read whole (the replay's snapshot pickles): traces
+/// are read piece by piece with [`read`], which decompresses as it goes.
+/// Both use the same decoder, [`Gunzip`].
+pub fn gunzip(bytes: &[u8]) -> Result<Cow<'_, [u8]>, TraceError> {
+    if !is_gzip(bytes) {
+        return Ok(Cow::Borrowed(bytes));
+    }
+    let mut out = Vec::new();
+    let mut decoder = Gunzip::new(MAX_DECOMPRESSED_BYTES);
+    decoder.push(bytes, &mut |text| {
+        out.extend_from_slice(text);
+        Ok(())
+    })?;
+    decoder.finish(&mut |text| {
+        out.extend_from_slice(text);
+        Ok(())
+    })?;
+    Ok(Cow::Owned(out))
 }
 
 /// Helper for warnings about skipped or incomplete events.
