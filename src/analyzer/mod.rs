@@ -35,6 +35,12 @@ mod evidence;
 mod lifecycle;
 mod phases;
 mod spans;
+mod summary;
+
+pub use summary::{
+    summarize, AnalysisSummary, IterationSummary, LayerSummary, ParameterSummary, PhaseBytes,
+    PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -12,11 +12,11 @@ use super::format::{exact, gib, seconds, short, thousands};
 use super::whatif::WhatIfPanel;
 use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
+use crate::pipeline::{Config, DEFAULT_TARGET};
 use crate::presets::{self, PRESETS};
 use crate::protocol::{Request, Response};
 use crate::report::{Breakdown, Report};
 use crate::whatif::{WhatIfKind, WhatIfResult};
-use crate::Config;
 
 /// The demo trace, a real fixture shipped with the site (`www/demo/`).
 const DEMO_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
@@ -125,13 +125,10 @@ fn App() -> impl IntoView {
         if specs.is_empty() {
             return Err("select at least one GPU".into());
         }
-        let mut config = Config::standard();
+        // The page estimates for the default target and compares the
+        // selected GPUs.
+        let mut config = Config::for_gpus(DEFAULT_TARGET, &specs).map_err(|err| err.to_string())?;
         config.alloc_conf = alloc_conf.get_untracked();
-        config.gpus = specs
-            .iter()
-            .map(|spec| presets::parse_gpu(spec))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| err.to_string())?;
         Ok(config)
     };
     let next_job = move || {

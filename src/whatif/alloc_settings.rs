@@ -12,9 +12,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{estimate_schedule, fits_of, simulate_stats, Fit, PeakFigures, WhatIfError};
+use crate::pipeline::{Config, Prepared};
 use crate::simulator::{AllocatorConfig, RuleVersion};
 use crate::units::Bytes;
-use crate::{Config, Prepared};
 
 /// The version tag of [`AllocComparison`].
 pub const SCHEMA: &str = "memcast.whatif.alloc/1";
@@ -93,7 +93,7 @@ pub fn compare_settings(
         let allocator = if conf.trim().is_empty() {
             AllocatorConfig::pytorch_defaults()
         } else {
-            AllocatorConfig::parse(conf, RuleVersion::New).map_err(crate::Error::from)?
+            AllocatorConfig::parse(conf, RuleVersion::New).map_err(crate::pipeline::Error::from)?
         };
         let mut variant = config.clone();
         variant.alloc_conf = conf.clone();

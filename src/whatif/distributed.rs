@@ -30,8 +30,8 @@ use super::{estimate_schedule, fits_of, Fit, PeakFigures, WhatIfError};
 use crate::orchestrator::{
     BlockId, Category, EventKind, Phase, Schedule, ScheduleEvent, ScheduledBlock,
 };
+use crate::pipeline::{Config, Prepared};
 use crate::units::{Bytes, Nanos};
-use crate::{Config, Prepared};
 
 /// The version tag of [`DistributedComparison`].
 pub const SCHEMA: &str = "memcast.whatif.distributed/1";

@@ -1,7 +1,7 @@
 //! **What-ifs**: answers to "what would change if …?" questions, each a small
 //! named transformation of the orchestrated [`Schedule`] (or of the allocator
 //! configuration) followed by the same simulation and report path as
-//! [`crate::estimate`]. None of them is a formula on the peak alone.
+//! [`crate::pipeline::estimate`]. None of them is a formula on the peak alone.
 //!
 //! One entry per what-if, each taking a [`Prepared`] and a [`Config`] and
 //! returning a plain serde result with its own versioned `schema`:
@@ -22,8 +22,8 @@
 //! - [`precision::compare`] — `memcast.whatif.precision/1`: the fp32 job under
 //!   bf16/fp16 autocast, an approximation with its rules listed.
 //!
-//! For a UI: every entry takes the [`Prepared`] that [`crate::prepare`] made
-//! (so the trace is read once) and the same [`Config`] as [`crate::estimate`]
+//! For a UI: every entry takes the [`Prepared`] that [`crate::pipeline::prepare`] made
+//! (so the trace is read once) and the same [`Config`] as [`crate::pipeline::estimate`]
 //! (its `reference` GPU gives the overheads of the peaks, its `gpus` the
 //! per-GPU fits); the batch what-if takes one [`Prepared`] per trace with its
 //! batch size ([`Prepared::batch_size`] when the trace shows it,
@@ -43,10 +43,10 @@ pub mod zero_grad;
 use serde::{Deserialize, Serialize};
 
 use crate::orchestrator::{Schedule, ScheduleEvent};
+use crate::pipeline::{Config, Error, Prepared};
 use crate::report::Report;
 use crate::simulator::{self, AllocatorConfig, Simulation};
 use crate::units::{Bytes, Nanos};
-use crate::{Config, Error, Prepared};
 
 /// Why a what-if could not be answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -131,7 +131,7 @@ pub fn estimate_schedule(
         // The warnings of the trace stages belong to the input, not the variant.
         warnings: Vec::new(),
     };
-    Ok(crate::estimate(&variant, config, &mut |_| {})?.value)
+    Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }
 
 /// Simulates a schedule without a capacity limit on the reference GPU's
@@ -141,7 +141,7 @@ pub fn simulate_stats(
     config: &Config,
     allocator: &AllocatorConfig,
 ) -> Simulation {
-    let (ops, _) = crate::schedule_ops(schedule, &config.reference);
+    let (ops, _) = crate::pipeline::schedule_ops(schedule, &config.reference);
     simulator::simulate(&ops, allocator, &simulator::Device::unlimited())
 }
 

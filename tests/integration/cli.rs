@@ -67,9 +67,8 @@ fn estimate_json_has_the_versioned_contract_and_equals_the_library_report() {
     assert!(gpus.iter().all(|g| g["fits"].is_boolean()));
 
     // The CLI prints exactly what the library returns.
-    let config = Config::standard()
-        .with_gpus(&["a100-80gb".to_owned(), "24GiB".to_owned()])
-        .unwrap();
+    let config =
+        Config::for_gpus("a100-80gb", &["a100-80gb".to_owned(), "24GiB".to_owned()]).unwrap();
     let bytes = common::read_shared(TRACE);
     let report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
     assert_eq!(json, serde_json::to_value(&report).unwrap());

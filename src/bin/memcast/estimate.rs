@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use memcast::orchestrator::OptimizerPath;
 use memcast::report::Report;
-use memcast::{Bytes, Config};
+use memcast::Bytes;
 
 use crate::presets::gib;
 
@@ -45,7 +45,7 @@ pub struct Args {
 /// Runs the estimate and prints it.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut source = crate::source::FileSource::open(&args.trace)?;
-    let mut config = Config::standard().with_gpus(&args.gpus)?;
+    let mut config = crate::config_for(&args.gpus)?;
     if let Some(context) = &args.context {
         let bytes = if context.trim() == "0" {
             Bytes::ZERO

@@ -69,7 +69,7 @@ pub struct Common {
 impl Common {
     fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
         let mut source = crate::source::FileSource::open(&self.trace)?;
-        let mut config = Config::standard().with_gpus(&self.gpus)?;
+        let mut config = crate::config_for(&self.gpus)?;
         config.orchestrator.iterations = self.iterations;
         let prepared = memcast::prepare_from(&mut source, &config, &mut |_| {})
             .with_context(|| format!("failed to prepare {:?}", self.trace))?;

@@ -104,9 +104,9 @@ use serde::{Deserialize, Serialize};
 
 use super::WhatIfError;
 use crate::orchestrator::Phase;
+use crate::pipeline::{Config, Prepared};
 use crate::simulator::{self, AllocatorConfig, Device, SimOp};
 use crate::units::{Bytes, Nanos};
-use crate::{Config, Prepared};
 
 /// The version tag of [`PlanResult`].
 pub const SCHEMA: &str = "memcast.whatif.plan/1";
@@ -274,10 +274,10 @@ pub fn plan_sequence(prepared: &Prepared, config: &Config) -> Result<Plans, What
         AllocatorConfig::pytorch_defaults()
     } else {
         AllocatorConfig::parse(&config.alloc_conf, simulator::RuleVersion::New)
-            .map_err(crate::Error::from)?
+            .map_err(crate::pipeline::Error::from)?
     };
     let schedule = &prepared.orchestrated.schedule;
-    let (ops, ops_through) = crate::schedule_ops(schedule, &config.reference);
+    let (ops, ops_through) = crate::pipeline::schedule_ops(schedule, &config.reference);
     // The time of each op: that of the event that issued it.
     let mut op_times: Vec<Nanos> = Vec::with_capacity(ops.len());
     for (event, &through) in schedule.events.iter().zip(&ops_through) {
