@@ -5,7 +5,8 @@
 //! allocations and frees for the simulator, each tagged with its category
 //! (parameter, gradient, optimizer state, activation, batch, temporary) and layer.
 //!
-//! Every adjustment is a named, documented rule (see [`rules`]): parameters
+//! Every adjustment is a named, documented rule (see [`rules`] and
+//! [`RuleId`]): parameters
 //! (absent from the trace, inferred and allocated first), batch hand-over,
 //! CPU-only kernel scratch dropped, gradients live until the `zero_grad` that
 //! frees them, optimizer state persistent from the first step (or added by
@@ -20,7 +21,7 @@ mod schedule;
 
 use serde::{Deserialize, Serialize};
 
-pub use rules::{foreach_temporary_lists, Rule, RULES};
+pub use rules::{foreach_temporary_lists, RuleId, CUBLAS_OPS};
 pub use schedule::{
     BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
     ScheduledBlock,
@@ -75,7 +76,7 @@ pub struct OrchestrationFacts {
 /// How many blocks one rule added, dropped or moved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleCount {
-    pub rule: String,
+    pub rule: RuleId,
     pub blocks: u32,
 }
 
