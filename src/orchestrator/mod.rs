@@ -28,7 +28,7 @@ pub use schedule::{
 };
 
 use crate::analyzer::Analysis;
-use crate::diag::{Warned, Warning};
+use crate::diag::{Setting, Warned, Warning};
 
 /// Which optimizer implementation the simulated CUDA run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,12 +93,24 @@ pub struct Orchestrated {
 pub enum OrchestrateError {
     #[error("the trace has no memory blocks to orchestrate: profile at least one training iteration with profile_memory=True")]
     NoBlocks,
-    #[error("at least one iteration must be simulated: pass --iterations 1 or more, got {0:?}")]
+    #[error("at least one iteration must be simulated: set the number of iterations to 1 or more, got {0:?}")]
     NoIterations(u32),
-    #[error("too many iterations: peak memory is steady after the first few, pass --iterations {MAX_ITERATIONS} or fewer, got {0:?}")]
+    #[error("too many iterations: peak memory is steady after the first few, set the number of iterations to {MAX_ITERATIONS} or fewer, got {0:?}")]
     TooManyIterations(u32),
     #[error("the orchestrated schedule is inconsistent, which is a bug in memcast: please report it with the trace, details {0:?}")]
     Inconsistent(String),
+}
+
+impl OrchestrateError {
+    /// The setting the message asks the user to change, if any.
+    pub fn setting(&self) -> Option<Setting> {
+        match self {
+            OrchestrateError::NoIterations(_) | OrchestrateError::TooManyIterations(_) => {
+                Some(Setting::Iterations)
+            }
+            OrchestrateError::NoBlocks | OrchestrateError::Inconsistent(_) => None,
+        }
+    }
 }
 
 /// The most iterations [`orchestrate`] simulates: memory is in steady state

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Error;
 use crate::analyzer::AnalyzerConfig;
-use crate::diag::Warning;
+use crate::diag::{Setting, Warning};
 use crate::orchestrator::OrchestratorConfig;
 use crate::presets::{self, GpuTarget, PresetError};
 use crate::report;
@@ -103,13 +103,14 @@ impl Config {
         )
         .context_bytes;
         (context == sourced).then(|| {
-            Warning::new(
+            Warning::asking(
                 "context_assumed",
-                format!(
-                    "the CUDA context outside the allocator is assumed to be {} MiB on {} (a bare context with lazy module loading); a training process that has loaded cuBLAS and cuDNN kernels can hold a few hundred MiB more, so measure nvidia-smi used minus torch.cuda.memory_reserved() after one step and pass it with --context",
+                &format!(
+                    "the CUDA context outside the allocator is assumed to be {} MiB on {} (a bare context with lazy module loading); a training process that has loaded cuBLAS and cuDNN kernels can hold a few hundred MiB more, so measure nvidia-smi used minus torch.cuda.memory_reserved() after one step and ",
                     context.get() / Bytes::MIB,
                     self.reference.name
                 ),
+                Setting::CudaContext,
             )
         })
     }

@@ -26,7 +26,7 @@ pub use simulate::{schedule_ops, simulate_schedule};
 use serde::{Deserialize, Serialize};
 
 use crate::analyzer::{self, AnalyzeError};
-use crate::diag::{Warned, Warning};
+use crate::diag::{Setting, Warned, Warning};
 use crate::orchestrator::{self, OrchestrateError, Orchestrated};
 use crate::presets::PresetError;
 use crate::report::{self, Report, ReportError};
@@ -80,6 +80,21 @@ pub enum Error {
     Gpu(#[from] PresetError),
     #[error(transparent)]
     Report(#[from] ReportError),
+}
+
+impl Error {
+    /// The setting the message asks the user to give, if any: each shell
+    /// names its own control for it.
+    pub fn setting(&self) -> Option<Setting> {
+        match self {
+            Error::Orchestrate(err) => err.setting(),
+            Error::Trace(_)
+            | Error::Analyze(_)
+            | Error::AllocatorConfig(_)
+            | Error::Gpu(_)
+            | Error::Report(_) => None,
+        }
+    }
 }
 
 /// A trace parsed, analyzed and orchestrated: everything up to the

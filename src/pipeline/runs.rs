@@ -11,7 +11,7 @@ use super::{simulate_schedule, Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::presets::GpuTarget;
 use crate::report::{GpuRuns, ReportError, ReportInput, RunSummary, SimulatedRun};
-use crate::simulator::{AllocatorConfig, Device};
+use crate::simulator::{AllocatorConfig, GpuMemory};
 use crate::units::Bytes;
 
 /// One simulation of [`super::estimate_with`], to run wherever the caller likes.
@@ -90,12 +90,12 @@ pub(super) fn simulate_all<'c>(
     let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
     for &target in unlimited_targets.values() {
         jobs.push(Box::new(move || {
-            simulate_schedule(schedule, target, allocator, &Device::unlimited())
+            simulate_schedule(schedule, target, allocator, &GpuMemory::unlimited())
         }));
     }
     for target in &config.gpus {
         jobs.push(Box::new(move || {
-            let device = Device::new(target.capacity, target.overheads.context_bytes);
+            let device = GpuMemory::new(target.capacity, target.overheads.context_bytes);
             simulate_schedule(schedule, target, allocator, &device)
         }));
     }

@@ -4,8 +4,8 @@
 
 use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
-use crate::report::{MemSample, SimulatedRun};
-use crate::simulator::{self, AllocatorConfig, Device, SimOp};
+use crate::report::SimulatedRun;
+use crate::simulator::{self, AllocatorConfig, GpuMemory, SimOp};
 use crate::units::Bytes;
 
 /// The simulator ops of a schedule on `target`: workspace blocks at the
@@ -63,18 +63,11 @@ pub fn simulate_schedule(
     schedule: &Schedule,
     target: &GpuTarget,
     allocator: &AllocatorConfig,
-    device: &Device,
+    device: &GpuMemory,
 ) -> SimulatedRun {
     let (ops, ops_through) = schedule_ops(schedule, target);
     let simulation = simulator::simulate(&ops, allocator, device);
-    let op_samples: Vec<MemSample> = simulation
-        .after_event
-        .iter()
-        .map(|s| MemSample {
-            allocated: Bytes(s.allocated),
-            reserved: Bytes(s.reserved),
-        })
-        .collect();
+    let op_samples = &simulation.after_event;
     let oom_op = simulation.oom.map(|oom| oom.event_index);
     let mut samples = Vec::with_capacity(schedule.events.len());
     let mut oom_at = None;

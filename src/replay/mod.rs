@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::diag::Warning;
 use crate::trace::{self, TraceError};
+use crate::units::Bytes;
 
 pub use profiler::replay_profiler;
 pub use snapshot::replay_snapshot;
@@ -91,8 +92,8 @@ pub struct ReplayReport {
     pub reserved_exact_events: u64,
     /// Profiler only: events where simulated allocated equals `Total Allocated`.
     pub allocated_exact_events: Option<u64>,
-    pub real_peak_reserved_bytes: u64,
-    pub simulated_peak_reserved_bytes: u64,
+    pub real_peak_reserved_bytes: Bytes,
+    pub simulated_peak_reserved_bytes: Bytes,
     /// Real segment_alloc + segment_free (profiler: changes of `Total Reserved`).
     pub segment_events_real: u64,
     /// Segment allocations/frees/maps/unmaps the simulator made.
@@ -107,7 +108,7 @@ pub struct ReplayReport {
     /// Allocations placed at the same address as the real allocator.
     pub address_exact_allocs: u64,
     /// Reserved bytes at the start of the recording (rebuilt or given).
-    pub start_reserved_bytes: u64,
+    pub start_reserved_bytes: Bytes,
     /// The allocator was empty when the recording started.
     pub start_complete: bool,
     /// Pre-trace blocks whose size had to be inferred (snapshot).
@@ -131,15 +132,15 @@ impl ReplayReport {
             compared_events: 0,
             reserved_exact_events: 0,
             allocated_exact_events: None,
-            real_peak_reserved_bytes: 0,
-            simulated_peak_reserved_bytes: 0,
+            real_peak_reserved_bytes: Bytes::ZERO,
+            simulated_peak_reserved_bytes: Bytes::ZERO,
             segment_events_real: 0,
             segment_events_simulated: 0,
             segment_events_matched: 0,
             segment_frees_forced: 0,
             allocs: 0,
             address_exact_allocs: 0,
-            start_reserved_bytes: 0,
+            start_reserved_bytes: Bytes::ZERO,
             start_complete: false,
             start_state_inferred_blocks: 0,
             start_state_repairs: 0,

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{without_totals, Divergence, ReplayError, ReplayKind, ReplayReport};
 use crate::diag::Warning;
-use crate::simulator::{AllocatorConfig, BlockHandle, CachingAllocator, Device};
+use crate::simulator::{AllocatorConfig, BlockHandle, CachingAllocator, GpuMemory};
 use crate::trace::{self, Trace};
 use crate::units::Bytes;
 
@@ -153,7 +153,7 @@ pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     );
     r.events = events.len() as u64;
     r.compared_events = events.len() as u64;
-    let mut sim = CachingAllocator::new(config, Device::unlimited());
+    let mut sim = CachingAllocator::new(config, GpuMemory::unlimited());
 
     // Blocks freed in the window but allocated before it.
     let mut seen_alloc: BTreeSet<u64> = BTreeSet::new();
@@ -188,7 +188,7 @@ pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
         }
         carry_over(&mut live, &mut carry, &sim);
     }
-    r.start_reserved_bytes = events.first().map_or(0, |e| e.total_reserved);
+    r.start_reserved_bytes = Bytes(events.first().map_or(0, |e| e.total_reserved));
     sim.record_segment_changes(true);
     let _ = sim.take_segment_changes();
 
@@ -271,12 +271,12 @@ pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
                 }
             }
         }
-        r.real_peak_reserved_bytes = r.real_peak_reserved_bytes.max(e.total_reserved);
+        r.real_peak_reserved_bytes = r.real_peak_reserved_bytes.max(Bytes(e.total_reserved));
         sim_peak = sim_peak.max(sr + or);
         prev_real = Some((e.total_allocated, e.total_reserved));
         prev_sim_reserved = sim.reserved().get();
     }
-    r.simulated_peak_reserved_bytes = u64::try_from(sim_peak).unwrap_or(0);
+    r.simulated_peak_reserved_bytes = Bytes(u64::try_from(sim_peak).unwrap_or(0));
     r.allocated_exact_events = Some(allocated_exact);
     if !pre.is_empty() {
         r.warnings.push(Warning::new(

@@ -210,6 +210,43 @@ impl Trace {
     }
 }
 
+/// Which ops keep their argument shapes while the trace is read. Shapes are
+/// most of a trace's bytes and later stages read only a few ops' shapes, so
+/// the reader drops the others as it parses (it cannot ask later; it never
+/// holds the file). The list is the analyzer's: the parameter shapes on
+/// `AccumulateGrad`, and the tensor-list length of the collate ops for the
+/// batch size ([`crate::analyzer::COLLATE_OPS`],
+/// [`crate::analyzer::ACCUMULATE_GRAD`]; a test there checks that this list
+/// covers them). The analyzer checks op names itself and never relies on
+/// this filter for correctness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgsKept {
+    /// Ops whose name contains one of these keep `Input Dims` and `Input type`.
+    pub shapes_of_ops_containing: &'static [&'static str],
+    /// Ops with one of these names keep the length of a tensor-list first argument.
+    pub list_len_of_ops: &'static [&'static str],
+}
+
+/// The ops whose argument shapes the reader keeps (see [`ArgsKept`]).
+pub const ARGS_KEPT: ArgsKept = ArgsKept {
+    shapes_of_ops_containing: &["AccumulateGrad"],
+    list_len_of_ops: &["aten::stack", "aten::cat"],
+};
+
+impl ArgsKept {
+    /// Whether an op of this name keeps its shapes.
+    pub fn keeps_shapes(&self, op: &str) -> bool {
+        self.shapes_of_ops_containing
+            .iter()
+            .any(|part| op.contains(part))
+    }
+
+    /// Whether an op of this name keeps its tensor-list length.
+    pub fn keeps_list_len(&self, op: &str) -> bool {
+        self.list_len_of_ops.contains(&op)
+    }
+}
+
 /// The most bytes a gzip trace may decompress to. Past it the file is refused
 /// as [`TraceError::GzipTooLarge`] instead of exhausting memory (a "gzip
 /// bomb" of a few MB can expand to many GB). Real traces of a few profiled

@@ -99,7 +99,7 @@ pub fn compare_settings(
         variant.alloc_conf = conf.clone();
         let report = estimate_schedule(prepared, schedule.clone(), &variant)?;
         let stats = simulate_stats(schedule, config, &allocator);
-        let mut at_peak = (0u64, 0u64);
+        let mut at_peak = (Bytes::ZERO, Bytes::ZERO);
         for sample in &stats.after_event {
             if sample.reserved > at_peak.0 {
                 at_peak = (sample.reserved, sample.allocated);
@@ -113,7 +113,7 @@ pub fn compare_settings(
             conf: conf.clone(),
             peak,
             delta_total_bytes: signed_delta(peak.total_bytes, baseline),
-            fragmentation_bytes: Bytes(at_peak.0.saturating_sub(at_peak.1)),
+            fragmentation_bytes: at_peak.0.saturating_sub(at_peak.1),
             peak_segments: stats.peak.segments,
             device_allocs: stats.final_stats.num_device_alloc,
             fits: fits_of(&report),

@@ -42,6 +42,7 @@ pub mod zero_grad;
 
 use serde::{Deserialize, Serialize};
 
+use crate::diag::Setting;
 use crate::orchestrator::{Schedule, ScheduleEvent};
 use crate::pipeline::{Config, Error, Prepared};
 use crate::report::Report;
@@ -64,12 +65,33 @@ pub enum WhatIfError {
     Inconsistent(String),
     #[error("the traces do not have the same sequence of blocks, so they are not the same job at different batch sizes: profile the same script with only the batch size changed, got block counts {0:?}")]
     DifferentJobs(Vec<usize>),
-    #[error("a distributed job needs at least one GPU: pass --world-size 1 or more, got {0:?}")]
+    #[error(
+        "a distributed job needs at least one GPU: set the number of GPUs to 1 or more, got {0:?}"
+    )]
     ZeroWorld(u32),
-    #[error("a batch size must be at least 1: pass --at 1 or more, got {0:?}")]
+    #[error(
+        "a batch size must be at least 1: set the batch size to evaluate to 1 or more, got {0:?}"
+    )]
     ZeroBatch(u32),
-    #[error("the batch size of a trace could not be identified from its data loader: pass the batch sizes explicitly with --batch, trace {0:?}")]
+    #[error("the batch size of a trace could not be identified from its data loader: give the batch size of each trace, trace {0:?}")]
     UnknownBatch(String),
+}
+
+impl WhatIfError {
+    /// The setting the message asks the user to give, if any.
+    pub fn setting(&self) -> Option<Setting> {
+        match self {
+            WhatIfError::Pipeline(err) => err.setting(),
+            WhatIfError::ZeroWorld(_) => Some(Setting::WorldSize),
+            WhatIfError::ZeroBatch(_) => Some(Setting::TargetBatch),
+            WhatIfError::UnknownBatch(_) => Some(Setting::BatchSizes),
+            WhatIfError::NoGradients(_)
+            | WhatIfError::TooFewTraces(_)
+            | WhatIfError::SameBatch(_)
+            | WhatIfError::Inconsistent(_)
+            | WhatIfError::DifferentJobs(_) => None,
+        }
+    }
 }
 
 /// The peak of one simulated variant, as `memcast estimate` reports it.
@@ -142,7 +164,7 @@ pub fn simulate_stats(
     allocator: &AllocatorConfig,
 ) -> Simulation {
     let (ops, _) = crate::pipeline::schedule_ops(schedule, &config.reference);
-    simulator::simulate(&ops, allocator, &simulator::Device::unlimited())
+    simulator::simulate(&ops, allocator, &simulator::GpuMemory::unlimited())
 }
 
 /// Where a retimed event goes.

@@ -35,8 +35,8 @@ fn figures(r: &ReplayReport) -> Vec<String> {
             r.segment_events_real,
             r.segment_events_matched,
             r.segment_events_simulated,
-            r.real_peak_reserved_bytes,
-            r.simulated_peak_reserved_bytes,
+            r.real_peak_reserved_bytes.get(),
+            r.simulated_peak_reserved_bytes.get(),
             r.start_state_repairs,
         ]
         .map(|v| v.to_string()),

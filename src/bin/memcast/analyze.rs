@@ -31,6 +31,8 @@ fn mib(bytes: Bytes) -> String {
     )
 }
 
+/// Prints the summary as text: iterations with their phases, blocks, roles,
+/// optimizer, zero_grad, bytes by phase, top layers and warnings.
 fn print_text(s: &AnalysisSummary) {
     use std::fmt::Write as _;
     let mut out = String::new();

@@ -8,6 +8,7 @@ mod estimate;
 mod presets;
 mod replay;
 mod source;
+mod terms;
 mod whatif;
 
 use std::io::Write as _;
@@ -72,7 +73,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            let _ = writeln!(std::io::stderr().lock(), "error: {err:#}");
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "error: {}",
+                terms::error_line(&err)
+            );
             ExitCode::FAILURE
         }
     }

@@ -257,6 +257,8 @@ fn percent(part: Bytes, whole: Bytes) -> String {
     format!("{}.{}%", tenths / 10, tenths % 10)
 }
 
+/// Prints the planned-allocation what-if: the lower bound, both planners'
+/// plans, PyTorch's allocated and reserved, and the kept plan's groups.
 fn print_plan(out: &mut String, result: &planned::PlanResult) {
     let _ = writeln!(
         out,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::dropped::dropped_by;
-use super::iterations::{allocations_of, phase_of, IterationPlan};
+use super::iterations::{allocations_of, IterationPlan};
 use super::order::Key;
 use super::{name_of, Item, RuleCounts};
 use crate::analyzer::{self, Analysis, Block, BlockRole};
@@ -155,7 +155,7 @@ fn item_of(
         size: block.size,
         category: category_of(block),
         iteration,
-        phase: phase_of(block.alloc_phase),
+        phase: block.alloc_phase,
         op: name_of(analysis, block.alloc_op_name),
         layer: name_of(analysis, block.layer),
         alloc: Key::captured(

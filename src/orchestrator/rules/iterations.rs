@@ -2,9 +2,9 @@
 //! repeats, and where the copies go on the schedule's clock; the phase
 //! windows and iteration spans of the simulated run.
 
-use crate::analyzer::{self, Analysis, Block};
+use crate::analyzer::{Analysis, Block};
 use crate::diag::Warning;
-use crate::orchestrator::schedule::{IterationSpan, Phase, PhaseWindow};
+use crate::orchestrator::schedule::{IterationSpan, PhaseWindow};
 use crate::units::Nanos;
 
 /// One simulated iteration: the captured iteration it repeats, shifted.
@@ -139,18 +139,6 @@ fn same_allocations(analysis: &Analysis, a: usize, b: usize) -> bool {
         && first.iter().zip(&second).all(|(x, y)| x.size == y.size)
 }
 
-/// Maps the analyzer's phase to the schedule's.
-pub(super) fn phase_of(phase: analyzer::Phase) -> Phase {
-    match phase {
-        analyzer::Phase::DataLoading => Phase::DataLoading,
-        analyzer::Phase::ZeroGrad => Phase::ZeroGrad,
-        analyzer::Phase::Forward => Phase::Forward,
-        analyzer::Phase::Backward => Phase::Backward,
-        analyzer::Phase::OptimizerStep => Phase::OptimizerStep,
-        analyzer::Phase::Other => Phase::Other,
-    }
-}
-
 /// The phase windows of every simulated iteration on the schedule's clock,
 /// by start time (then iteration).
 pub(super) fn phase_windows(analysis: &Analysis, plan: &IterationPlan) -> Vec<PhaseWindow> {
@@ -162,7 +150,7 @@ pub(super) fn phase_windows(analysis: &Analysis, plan: &IterationPlan) -> Vec<Ph
         for span in &iteration.phases {
             out.push(PhaseWindow {
                 iteration: copy.simulated,
-                phase: phase_of(span.phase),
+                phase: span.phase,
                 start: span.start.saturating_add(copy.offset),
                 end: span.end.saturating_add(copy.offset),
             });

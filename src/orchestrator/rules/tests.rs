@@ -1,4 +1,7 @@
 //! The rules on a hand-built training loop.
+//!
+//! Long file: the rules' tests share one hand-built training loop (`Loop`),
+//! so they stay together.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +31,8 @@ struct Loop {
 const PERIOD: i64 = 1_000;
 
 impl Loop {
+    /// The loop's analysis without blocks: names, three iterations with
+    /// their phases, the parameters and the optimizer facts.
     fn new(optimizer: &str) -> Loop {
         let names = vec![
             "M_0/Linear_0".to_owned(),

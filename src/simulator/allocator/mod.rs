@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::config::{round_up, AllocatorConfig, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE};
-use super::device::Device;
+use super::device::GpuMemory;
 use super::Stats;
 use crate::units::Bytes;
 
@@ -225,7 +225,7 @@ struct Counters {
 #[derive(Debug, Clone)]
 pub struct CachingAllocator {
     config: AllocatorConfig,
-    device: Device,
+    device: GpuMemory,
     memory_limit: Option<u64>,
     blocks: Vec<Block>,
     spare: Vec<u32>,
@@ -250,7 +250,7 @@ pub struct CachingAllocator {
 
 impl CachingAllocator {
     /// An empty allocator.
-    pub fn new(config: AllocatorConfig, device: Device) -> CachingAllocator {
+    pub fn new(config: AllocatorConfig, device: GpuMemory) -> CachingAllocator {
         let memory_limit = device.memory_limit.map(Bytes::get).or_else(|| {
             let fraction = config.per_process_memory_fraction?;
             let capacity = device.capacity?.get();
