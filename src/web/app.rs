@@ -8,7 +8,7 @@ use web_sys::{Blob, File, HtmlCanvasElement, Worker};
 
 use super::bridge;
 use super::charts::{self, Band};
-use super::controls::{GpuSettings, StatusLine, TraceInput, WhatIfSection};
+use super::controls::{GpuSettings, Status, StatusLine, TraceInput, WhatIfSection};
 use super::format::{exact, gib, seconds, short, thousands};
 use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
@@ -29,21 +29,6 @@ const DEFAULT_GPUS: [&str; 6] = [
     "a100-80gb",
     "h100-80gb",
 ];
-
-/// What the page shows, as plain values.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum Status {
-    /// The worker has not said "ready" yet.
-    Starting,
-    /// Waiting for input.
-    Idle,
-    /// The worker is busy.
-    Working {
-        label: String,
-        done: u64,
-        total: u64,
-    },
-}
 
 /// An estimate on screen.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,16 +1,30 @@
 //! The page's controls: the trace input, the worker's status line, the GPU
 //! and allocator settings, and the what-if buttons. Each is a component that
 //! owns its own transient state and reports what the user did through a
-//! callback; the estimate's state lives in [`super::app`].
+//! callback; the estimate's state lives in the page (`app.rs`).
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::{File, HtmlInputElement};
 
-use super::app::Status;
 use super::whatif::WhatIfPanel;
 use crate::presets::{self, PRESETS};
 use crate::whatif::{WhatIfKind, WhatIfResult};
+
+/// What the worker is doing, as the status line shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Status {
+    /// The worker has not said "ready" yet.
+    Starting,
+    /// Waiting for input.
+    Idle,
+    /// The worker is busy.
+    Working {
+        label: String,
+        done: u64,
+        total: u64,
+    },
+}
 
 /// The drop zone and file picker: hands the dropped or picked file on.
 #[component]

@@ -146,24 +146,35 @@ fn names_a_flag(text: &str) -> bool {
     })
 }
 
-#[test]
-fn only_the_trace_module_reads_profiler_json() {
+/// The findings of `check` on every non-test line of the files of `src/`
+/// outside the folders `skip`, as `path:line: finding`.
+fn scan(skip: &[&str], check: impl Fn(&str) -> Vec<String>) -> Vec<String> {
     let (src, files) = src_files();
     let mut found = Vec::new();
-    for path in &files {
-        if path.starts_with(src.join("trace")) || path.starts_with(src.join("bin")) {
-            continue;
-        }
+    for path in files
+        .iter()
+        .filter(|path| !skip.iter().any(|dir| path.starts_with(src.join(dir))))
+    {
         let text = std::fs::read_to_string(path).unwrap();
         for (line_number, line) in non_test_lines(&text) {
-            let code = line.split("//").next().unwrap_or("");
-            for needle in ["serde_json::Value", "traceEvents"] {
-                if code.contains(needle) {
-                    found.push(format!("{}:{line_number}: {needle}", path.display()));
-                }
+            for finding in check(line) {
+                found.push(format!("{}:{line_number}: {finding}", path.display()));
             }
         }
     }
+    found
+}
+
+#[test]
+fn only_the_trace_module_reads_profiler_json() {
+    let found = scan(&["trace", "bin"], |line| {
+        let code = line.split("//").next().unwrap_or("");
+        ["serde_json::Value", "traceEvents"]
+            .into_iter()
+            .filter(|needle| code.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    });
     assert!(
         found.is_empty(),
         "only src/trace/ reads the profiler's JSON:\n{}",
@@ -173,21 +184,13 @@ fn only_the_trace_module_reads_profiler_json() {
 
 #[test]
 fn core_strings_name_no_command_line_flag() {
-    let (src, files) = src_files();
-    let mut found = Vec::new();
-    for path in &files {
-        if path.starts_with(src.join("web")) || path.starts_with(src.join("bin")) {
-            continue;
-        }
-        let text = std::fs::read_to_string(path).unwrap();
-        for (line_number, line) in non_test_lines(&text) {
-            for literal in string_literals(line) {
-                if names_a_flag(&literal) {
-                    found.push(format!("{}:{line_number}: {literal:?}", path.display()));
-                }
-            }
-        }
-    }
+    let found = scan(&["web", "bin"], |line| {
+        string_literals(line)
+            .into_iter()
+            .filter(|literal| names_a_flag(literal))
+            .map(|literal| format!("{literal:?}"))
+            .collect()
+    });
     assert!(
         found.is_empty(),
         "core messages speak the user's terms (name the diag::Setting; the shells add their flag):\n{}",

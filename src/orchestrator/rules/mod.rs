@@ -54,7 +54,8 @@ use crate::units::{Bytes, Nanos};
 use order::Key;
 
 /// An orchestration rule. The report counts what each did under its
-/// [`RuleId::name`] (its serde name).
+/// [`RuleId::name`] (its serde name), in declaration order, which is the
+/// order the rules apply in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RuleId {
@@ -217,9 +218,10 @@ pub(crate) fn apply_all(
         iterations_captured: count(analysis.iterations.len()),
         iterations_simulated: count(plan.copies.len()),
         foreach_modelled,
-        rule_counts: RuleId::ALL
-            .iter()
-            .filter_map(|&rule| counts.get(&rule).map(|&blocks| RuleCount { rule, blocks }))
+        // In rule order: `RuleId`'s order is its declaration order.
+        rule_counts: counts
+            .into_iter()
+            .map(|(rule, blocks)| RuleCount { rule, blocks })
             .collect(),
     };
     let mut schedule = into_schedule(items, iterations::iteration_spans(analysis, &plan));

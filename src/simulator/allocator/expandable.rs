@@ -104,19 +104,7 @@ impl CachingAllocator {
     ) -> u32 {
         let seg = self.expandable.len() as u32;
         self.expandable.push(ExpandableSegment { base, page });
-        let id = self.new_block(Block {
-            addr: base,
-            size,
-            requested: 0,
-            stream,
-            pool,
-            allocated: false,
-            mapped: false,
-            seg,
-            prev: NIL,
-            next: NIL,
-            gc_base: 0,
-        });
+        let id = self.new_block(Block::unmapped(base, size, stream, pool, seg));
         self.pool_mut(pool).unmapped.insert((stream, base), id);
         id
     }

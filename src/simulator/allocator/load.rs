@@ -173,19 +173,7 @@ impl CachingAllocator {
         self.next_addr = self
             .next_addr
             .max(base.saturating_add(va).saturating_add(GIB));
-        let template = Block {
-            addr: base,
-            size: 0,
-            requested: 0,
-            stream: stream_idx,
-            pool,
-            allocated: false,
-            mapped: false,
-            seg,
-            prev: NIL,
-            next: NIL,
-            gc_base: 0,
-        };
+        let template = Block::unmapped(base, 0, stream_idx, pool, seg);
         let mut prev = NIL;
         let mut at = base;
         let mut out = Vec::new();

@@ -177,6 +177,23 @@ struct Block {
 }
 
 impl Block {
+    /// A free, unmapped block of expandable segment `seg`, not linked yet.
+    fn unmapped(addr: u64, size: u64, stream: u32, pool: PoolKind, seg: u32) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            allocated: false,
+            mapped: false,
+            seg,
+            prev: NIL,
+            next: NIL,
+            gc_base: 0,
+        }
+    }
+
     fn whole(&self) -> bool {
         self.prev == NIL && self.next == NIL
     }
