@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use memcast::simulator::{simulate, AllocatorConfig, Device, SimOp};
+use memcast::simulator::{simulate, AllocatorConfig, GpuMemory, SimOp};
 use memcast::Bytes;
 
 struct Lcg(u64);
@@ -106,7 +106,7 @@ fn time(name: &str, ops: &[SimOp], config: &AllocatorConfig) {
     if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
         return;
     }
-    let device = Device::unlimited();
+    let device = GpuMemory::unlimited();
     let mut runs = Vec::new();
     let mut cpu = Vec::new();
     let mut peak = 0;

@@ -38,7 +38,7 @@ fn prepare(name: &str, config: &Config) -> Prepared {
 
 fn main() {
     let gpu = ["a100-80gb".to_owned()];
-    let config = Config::standard().with_gpus(&gpu).unwrap();
+    let config = Config::for_gpus(&gpu[0], &gpu).unwrap();
     let mut points_only = config.clone();
     points_only.gpus.clear();
     let at: Vec<u32> = (1..=50).collect();

@@ -10,9 +10,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::permalink::TraceIdentity;
+use crate::pipeline::{Config, Stage};
 use crate::report::Report;
 use crate::whatif::{WhatIfKind, WhatIfResult};
-use crate::{Config, Stage};
 
 /// Page → worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

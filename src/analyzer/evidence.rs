@@ -8,14 +8,14 @@ use super::lifecycle::Life;
 use super::phases::{locate, OPT_STEP_PREFIX, ZERO_GRAD_PREFIX};
 use super::spans::SpanIndex;
 use super::{
-    Analysis, AnalyzerConfig, BlockRole, DeviceSummary, Iteration, LayerBytes, Names,
-    OptimizerFacts, Parameter, ParameterTotals, Peak, Phase, ZeroGradFacts, ZeroGradPlacement,
+    Analysis, AnalyzerConfig, BlockRole, DeviceSummary, Iteration, LayerAtPeak, Names,
+    OptimizerFacts, Parameter, ParameterTotals, Phase, TracePeak, ZeroGradFacts, ZeroGradPlacement,
 };
 use crate::diag::Warning;
 use crate::trace::{Device, NameId, Trace};
 use crate::units::{Bytes, Nanos};
 
-const ACCUMULATE_GRAD: &str = "torch::autograd::AccumulateGrad";
+use super::ACCUMULATE_GRAD;
 const FOREACH_PREFIX: &str = "aten::_foreach_";
 
 /// Fills the op, layer, iteration, phase and internal-ness of every block.
@@ -126,6 +126,13 @@ struct AccCall {
     bytes: u64,
 }
 
+/// Finds the evidence the orchestrator needs in the paired blocks and the
+/// span index: the parameters (from the first iteration's `AccumulateGrad`
+/// shapes and dtypes, in reverse call order = module order), the gradient
+/// blocks they produce, the optimizer and its state blocks, `zero_grad`
+/// placement and `set_to_none`, and the batch blocks of the data loader;
+/// each block gets its role. Long because each finding uses the ones before
+/// (gradients need parameters, state needs the step spans).
 pub(crate) fn evidence(
     trace: &Trace,
     life: &mut Life,
@@ -475,7 +482,7 @@ pub(crate) fn assemble(
         .map_or(Device::Cpu, |(d, _)| *d);
 
     let mut running: i64 = 0;
-    let mut peak = Peak::default();
+    let mut peak = TracePeak::default();
     for (i, event) in life.events.iter().enumerate() {
         if let Some(it) = event.iteration.and_then(|i| iterations.get_mut(i)) {
             if event.delta > 0 {
@@ -496,7 +503,7 @@ pub(crate) fn assemble(
             it.peak = it.peak.max(now);
         }
         if now > peak.bytes {
-            peak = Peak {
+            peak = TracePeak {
                 bytes: now,
                 event: i,
                 ts: event.ts,
@@ -515,9 +522,9 @@ pub(crate) fn assemble(
             slot.1 += 1;
         }
     }
-    let mut layers_at_peak: Vec<LayerBytes> = by_layer
+    let mut layers_at_peak: Vec<LayerAtPeak> = by_layer
         .into_iter()
-        .map(|(layer, (bytes, n_blocks))| LayerBytes {
+        .map(|(layer, (bytes, n_blocks))| LayerAtPeak {
             layer,
             bytes,
             n_blocks,

@@ -16,6 +16,12 @@ pub(crate) struct Life {
     pub unmatched_frees: Vec<usize>,
 }
 
+/// Pairs every `[memory]` allocation with its free by address, in time
+/// order, into block lifetimes: an address allocated twice without a free
+/// closes the first block, a free without an allocation is a free of
+/// pre-profiling memory (`unmatched_frees`), and each block records the op,
+/// time and event index of both ends. Warnings say how many of each oddity
+/// were seen.
 pub(crate) fn pair_blocks(trace: &Trace, origin: Nanos, warnings: &mut Vec<Warning>) -> Life {
     let mut events = Vec::with_capacity(trace.memory.len());
     let mut blocks: Vec<Block> = Vec::new();

@@ -35,6 +35,12 @@ mod evidence;
 mod lifecycle;
 mod phases;
 mod spans;
+mod summary;
+
+pub use summary::{
+    summarize, AnalysisSummary, IterationSummary, LayerSummary, ParameterSummary, PhaseBytes,
+    PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -43,6 +49,14 @@ use serde::{Deserialize, Serialize};
 use crate::diag::{Warned, Warning};
 use crate::trace::{Device, NameId, Trace};
 use crate::units::{Bytes, Nanos};
+
+/// The autograd node that accumulates a parameter's gradient: its input
+/// shape and dtype are the parameter's.
+pub const ACCUMULATE_GRAD: &str = "torch::autograd::AccumulateGrad";
+
+/// The ops a data loader's collate function stacks the samples with: the
+/// length of their tensor-list argument is the batch size.
+pub const COLLATE_OPS: &[&str] = &["aten::stack", "aten::cat"];
 
 /// Settings of the analyzer. Build one with [`AnalyzerConfig::standard`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,10 +85,16 @@ impl AnalyzerConfig {
     }
 }
 
-/// The phase of a training iteration an instant falls in.
+/// The phase of a training run an instant, a block or an event belongs to:
+/// the analyzer places the trace's instants in the phases of their
+/// iteration, the orchestrator adds the setup before the first one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Before the first iteration: `model.to(device)`, the optimizer
+    /// constructor. Only the orchestrator's setup blocks are here; the
+    /// analyzer never places an instant of the trace in it.
+    Setup,
     /// Inside the DataLoader `__next__` annotation.
     DataLoading,
     /// Inside an `Optimizer.zero_grad#...` annotation.
@@ -91,7 +111,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// Every phase, in display order.
+    /// Every phase of an iteration, in display order.
     pub const ALL: [Phase; 6] = [
         Phase::DataLoading,
         Phase::ZeroGrad,
@@ -104,6 +124,7 @@ impl Phase {
     /// A short lowercase label.
     pub fn label(self) -> &'static str {
         match self {
+            Phase::Setup => "setup",
             Phase::DataLoading => "data_loading",
             Phase::ZeroGrad => "zero_grad",
             Phase::Forward => "forward",
@@ -320,7 +341,7 @@ pub struct DeviceSummary {
 
 /// Bytes of live blocks attributed to one layer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LayerBytes {
+pub struct LayerAtPeak {
     /// `None`: blocks with no layer (outside every `nn.Module`).
     pub layer: Option<NameId>,
     pub bytes: Bytes,
@@ -329,7 +350,7 @@ pub struct LayerBytes {
 
 /// The highest running total of the trace's own allocations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Peak {
+pub struct TracePeak {
     pub bytes: Bytes,
     /// The event right after which the peak is reached.
     pub event: usize,
@@ -356,9 +377,9 @@ pub struct Analysis {
     pub zero_grad: ZeroGradFacts,
     pub optimizer: OptimizerFacts,
     pub devices: DeviceSummary,
-    pub peak: Peak,
+    pub peak: TracePeak,
     /// Live bytes per layer at [`Analysis::peak`], largest first (ties by name).
-    pub layers_at_peak: Vec<LayerBytes>,
+    pub layers_at_peak: Vec<LayerAtPeak>,
     /// Samples per batch as the data loader made it, when the trace shows it
     /// (see [`loader_batch_size`]).
     #[serde(default)]
@@ -386,6 +407,7 @@ pub fn loader_batch_size(trace: &Trace) -> Option<u32> {
         .ops
         .iter()
         .filter(|o| o.start >= start && o.start <= end)
+        .filter(|o| COLLATE_OPS.contains(&trace.name(o.name)))
         .filter_map(|o| o.tensor_list_len.filter(|&n| n > 0).map(|n| (o.start, n)))
         .min()
         .map(|(_, n)| n)
@@ -536,6 +558,13 @@ impl Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trace_reader_keeps_the_shapes_the_analyzer_reads() {
+        let kept = crate::trace::ARGS_KEPT;
+        assert!(kept.keeps_shapes(ACCUMULATE_GRAD));
+        assert!(COLLATE_OPS.iter().all(|op| kept.keeps_list_len(op)));
+    }
 
     #[test]
     fn batch_size_is_read_from_the_first_collate_op_of_the_loader() {

@@ -153,6 +153,12 @@ pub(crate) struct SpanIndex {
 const MODULE_PREFIX: &str = "nn.Module: ";
 
 impl SpanIndex {
+    /// Indexes the trace's spans once for every later lookup: ops, Python
+    /// frames and annotations per thread sorted by start, the `nn.Module`
+    /// frame stack of each op (its layer), forward↔backward links from
+    /// `fwdbwd` flows and sequence numbers, and the interned names the
+    /// analysis keeps. Long because the per-thread stacks are built in one
+    /// pass over each kind of span.
     pub fn build(
         trace: &Trace,
         origin: Nanos,

@@ -5,7 +5,8 @@
 //! allocations and frees for the simulator, each tagged with its category
 //! (parameter, gradient, optimizer state, activation, batch, temporary) and layer.
 //!
-//! Every adjustment is a named, documented rule (see [`rules`]): parameters
+//! Every adjustment is a named, documented rule (see [`rules`] and
+//! [`RuleId`]): parameters
 //! (absent from the trace, inferred and allocated first), batch hand-over,
 //! CPU-only kernel scratch dropped, gradients live until the `zero_grad` that
 //! frees them, optimizer state persistent from the first step (or added by
@@ -20,14 +21,14 @@ mod schedule;
 
 use serde::{Deserialize, Serialize};
 
-pub use rules::{foreach_temporary_lists, Rule, RULES};
+pub use rules::{foreach_temporary_lists, RuleId, CUBLAS_OPS};
 pub use schedule::{
     BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
     ScheduledBlock,
 };
 
 use crate::analyzer::Analysis;
-use crate::diag::{Warned, Warning};
+use crate::diag::{Setting, Warned, Warning};
 
 /// Which optimizer implementation the simulated CUDA run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,7 +76,7 @@ pub struct OrchestrationFacts {
 /// How many blocks one rule added, dropped or moved.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RuleCount {
-    pub rule: String,
+    pub rule: RuleId,
     pub blocks: u32,
 }
 
@@ -92,12 +93,24 @@ pub struct Orchestrated {
 pub enum OrchestrateError {
     #[error("the trace has no memory blocks to orchestrate: profile at least one training iteration with profile_memory=True")]
     NoBlocks,
-    #[error("at least one iteration must be simulated: pass --iterations 1 or more, got {0:?}")]
+    #[error("at least one iteration must be simulated: set the number of iterations to 1 or more, got {0:?}")]
     NoIterations(u32),
-    #[error("too many iterations: peak memory is steady after the first few, pass --iterations {MAX_ITERATIONS} or fewer, got {0:?}")]
+    #[error("too many iterations: peak memory is steady after the first few, set the number of iterations to {MAX_ITERATIONS} or fewer, got {0:?}")]
     TooManyIterations(u32),
     #[error("the orchestrated schedule is inconsistent, which is a bug in memcast: please report it with the trace, details {0:?}")]
     Inconsistent(String),
+}
+
+impl OrchestrateError {
+    /// The setting the message asks the user to change, if any.
+    pub fn setting(&self) -> Option<Setting> {
+        match self {
+            OrchestrateError::NoIterations(_) | OrchestrateError::TooManyIterations(_) => {
+                Some(Setting::Iterations)
+            }
+            OrchestrateError::NoBlocks | OrchestrateError::Inconsistent(_) => None,
+        }
+    }
 }
 
 /// The most iterations [`orchestrate`] simulates: memory is in steady state

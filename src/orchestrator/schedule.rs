@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::analyzer::Phase;
 use crate::units::{Bytes, Nanos};
 
 /// What a block of device memory holds. The report's breakdown has one entry
@@ -40,21 +41,6 @@ impl Category {
         Category::Temporary,
         Category::Workspace,
     ];
-}
-
-/// The part of a training iteration a block or event belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Before the first iteration: `model.to(device)`, optimizer constructor.
-    Setup,
-    DataLoading,
-    ZeroGrad,
-    Forward,
-    Backward,
-    OptimizerStep,
-    /// Inside an iteration but in none of the phases above (e.g. `loss.item()`).
-    Other,
 }
 
 /// The index of a block in [`Schedule::blocks`].

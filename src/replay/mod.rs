@@ -8,21 +8,27 @@
 //!   the trace backwards from the final `segments`, then the trace is replayed
 //!   forwards, comparing every segment decision, every reserved value and every
 //!   block address ([`replay_snapshot`]);
-//! - `torch.profiler` Chrome traces with `profile_memory=True` — their
-//!   `[memory]` events carry the real `Total Allocated`/`Total Reserved` after
-//!   every event ([`replay_profiler`]).
+//! - `torch.profiler` Chrome traces with `profile_memory=True` — read by
+//!   [`crate::trace`] like any trace; their GPU `[memory]` events carry the
+//!   real `Total Allocated`/`Total Reserved` after every event
+//!   ([`replay_profiler`]).
+//!
+//! Gzip is decoded by [`crate::trace::gunzip`], the trace reader's decoder.
 //!
 //! Pure: bytes in, [`ReplayReport`] out; no I/O.
+
+// A bug here must not kill the browser's worker: every index is checked.
+#![deny(clippy::indexing_slicing)]
 
 mod pickle;
 mod profiler;
 mod snapshot;
 
-use std::io::Read;
-
 use serde::{Deserialize, Serialize};
 
 use crate::diag::Warning;
+use crate::trace::{self, TraceError};
+use crate::units::Bytes;
 
 pub use profiler::replay_profiler;
 pub use snapshot::replay_snapshot;
@@ -33,12 +39,10 @@ pub const SCHEMA: &str = "memcast.replay/1";
 /// Why a file could not be replayed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReplayError {
-    #[error(
-        "the gzip stream is corrupt; pass an intact .gz file or the uncompressed file, got {0:?}"
-    )]
-    Gzip(String),
-    #[error("the gzip data expands to more than {0} bytes, the most memcast reads (a damaged file or a gzip bomb); pass a smaller capture, got more")]
-    GzipTooLarge(u64),
+    /// The file is gzip that does not decode, or a profiler trace that does
+    /// not read.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
     #[error("file is neither a pickled memory snapshot nor a profiler trace; pass a torch.cuda.memory._dump_snapshot pickle or a torch.profiler .json trace, got first byte {0:?}")]
     UnknownFormat(u8),
     #[error("the pickle ends early; pass the complete snapshot file, got truncation at byte {0}")]
@@ -51,10 +55,6 @@ pub enum ReplayError {
     SnapshotField(&'static str),
     #[error("the rebuilt start state cannot be loaded into the simulator; the snapshot is inconsistent, got {0:?}")]
     StartState(String),
-    #[error(
-        "the profiler trace is not valid JSON; pass a trace exported by torch.profiler, got {0:?}"
-    )]
-    TraceJson(String),
     #[error("the profiler trace has no GPU [memory] events with totals; record with profile_memory=True on a CUDA device, got {0:?}")]
     NoMemoryEvents(String),
 }
@@ -92,8 +92,8 @@ pub struct ReplayReport {
     pub reserved_exact_events: u64,
     /// Profiler only: events where simulated allocated equals `Total Allocated`.
     pub allocated_exact_events: Option<u64>,
-    pub real_peak_reserved_bytes: u64,
-    pub simulated_peak_reserved_bytes: u64,
+    pub real_peak_reserved_bytes: Bytes,
+    pub simulated_peak_reserved_bytes: Bytes,
     /// Real segment_alloc + segment_free (profiler: changes of `Total Reserved`).
     pub segment_events_real: u64,
     /// Segment allocations/frees/maps/unmaps the simulator made.
@@ -108,7 +108,7 @@ pub struct ReplayReport {
     /// Allocations placed at the same address as the real allocator.
     pub address_exact_allocs: u64,
     /// Reserved bytes at the start of the recording (rebuilt or given).
-    pub start_reserved_bytes: u64,
+    pub start_reserved_bytes: Bytes,
     /// The allocator was empty when the recording started.
     pub start_complete: bool,
     /// Pre-trace blocks whose size had to be inferred (snapshot).
@@ -132,15 +132,15 @@ impl ReplayReport {
             compared_events: 0,
             reserved_exact_events: 0,
             allocated_exact_events: None,
-            real_peak_reserved_bytes: 0,
-            simulated_peak_reserved_bytes: 0,
+            real_peak_reserved_bytes: Bytes::ZERO,
+            simulated_peak_reserved_bytes: Bytes::ZERO,
             segment_events_real: 0,
             segment_events_simulated: 0,
             segment_events_matched: 0,
             segment_frees_forced: 0,
             allocs: 0,
             address_exact_allocs: 0,
-            start_reserved_bytes: 0,
+            start_reserved_bytes: Bytes::ZERO,
             start_complete: false,
             start_state_inferred_blocks: 0,
             start_state_repairs: 0,
@@ -168,28 +168,9 @@ impl ReplayReport {
     }
 }
 
-/// Decompresses gzip input; returns other input unchanged.
-pub fn maybe_gunzip(data: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ReplayError> {
-    if data.starts_with(&[0x1f, 0x8b]) {
-        let limit = crate::trace::MAX_DECOMPRESSED_BYTES;
-        let mut out = Vec::new();
-        // Read one byte past the limit to tell "at the limit" from "beyond".
-        flate2::read::MultiGzDecoder::new(data)
-            .take(limit.saturating_add(1))
-            .read_to_end(&mut out)
-            .map_err(|e| ReplayError::Gzip(e.to_string()))?;
-        if out.len() as u64 > limit {
-            return Err(ReplayError::GzipTooLarge(limit));
-        }
-        Ok(std::borrow::Cow::Owned(out))
-    } else {
-        Ok(std::borrow::Cow::Borrowed(data))
-    }
-}
-
 /// Replays a snapshot pickle or a profiler trace, gzip or plain.
 pub fn replay(data: &[u8]) -> Result<ReplayReport, ReplayError> {
-    let data = maybe_gunzip(data)?;
+    let data = trace::gunzip(data)?;
     let first = data
         .iter()
         .copied()
@@ -197,7 +178,21 @@ pub fn replay(data: &[u8]) -> Result<ReplayReport, ReplayError> {
         .unwrap_or(0);
     match first {
         0x80 => replay_snapshot(&data),
-        b'{' | b'[' => replay_profiler(&data),
+        b'{' | b'[' => {
+            let trace = trace::parse(&data).map_err(|err| match err {
+                TraceError::NoMemoryEvents => ReplayError::NoMemoryEvents(without_totals(0)),
+                TraceError::MemoryEventsWithoutAddress(n) => {
+                    ReplayError::NoMemoryEvents(without_totals(n))
+                }
+                other => ReplayError::Trace(other),
+            })?;
+            replay_profiler(&trace.value)
+        }
         other => Err(ReplayError::UnknownFormat(other)),
     }
+}
+
+/// What a profiler trace without usable GPU `[memory]` events had instead.
+fn without_totals(n: usize) -> String {
+    format!("{n} GPU [memory] events without Addr/Total Allocated/Total Reserved")
 }

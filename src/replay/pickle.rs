@@ -111,28 +111,34 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], ReplayError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
-        let Some(end) = end else {
+        let out = end.and_then(|end| self.data.get(self.pos..end));
+        let (Some(end), Some(out)) = (end, out) else {
             return Err(ReplayError::PickleTruncated(self.pos));
         };
-        let out = &self.data[self.pos..end];
         self.pos = end;
         Ok(out)
     }
 
+    /// The next `N` bytes as an array.
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ReplayError> {
+        let at = self.pos;
+        <[u8; N]>::try_from(self.take(N)?).map_err(|_| ReplayError::PickleTruncated(at))
+    }
+
     fn u8(&mut self) -> Result<u8, ReplayError> {
-        Ok(self.take(1)?[0])
+        Ok(u8::from_le_bytes(self.array()?))
+    }
+
+    fn le_u16(&mut self) -> Result<u16, ReplayError> {
+        Ok(u16::from_le_bytes(self.array()?))
     }
 
     fn le_u32(&mut self) -> Result<u32, ReplayError> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_le_bytes(self.array()?))
     }
 
     fn le_u64(&mut self) -> Result<u64, ReplayError> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
+        Ok(u64::from_le_bytes(self.array()?))
     }
 
     fn len(&mut self, width: usize) -> Result<usize, ReplayError> {
@@ -145,12 +151,15 @@ impl<'a> Reader<'a> {
     }
 
     fn line(&mut self) -> Result<&'a [u8], ReplayError> {
-        let rest = &self.data[self.pos..];
-        let Some(n) = rest.iter().position(|&c| c == b'\n') else {
+        let rest = self.data.get(self.pos..).unwrap_or_default();
+        let Some(out) = rest
+            .iter()
+            .position(|&c| c == b'\n')
+            .and_then(|n| rest.get(..n))
+        else {
             return Err(ReplayError::PickleTruncated(self.pos));
         };
-        let out = &rest[..n];
-        self.pos += n + 1;
+        self.pos += out.len() + 1;
         Ok(out)
     }
 }
@@ -215,9 +224,11 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, ReplayError> {
         if bytes.len() > 8 {
             return Value::BigInt(bytes.len());
         }
-        let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+        let negative = bytes.last().is_some_and(|&last| last & 0x80 != 0);
         let mut a = if negative { [0xffu8; 8] } else { [0u8; 8] };
-        a[..bytes.len()].copy_from_slice(bytes);
+        for (slot, &byte) in a.iter_mut().zip(bytes) {
+            *slot = byte;
+        }
         Value::Int(i64::from_le_bytes(a))
     }
 
@@ -252,8 +263,7 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, ReplayError> {
                 push(&mut values, &mut stack, Value::Int(i64::from(v)));
             }
             b'M' => {
-                let b = r.take(2)?;
-                let v = u16::from_le_bytes([b[0], b[1]]);
+                let v = r.le_u16()?;
                 push(&mut values, &mut stack, Value::Int(i64::from(v)));
             }
             0x8a | 0x8b => {
@@ -358,7 +368,7 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, ReplayError> {
             }
             b'd' => {
                 let items = pop_mark(&mut stack, &mut marks, at)?;
-                let pairs = items.chunks_exact(2).map(|c| (c[0], c[1])).collect();
+                let pairs = pairs_of(&items).collect();
                 push(&mut values, &mut stack, Value::Dict(pairs));
             }
             b'a' => {
@@ -393,7 +403,7 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, ReplayError> {
                     .last()
                     .ok_or(ReplayError::PickleMalformed(at, "setitem without dict"))?;
                 match values.get_mut(dict as usize) {
-                    Some(Value::Dict(d)) => d.extend(items.chunks_exact(2).map(|c| (c[0], c[1]))),
+                    Some(Value::Dict(d)) => d.extend(pairs_of(&items)),
                     _ => return Err(ReplayError::PickleMalformed(at, "setitem on a non-dict")),
                 }
             }
@@ -414,6 +424,15 @@ pub fn parse(data: &[u8]) -> Result<Pickle<'_>, ReplayError> {
             _ => return Err(ReplayError::PickleMalformed(at, "unknown opcode")),
         }
     }
+}
+
+/// The `(key, value)` pairs of a flat `key, value, key, value, ...` list (an
+/// odd last item is dropped, as `chunks_exact` does).
+fn pairs_of(items: &[ValueId]) -> impl Iterator<Item = (ValueId, ValueId)> + '_ {
+    items
+        .chunks_exact(2)
+        .filter_map(|pair| <[ValueId; 2]>::try_from(pair).ok())
+        .map(|[key, value]| (key, value))
 }
 
 #[cfg(test)]

@@ -11,32 +11,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use serde::Deserialize;
-
-use super::{Divergence, ReplayError, ReplayKind, ReplayReport};
+use super::{without_totals, Divergence, ReplayError, ReplayKind, ReplayReport};
 use crate::diag::Warning;
-use crate::simulator::{AllocatorConfig, BlockHandle, CachingAllocator, Device};
+use crate::simulator::{AllocatorConfig, BlockHandle, CachingAllocator, GpuMemory};
+use crate::trace::{self, Trace};
 use crate::units::Bytes;
 
-#[derive(Deserialize)]
-struct RawTrace {
-    #[serde(rename = "traceEvents", default)]
-    trace_events: Vec<RawEvent>,
-}
-
-#[derive(Deserialize)]
-struct RawEvent {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    ts: Option<f64>,
-    #[serde(default)]
-    args: Option<serde_json::Value>,
-}
-
+/// One GPU `[memory]` event with both totals.
 #[derive(Debug, Clone, Copy)]
 struct MemEvent {
-    ts: f64,
     device: i64,
     addr: u64,
     bytes: i64,
@@ -44,46 +27,38 @@ struct MemEvent {
     total_reserved: u64,
 }
 
-fn read_events(data: &[u8]) -> Result<(Vec<MemEvent>, i64, usize), ReplayError> {
-    let raw: RawTrace =
-        serde_json::from_slice(data).map_err(|e| ReplayError::TraceJson(e.to_string()))?;
+/// The GPU (CUDA or HIP) `[memory]` events of a trace that carry both
+/// totals, in time order; the `Device Type` code of the last one; and how
+/// many GPU events lacked a total (or had a negative total or address).
+fn read_events(trace: &Trace) -> (Vec<MemEvent>, i64, usize) {
     let mut out = Vec::new();
     let mut without_totals = 0usize;
     let mut device_type = -1;
-    for e in raw.trace_events {
-        if e.name != "[memory]" {
-            continue;
-        }
-        let Some(args) = e.args else { continue };
-        let int = |k: &str| args.get(k).and_then(serde_json::Value::as_i64);
-        let Some(dt @ (1 | 6)) = int("Device Type") else {
-            continue;
+    for m in &trace.memory {
+        let code = match m.device {
+            trace::Device::Cuda => 1,
+            trace::Device::Hip => 6,
+            trace::Device::Cpu | trace::Device::Other(_) => continue,
         };
-        let (Some(bytes), Some(addr)) = (int("Bytes"), int("Addr")) else {
-            without_totals += 1;
-            continue;
-        };
-        let (Some(ta), Some(tr)) = (int("Total Allocated"), int("Total Reserved")) else {
-            without_totals += 1;
-            continue;
-        };
-        let (Ok(ta), Ok(tr), Ok(addr)) =
-            (u64::try_from(ta), u64::try_from(tr), u64::try_from(addr))
+        let totals = m.total_allocated.zip(m.total_reserved);
+        let totals = totals.and_then(|(ta, tr)| u64::try_from(ta).ok().zip(u64::try_from(tr).ok()));
+        // The trace keeps an address's bit pattern; a negative `Addr` is not one.
+        let (Some((total_allocated, total_reserved)), true) =
+            (totals, i64::try_from(m.addr).is_ok())
         else {
             without_totals += 1;
             continue;
         };
-        device_type = dt;
+        device_type = code;
         out.push(MemEvent {
-            ts: e.ts.unwrap_or(0.0),
-            device: int("Device Id").unwrap_or(0),
-            addr,
-            bytes,
-            total_allocated: ta,
-            total_reserved: tr,
+            device: m.device_id.unwrap_or(0),
+            addr: m.addr,
+            bytes: m.bytes,
+            total_allocated,
+            total_reserved,
         });
     }
-    Ok((out, device_type, without_totals))
+    (out, device_type, without_totals)
 }
 
 /// How many times the window is replayed before the compared pass.
@@ -149,9 +124,10 @@ fn carry_over(
     }
 }
 
-/// Replays the GPU `[memory]` events of a profiler trace (decompressed JSON).
-pub fn replay_profiler(data: &[u8]) -> Result<ReplayReport, ReplayError> {
-    let (mut events, device_type, without_totals) = read_events(data)?;
+/// Replays the GPU `[memory]` events of a profiler trace read by
+/// [`crate::trace`].
+pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
+    let (mut events, device_type, n_without_totals) = read_events(trace);
     // The device with the most events (lowest id on ties).
     let mut per_device: BTreeMap<i64, usize> = BTreeMap::new();
     for e in &events {
@@ -162,13 +138,12 @@ pub fn replay_profiler(data: &[u8]) -> Result<ReplayReport, ReplayError> {
         .max_by_key(|(d, n)| (**n, std::cmp::Reverse(**d)))
         .map(|(d, _)| *d);
     let Some(device) = device else {
-        return Err(ReplayError::NoMemoryEvents(format!(
-            "{without_totals} GPU [memory] events without Addr/Total Allocated/Total Reserved"
+        return Err(ReplayError::NoMemoryEvents(without_totals(
+            n_without_totals,
         )));
     };
+    // Already in time order (ties in file order): the trace sorts its events.
     events.retain(|e| e.device == device);
-    // Stable: ties keep file order.
-    events.sort_by(|a, b| a.ts.total_cmp(&b.ts));
 
     let mut r = ReplayReport::new(ReplayKind::Profiler);
     let config = AllocatorConfig::pytorch_defaults();
@@ -178,7 +153,7 @@ pub fn replay_profiler(data: &[u8]) -> Result<ReplayReport, ReplayError> {
     );
     r.events = events.len() as u64;
     r.compared_events = events.len() as u64;
-    let mut sim = CachingAllocator::new(config, Device::unlimited());
+    let mut sim = CachingAllocator::new(config, GpuMemory::unlimited());
 
     // Blocks freed in the window but allocated before it.
     let mut seen_alloc: BTreeSet<u64> = BTreeSet::new();
@@ -213,7 +188,7 @@ pub fn replay_profiler(data: &[u8]) -> Result<ReplayReport, ReplayError> {
         }
         carry_over(&mut live, &mut carry, &sim);
     }
-    r.start_reserved_bytes = events.first().map_or(0, |e| e.total_reserved);
+    r.start_reserved_bytes = Bytes(events.first().map_or(0, |e| e.total_reserved));
     sim.record_segment_changes(true);
     let _ = sim.take_segment_changes();
 
@@ -296,12 +271,12 @@ pub fn replay_profiler(data: &[u8]) -> Result<ReplayReport, ReplayError> {
                 }
             }
         }
-        r.real_peak_reserved_bytes = r.real_peak_reserved_bytes.max(e.total_reserved);
+        r.real_peak_reserved_bytes = r.real_peak_reserved_bytes.max(Bytes(e.total_reserved));
         sim_peak = sim_peak.max(sr + or);
         prev_real = Some((e.total_allocated, e.total_reserved));
         prev_sim_reserved = sim.reserved().get();
     }
-    r.simulated_peak_reserved_bytes = u64::try_from(sim_peak).unwrap_or(0);
+    r.simulated_peak_reserved_bytes = Bytes(u64::try_from(sim_peak).unwrap_or(0));
     r.allocated_exact_events = Some(allocated_exact);
     if !pre.is_empty() {
         r.warnings.push(Warning::new(
@@ -321,10 +296,10 @@ pub fn replay_profiler(data: &[u8]) -> Result<ReplayReport, ReplayError> {
             format!("{unknown_frees} frees name an address that is not live"),
         ));
     }
-    if without_totals > 0 {
+    if n_without_totals > 0 {
         r.warnings.push(Warning::new(
             "events_without_totals",
-            format!("{without_totals} GPU [memory] events lack Addr or totals and were skipped"),
+            format!("{n_without_totals} GPU [memory] events lack Addr or totals and were skipped"),
         ));
     }
     Ok(r)

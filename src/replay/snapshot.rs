@@ -3,6 +3,10 @@
 //! rebuild the allocator state at the start of the recording by walking the
 //! trace backwards, load it into the simulator and replay forwards, comparing
 //! every decision with the real allocator's.
+//!
+//! Long file: the snapshot replay is one pipeline (read, rebuild backwards,
+//! replay forwards, repair and rerun) over types private to it, and more than
+//! a third of the file is its tests; its long functions say what each step does.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -10,8 +14,8 @@ use super::pickle::{self, Pickle, ValueId};
 use super::{Divergence, ReplayError, ReplayKind, ReplayReport};
 use crate::diag::Warning;
 use crate::simulator::{
-    AllocatorConfig, BlockHandle, CachingAllocator, Device, PoolKind, RuleVersion, SegmentChange,
-    SegmentLayout, DIVISION_INTERVALS, LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE,
+    AllocatorConfig, BlockHandle, CachingAllocator, GpuMemory, PoolKind, RuleVersion,
+    SegmentChange, SegmentLayout, DIVISION_INTERVALS, LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE,
 };
 use crate::units::Bytes;
 
@@ -86,6 +90,12 @@ impl Streams {
     }
 }
 
+/// Reads what the replay needs from a `_dump_snapshot` pickle: the final
+/// `segments` with their blocks, the device trace of the busiest device
+/// (entries with action, address, size and stream, streams renumbered
+/// densely), and the allocator settings in force. Long because it checks
+/// every field of a format that is an input, not a contract: a missing or
+/// mistyped field is a `SnapshotField` error or a warning, never a panic.
 fn read_snapshot(data: &[u8]) -> Result<Snapshot, ReplayError> {
     let p = pickle::parse(data)?;
     let root = p.root();
@@ -314,6 +324,16 @@ struct StartState {
     inconsistencies: u64,
 }
 
+/// Rebuilds the allocator state at the start of the recording by walking the
+/// trace backwards from the final `segments` (replay-notes §2): an `alloc`
+/// seen backwards frees its block, a `free_completed` makes it occupied
+/// again, segment events remove or add whole segments. Blocks occupied
+/// before the recording whose size the trace never shows are inferred from
+/// the gaps they leave (`repairs` corrects those that later addresses
+/// contradict, §3). Returns the segments as layouts to load into the
+/// simulator, the addresses of their occupied blocks, and how complete and
+/// consistent the rebuilt state is. One function because the backward walk
+/// and the inference share the same occupied/segment maps.
 fn rebuild_start(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<StartState, ReplayError> {
     #[derive(Clone, Copy)]
     struct Occ {
@@ -546,9 +566,20 @@ struct RunOutcome {
     repair: Option<(u64, u64)>,
 }
 
+/// One forward replay of the snapshot's trace from the rebuilt start state:
+/// loads the start state into a fresh simulator (expandable ranges grouped
+/// per pool and stream), then applies every trace entry, comparing after
+/// each one reserved memory, the segment decisions (a real `segment_alloc`
+/// the simulator must also make, at the same size) and the address of every
+/// allocation. Real cache flushes (a burst of `segment_free` equal to what
+/// flushing would free) are replayed as flushes; other real frees are forced
+/// and counted. Returns the report, and the first inferred start block that
+/// a later address contradicts (`repair`), for [`replay_snapshot`] to rerun
+/// with it corrected. Long because it is one state machine over the trace
+/// whose counters all feed one report; its steps are commented in order.
 fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome, ReplayError> {
     let start = rebuild_start(snap, repairs)?;
-    let mut sim = CachingAllocator::new(snap.config.clone(), Device::unlimited());
+    let mut sim = CachingAllocator::new(snap.config.clone(), GpuMemory::unlimited());
     let mut live: HashMap<u64, BlockHandle> = HashMap::new();
     // Expandable mapped ranges of one pool and stream share a virtual range
     // (one expandable segment per pool and stream, allocator.md §9.1).
@@ -584,7 +615,7 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
 
     let mut r = ReplayReport::new(ReplayKind::Snapshot);
     r.allocator_conf = snap.conf_note.clone();
-    r.start_reserved_bytes = start.reserved;
+    r.start_reserved_bytes = Bytes(start.reserved);
     r.start_complete = start.complete;
     r.events = snap.events.len() as u64;
     let mut real_reserved = start.reserved;
@@ -619,7 +650,10 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
                     // Otherwise (garbage collection, max_split release, a flush
                     // the simulator's state disagrees with) apply the recorded
                     // frees one by one and count them as forced.
-                    let burst_events: Vec<&Event> = snap.events[index as usize..]
+                    let burst_events: Vec<&Event> = snap
+                        .events
+                        .get(index as usize..)
+                        .unwrap_or_default()
                         .iter()
                         .take_while(|b| releasing(b.action))
                         .collect();
@@ -822,8 +856,8 @@ fn run_once(snap: &Snapshot, repairs: &BTreeMap<u64, u64>) -> Result<RunOutcome,
         }
         prev_action = e.action;
     }
-    r.real_peak_reserved_bytes = real_peak;
-    r.simulated_peak_reserved_bytes = sim_peak;
+    r.real_peak_reserved_bytes = Bytes(real_peak);
+    r.simulated_peak_reserved_bytes = Bytes(sim_peak);
     r.warnings = snap.warnings.clone();
     if start.inconsistencies > 0 {
         r.warnings.push(Warning::new(
@@ -961,6 +995,8 @@ mod tests {
         snapshot_with(events, segments, conf, -1)
     }
 
+    /// A snapshot pickle with these trace entries, segments, allocator
+    /// settings and `max_split_size` (-1: unset), as `_dump_snapshot` writes it.
     fn snapshot_with(
         events: &[(&'static str, u64, u64)],
         segments: &[Seg],

@@ -13,6 +13,7 @@
 
 mod timeline;
 
+use crate::simulator::Sample;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -30,19 +31,12 @@ pub const SCHEMA: &str = "memcast.estimate/1";
 /// How many layers the report lists at the peak.
 pub const TOP_LAYERS: usize = 10;
 
-/// Allocator statistics right after one schedule event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct MemSample {
-    pub allocated: Bytes,
-    pub reserved: Bytes,
-}
-
 /// One simulation of the schedule, reduced to what the report needs.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SimulatedRun {
     /// Statistics after each schedule event, one per event. Shorter than the
     /// schedule when the run stopped at an out-of-memory error.
-    pub samples: Vec<MemSample>,
+    pub samples: Vec<Sample>,
     /// The event index at which the allocator ran out of memory (after
     /// releasing its cache and retrying), if it did.
     pub oom_at: Option<usize>,
@@ -315,7 +309,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         .iterations
         .iter()
         .map(|span| {
-            let mut peak = MemSample::default();
+            let mut peak = Sample::default();
             for (event, sample) in schedule.events.iter().zip(samples) {
                 if span.start <= event.time && event.time <= span.end {
                     peak.allocated = peak.allocated.max(sample.allocated);
@@ -466,8 +460,8 @@ mod tests {
         }
     }
 
-    fn sample(allocated: u64, reserved: u64) -> MemSample {
-        MemSample {
+    fn sample(allocated: u64, reserved: u64) -> Sample {
+        Sample {
             allocated: Bytes(allocated),
             reserved: Bytes(reserved),
         }
@@ -499,6 +493,8 @@ mod tests {
         }
     }
 
+    /// The breakdown adds up to the peak total exactly, and the peak
+    /// names its event, time, iteration and phase.
     #[test]
     fn breakdown_sums_to_the_peak_total_and_names_the_place() {
         let schedule = schedule();

@@ -63,7 +63,7 @@ pub struct AllocatorConfig {
     pub large_segment_size: Bytes,
     /// `per_process_memory_fraction` (R-new only); `None` = not set. The
     /// simulator applies it as `fraction × device capacity` unless the device
-    /// carries an explicit [`crate::simulator::Device::memory_limit`].
+    /// carries an explicit [`crate::simulator::GpuMemory::memory_limit`].
     pub per_process_memory_fraction: Option<f64>,
 }
 
@@ -131,6 +131,10 @@ impl AllocatorConfig {
         Ok(config)
     }
 
+    /// Applies one `key:value` entry of a `PYTORCH_CUDA_ALLOC_CONF` string,
+    /// with the validation and the version differences of allocator.md §15
+    /// (which keys exist, which values are accepted, how each is rounded).
+    /// One match over the keys, as PyTorch's own parser is.
     fn apply(&mut self, key: &str, value: &str, entry: &str) -> Result<(), ConfigError> {
         let new = self.version == RuleVersion::New;
         match key {
@@ -402,6 +406,9 @@ fn parse_division_value(v: &str, version: RuleVersion) -> Result<u32, ConfigErro
     Ok(n)
 }
 
+/// Parses `roundup_power2_divisions`: a single count or a `[size:count,...]`
+/// list (`>` for the rest), per the version's rules (§15): powers of two
+/// only, 1 allowed or not, intervals from 1 MiB doubling.
 fn parse_divisions(
     value: &str,
     version: RuleVersion,

@@ -13,7 +13,7 @@ use crate::units::Bytes;
 /// refuse a new segment when `reserved + segment > memory_limit`, without
 /// calling CUDA.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Device {
+pub struct GpuMemory {
     /// Total device memory usable by this process; `None` = unlimited.
     pub capacity: Option<Bytes>,
     /// Memory held outside the caching allocator: CUDA context, library
@@ -26,16 +26,16 @@ pub struct Device {
     pub memory_limit: Option<Bytes>,
 }
 
-impl Device {
+impl GpuMemory {
     /// A device on which `cudaMalloc` never fails.
-    pub fn unlimited() -> Device {
-        Device::default()
+    pub fn unlimited() -> GpuMemory {
+        GpuMemory::default()
     }
 
     /// A device with `capacity` bytes of which `outside_allocator` are taken
     /// by the context and libraries.
-    pub fn new(capacity: Bytes, outside_allocator: Bytes) -> Device {
-        Device {
+    pub fn new(capacity: Bytes, outside_allocator: Bytes) -> GpuMemory {
+        GpuMemory {
             capacity: Some(capacity),
             outside_allocator,
             memory_limit: None,

@@ -4,7 +4,7 @@
 //! Input: a schedule of [`SimOp`]s (allocations with caller-chosen ids and
 //! requested sizes, frees, `empty_cache`), an [`AllocatorConfig`] (parsed from
 //! a `PYTORCH_CUDA_ALLOC_CONF`-style string with [`AllocatorConfig::parse`],
-//! for a [`RuleVersion`]) and a [`Device`] (capacity, non-allocator overhead,
+//! for a [`RuleVersion`]) and a [`GpuMemory`] (capacity, non-allocator overhead,
 //! optional memory-fraction limit). Output: a [`Simulation`] with allocated and
 //! reserved bytes after every event, the peak and final [`Stats`] (allocated,
 //! reserved, active, segments, largest free block, fragmentation, counters),
@@ -33,6 +33,9 @@
 //! - Best-fit lookup is logarithmic (ordered maps per pool keyed by stream,
 //!   size, address).
 
+// A bug here must not kill the browser's worker: every index is checked.
+#![deny(clippy::indexing_slicing)]
+
 mod allocator;
 mod config;
 mod device;
@@ -50,7 +53,7 @@ pub use config::{
     AllocatorConfig, ConfigError, RuleVersion, DIVISION_INTERVALS, LARGE_BUFFER, MIN_BLOCK_SIZE,
     MIN_LARGE_ALLOC, SMALL_BUFFER, SMALL_SIZE,
 };
-pub use device::Device;
+pub use device::GpuMemory;
 
 use crate::diag::Warning;
 use crate::units::Bytes;
@@ -72,14 +75,11 @@ pub enum SimOp {
     EmptyCache,
 }
 
-/// The name the pipeline contract uses for one input event.
-pub type SimEvent = SimOp;
-
 /// Allocated and reserved bytes after one event (compact, for timelines).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sample {
-    pub allocated: u64,
-    pub reserved: u64,
+    pub allocated: Bytes,
+    pub reserved: Bytes,
 }
 
 /// Allocator statistics at one moment (or the peak of each).
@@ -206,14 +206,19 @@ impl IdMap {
 }
 
 /// Runs a schedule through a fresh [`CachingAllocator`].
-pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &Device) -> Simulation {
+pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &GpuMemory) -> Simulation {
     run(events, config, device, |_| {})
 }
 
+/// Runs a schedule through a fresh allocator, calling `observe` after each
+/// event: allocations under caller ids (a reused live id frees the older
+/// block first), frees of unknown ids counted, `empty_cache`; stops at the
+/// first out-of-memory error and records it. [`simulate`] and
+/// [`simulate_detailed`] differ only in what they observe.
 fn run(
     events: &[SimOp],
     config: &AllocatorConfig,
-    device: &Device,
+    device: &GpuMemory,
     mut observe: impl FnMut(&CachingAllocator),
 ) -> Simulation {
     let mut alloc = CachingAllocator::new(config.clone(), *device);
@@ -267,8 +272,8 @@ fn run(
             SimOp::EmptyCache => alloc.empty_cache(),
         }
         after_event.push(Sample {
-            allocated: alloc.allocated().get(),
-            reserved: alloc.reserved().get(),
+            allocated: alloc.allocated(),
+            reserved: alloc.reserved(),
         });
         observe(&alloc);
         if oom.is_some() {
@@ -305,7 +310,7 @@ fn run(
 pub fn simulate_detailed(
     events: &[SimOp],
     config: &AllocatorConfig,
-    device: &Device,
+    device: &GpuMemory,
 ) -> (Simulation, Vec<Stats>) {
     let mut stats = Vec::with_capacity(events.len());
     let sim = run(events, config, device, |a| stats.push(a.stats()));
@@ -332,12 +337,12 @@ mod tests {
         let sim = simulate(
             &ops,
             &AllocatorConfig::pytorch_defaults(),
-            &Device::unlimited(),
+            &GpuMemory::unlimited(),
         );
         let got: Vec<(u64, u64)> = sim
             .after_event
             .iter()
-            .map(|s| (s.allocated, s.reserved))
+            .map(|s| (s.allocated.get(), s.reserved.get()))
             .collect();
         assert_eq!(got, [(512, 2 * MIB), (0, 2 * MIB), (0, 0)]);
         assert_eq!(sim.peak.reserved, Bytes(2 * MIB));
@@ -348,7 +353,7 @@ mod tests {
     #[test]
     fn oom_stops_the_simulation_and_says_what_was_missing() {
         let ops = [alloc(1, 60 * MIB), alloc(2, 50 * MIB), alloc(3, 1)];
-        let device = Device::new(Bytes(100 * MIB), Bytes(0));
+        let device = GpuMemory::new(Bytes(100 * MIB), Bytes(0));
         let sim = simulate(&ops, &AllocatorConfig::pytorch_defaults(), &device);
         let oom = sim.oom.unwrap();
         assert_eq!(oom.event_index, 1);
@@ -360,7 +365,7 @@ mod tests {
     #[test]
     fn outside_memory_reduces_what_cudamalloc_may_take() {
         let ops = [alloc(1, 60 * MIB)];
-        let device = Device::new(Bytes(100 * MIB), Bytes(50 * MIB));
+        let device = GpuMemory::new(Bytes(100 * MIB), Bytes(50 * MIB));
         let sim = simulate(&ops, &AllocatorConfig::pytorch_defaults(), &device);
         assert_eq!(sim.oom.unwrap().missing, Bytes(10 * MIB));
     }
@@ -375,7 +380,7 @@ mod tests {
         let sim = simulate(
             &ops,
             &AllocatorConfig::pytorch_defaults(),
-            &Device::unlimited(),
+            &GpuMemory::unlimited(),
         );
         assert_eq!(sim.after_event.len(), 3);
         assert_eq!(sim.warnings.len(), 1);
@@ -392,7 +397,7 @@ mod tests {
         let sim = simulate(
             &ops,
             &AllocatorConfig::pytorch_defaults(),
-            &Device::unlimited(),
+            &GpuMemory::unlimited(),
         );
         assert_eq!(sim.peak.fragmentation, Bytes(15 * MIB));
         assert_eq!(sim.final_stats.fragmentation, Bytes(15 * MIB));
@@ -415,11 +420,11 @@ mod tests {
                     )
                 })
                 .collect();
-            let sim = simulate(&ops, &config, &Device::unlimited());
+            let sim = simulate(&ops, &config, &GpuMemory::unlimited());
             let oom = sim.oom.unwrap();
             assert_eq!(oom.event_index, 0);
             let ops: Vec<SimOp> = (0..5000).map(|i| alloc(i, MAX_REQUEST)).collect();
-            let sim = simulate(&ops, &config, &Device::unlimited());
+            let sim = simulate(&ops, &config, &GpuMemory::unlimited());
             // 1 PiB segments exhaust the synthetic address space: an OOM.
             assert!(sim.oom.is_some());
             assert!(sim.peak.reserved.get() < 1 << 62);
@@ -442,8 +447,8 @@ mod tests {
             SimOp::EmptyCache,
         ];
         let config = AllocatorConfig::pytorch_defaults();
-        let (sim, stats) = simulate_detailed(&ops, &config, &Device::unlimited());
-        assert_eq!(sim, simulate(&ops, &config, &Device::unlimited()));
+        let (sim, stats) = simulate_detailed(&ops, &config, &GpuMemory::unlimited());
+        assert_eq!(sim, simulate(&ops, &config, &GpuMemory::unlimited()));
         assert_eq!(stats.len(), ops.len());
         let largest: Vec<u64> = stats.iter().map(|s| s.largest_free_block.get()).collect();
         assert_eq!(
@@ -464,7 +469,7 @@ mod tests {
         );
         for (s, sample) in stats.iter().zip(&sim.after_event) {
             assert_eq!(
-                (s.allocated.get(), s.reserved.get()),
+                (s.allocated, s.reserved),
                 (sample.allocated, sample.reserved)
             );
             assert_eq!(s.fragmentation.get(), s.reserved.get() - s.allocated.get());

@@ -21,6 +21,8 @@ mod stream;
 
 pub use stream::{is_bare_list, is_gzip, split_candidate, Gunzip, TracePart, TraceReader};
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::diag::{Warned, Warning};
@@ -208,6 +210,43 @@ impl Trace {
     }
 }
 
+/// Which ops keep their argument shapes while the trace is read. Shapes are
+/// most of a trace's bytes and later stages read only a few ops' shapes, so
+/// the reader drops the others as it parses (it cannot ask later; it never
+/// holds the file). The list is the analyzer's: the parameter shapes on
+/// `AccumulateGrad`, and the tensor-list length of the collate ops for the
+/// batch size ([`crate::analyzer::COLLATE_OPS`],
+/// [`crate::analyzer::ACCUMULATE_GRAD`]; a test there checks that this list
+/// covers them). The analyzer checks op names itself and never relies on
+/// this filter for correctness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgsKept {
+    /// Ops whose name contains one of these keep `Input Dims` and `Input type`.
+    pub shapes_of_ops_containing: &'static [&'static str],
+    /// Ops with one of these names keep the length of a tensor-list first argument.
+    pub list_len_of_ops: &'static [&'static str],
+}
+
+/// The ops whose argument shapes the reader keeps (see [`ArgsKept`]).
+pub const ARGS_KEPT: ArgsKept = ArgsKept {
+    shapes_of_ops_containing: &["AccumulateGrad"],
+    list_len_of_ops: &["aten::stack", "aten::cat"],
+};
+
+impl ArgsKept {
+    /// Whether an op of this name keeps its shapes.
+    pub fn keeps_shapes(&self, op: &str) -> bool {
+        self.shapes_of_ops_containing
+            .iter()
+            .any(|part| op.contains(part))
+    }
+
+    /// Whether an op of this name keeps its tensor-list length.
+    pub fn keeps_list_len(&self, op: &str) -> bool {
+        self.list_len_of_ops.contains(&op)
+    }
+}
+
 /// The most bytes a gzip trace may decompress to. Past it the file is refused
 /// as [`TraceError::GzipTooLarge`] instead of exhausting memory (a "gzip
 /// bomb" of a few MB can expand to many GB). Real traces of a few profiled
@@ -365,6 +404,28 @@ pub fn read_with_limit(
     let trace = reader.finish()?;
     progress(done, total.unwrap_or(done).max(done));
     Ok(trace)
+}
+
+/// Decompresses gzip input whole, refusing more than
+/// [`MAX_DECOMPRESSED_BYTES`] of output; other input comes back as it is.
+/// For formats that are read whole (the replay's snapshot pickles): traces
+/// are read piece by piece with [`read`], which decompresses as it goes.
+/// Both use the same decoder, [`Gunzip`].
+pub fn gunzip(bytes: &[u8]) -> Result<Cow<'_, [u8]>, TraceError> {
+    if !is_gzip(bytes) {
+        return Ok(Cow::Borrowed(bytes));
+    }
+    let mut out = Vec::new();
+    let mut decoder = Gunzip::new(MAX_DECOMPRESSED_BYTES);
+    decoder.push(bytes, &mut |text| {
+        out.extend_from_slice(text);
+        Ok(())
+    })?;
+    decoder.finish(&mut |text| {
+        out.extend_from_slice(text);
+        Ok(())
+    })?;
+    Ok(Cow::Owned(out))
 }
 
 /// Helper for warnings about skipped or incomplete events.

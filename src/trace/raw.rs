@@ -6,6 +6,10 @@
 //!
 //! Every visitor is tolerant: a field of an unexpected JSON type is treated as
 //! missing (and counted for a warning) instead of failing the whole file.
+//!
+//! Long file: one hand-written serde visitor per kind of JSON value the
+//! profiler writes (tolerant of each field's type), which only make sense
+//! together; splitting them would spread one format over several files.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,7 +19,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 
 use super::{
     count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent,
-    Trace, TraceError, MAX_EVENT_BYTES,
+    Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
 };
 use crate::diag::{Warned, Warning};
 use crate::units::Nanos;
@@ -119,6 +123,10 @@ impl Builder {
         self.size_out_of_range = self.size_out_of_range.or(tail.size_out_of_range);
     }
 
+    /// Ends the reading: refuses what is not a usable trace (no
+    /// `traceEvents`, no `[memory]` events, a size out of range), sorts the
+    /// memory events by time and turns the counts of skipped or incomplete
+    /// events into warnings.
     pub(super) fn finish(mut self) -> Result<Warned<Trace>, TraceError> {
         if let Some(bytes) = self.size_out_of_range {
             return Err(TraceError::MemorySizeOutOfRange(bytes));
@@ -444,13 +452,12 @@ impl<'de> Visitor<'de> for EntryVisitor {
                 EventKey::Dur => ev.dur = map.next_value::<LooseF64>()?.0,
                 EventKey::Id => ev.id = map.next_value::<LooseInt>()?.0,
                 EventKey::Args => {
-                    // Shapes are only needed on AccumulateGrad ops, and
-                    // the length of a tensor list on the collate ops
-                    // (batch size). The exporter writes `name` before
-                    // `args`; if it did not, keep both to be safe.
+                    // Only some ops' shapes are kept (ARGS_KEPT). The
+                    // exporter writes `name` before `args`; if it did not,
+                    // keep both to be safe.
                     let name = ev.name.as_deref();
-                    let keep_shapes = name.is_none_or(|name| name.contains("AccumulateGrad"));
-                    let keep_list_len = name.is_none_or(is_collate_op);
+                    let keep_shapes = name.is_none_or(|name| ARGS_KEPT.keeps_shapes(name));
+                    let keep_list_len = name.is_none_or(|name| ARGS_KEPT.keeps_list_len(name));
                     map.next_value_seed(ArgsSeed {
                         keep_shapes,
                         keep_list_len,
@@ -547,11 +554,6 @@ struct RawArgs<'de> {
     input_dims: Vec<Vec<i64>>,
     input_types: Vec<Cow<'de, str>>,
     tensor_list_len: Option<u32>,
-}
-
-/// The ops a data loader's collate function stacks the samples with.
-pub(super) fn is_collate_op(name: &str) -> bool {
-    name == "aten::stack" || name == "aten::cat"
 }
 
 /// Reads `args` into the event's record; anything but an object is ignored.

@@ -15,6 +15,10 @@
 //! character: a value is only taken as complete when a byte follows it in the
 //! same buffer (or the input has ended), and a parse error close to the end of
 //! the buffer is only believed once more bytes do not cure it.
+//!
+//! Long file: the push reader is one state machine (gzip, the top level of
+//! the document, events cut across pieces, the two-half split) whose states
+//! share private helpers; about a third of the file is its tests.
 
 use std::io::Write as _;
 

@@ -4,19 +4,18 @@
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
-use web_sys::{Blob, File, HtmlCanvasElement, HtmlInputElement, Worker};
+use web_sys::{Blob, File, HtmlCanvasElement, Worker};
 
 use super::bridge;
 use super::charts::{self, Band};
+use super::controls::{GpuSettings, Status, StatusLine, TraceInput, WhatIfSection};
 use super::format::{exact, gib, seconds, short, thousands};
-use super::whatif::WhatIfPanel;
 use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
-use crate::presets::{self, PRESETS};
+use crate::pipeline::{Config, DEFAULT_TARGET};
 use crate::protocol::{Request, Response};
 use crate::report::{Breakdown, Report};
 use crate::whatif::{WhatIfKind, WhatIfResult};
-use crate::Config;
 
 /// The demo trace, a real fixture shipped with the site (`www/demo/`).
 const DEMO_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
@@ -30,21 +29,6 @@ const DEFAULT_GPUS: [&str; 6] = [
     "a100-80gb",
     "h100-80gb",
 ];
-
-/// What the page shows, as plain values.
-#[derive(Debug, Clone, PartialEq)]
-enum Status {
-    /// The worker has not said "ready" yet.
-    Starting,
-    /// Waiting for input.
-    Idle,
-    /// The worker is busy.
-    Working {
-        label: String,
-        done: u64,
-        total: u64,
-    },
-}
 
 /// An estimate on screen.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +81,6 @@ fn App() -> impl IntoView {
     );
     let alloc_conf = RwSignal::new(String::new());
     let whatif_result = RwSignal::new(None::<WhatIfResult>);
-    let world_size = RwSignal::new("8".to_string());
     let job = StoredValue::new(0u32);
     let worker = StoredValue::new_local(None::<Worker>);
     let input = StoredValue::new_local(None::<Input>);
@@ -125,13 +108,10 @@ fn App() -> impl IntoView {
         if specs.is_empty() {
             return Err("select at least one GPU".into());
         }
-        let mut config = Config::standard();
+        // The page estimates for the default target and compares the
+        // selected GPUs.
+        let mut config = Config::for_gpus(DEFAULT_TARGET, &specs).map_err(|err| err.to_string())?;
         config.alloc_conf = alloc_conf.get_untracked();
-        config.gpus = specs
-            .iter()
-            .map(|spec| presets::parse_gpu(spec))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| err.to_string())?;
         Ok(config)
     };
     let next_job = move || {
@@ -263,7 +243,7 @@ fn App() -> impl IntoView {
     };
     start_worker();
 
-    let cancel = move |_| {
+    let cancel = move |()| {
         worker.update_value(|worker| {
             if let Some(worker) = worker.take() {
                 worker.terminate();
@@ -288,31 +268,6 @@ fn App() -> impl IntoView {
             name,
         });
     };
-    let on_pick = move |ev: leptos::ev::Event| {
-        let Some(target) = ev
-            .target()
-            .and_then(|t| t.dyn_into::<HtmlInputElement>().ok())
-        else {
-            return;
-        };
-        if let Some(file) = target.files().and_then(|files| files.get(0)) {
-            submit_file(file);
-        }
-        // Let the same file be picked again.
-        target.set_value("");
-    };
-    let dragging = RwSignal::new(false);
-    let on_drop = move |ev: leptos::ev::DragEvent| {
-        ev.prevent_default();
-        dragging.set(false);
-        if let Some(file) = ev
-            .data_transfer()
-            .and_then(|transfer| transfer.files())
-            .and_then(|files| files.get(0))
-        {
-            submit_file(file);
-        }
-    };
     let demo = move |_| {
         if status.get_untracked() == Status::Starting {
             return;
@@ -332,35 +287,6 @@ fn App() -> impl IntoView {
         });
     };
 
-    let toggle_gpu = move |slug: String, on: bool| {
-        selected.update(|list| {
-            list.retain(|s| s != &slug);
-            if on {
-                list.push(slug);
-            }
-        });
-        resimulate();
-    };
-    let custom = RwSignal::new(String::new());
-    let add_custom = move || {
-        let text = custom.get_untracked().trim().to_string();
-        if text.is_empty() {
-            return;
-        }
-        match presets::parse_gpu(&text) {
-            Ok(_) => {
-                selected.update(|list| {
-                    if !list.contains(&text) {
-                        list.push(text.clone());
-                    }
-                });
-                custom.set(String::new());
-                resimulate();
-            }
-            Err(err) => error.set(Some(err.to_string())),
-        }
-    };
-
     view! {
         <header>
             <h1>"memcast"</h1>
@@ -370,108 +296,21 @@ fn App() -> impl IntoView {
         </header>
         <main>
             <section class="input">
-                <label
-                    id="drop-zone"
-                    class="drop-zone"
-                    class:dragging=move || dragging.get()
-                    on:dragover=move |ev: leptos::ev::DragEvent| {
-                        ev.prevent_default();
-                        dragging.set(true);
-                    }
-                    on:dragleave=move |_| dragging.set(false)
-                    on:drop=on_drop
-                >
-                    <input id="file-input" type="file" accept=".json,.gz,application/json,application/gzip" on:change=on_pick />
-                    <span>"Drop a " <code>".json"</code> " or " <code>".json.gz"</code> " trace here, or choose a file"</span>
-                </label>
+                <TraceInput on_file=Callback::new(submit_file) />
                 <div class="actions">
                     <button id="demo" type="button" on:click=demo>"Try the demo"</button>
                     <CapturePanel />
                 </div>
-                <div class="progress-line">
-                    {move || match status.get() {
-                        Status::Starting => view! { <p id="status" class="status">"Starting the worker…"</p> }.into_any(),
-                        Status::Idle => view! { <p id="status" class="status">"Ready."</p> }.into_any(),
-                        Status::Working { label, done, total } => {
-                            let percent = done.saturating_mul(100).checked_div(total).unwrap_or(0);
-                            view! {
-                                <p id="status" class="status">{format!("{label}… {percent}%")}</p>
-                                <progress id="progress" max="100" value=percent.to_string()></progress>
-                                <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
-                            }.into_any()
-                        }
-                    }}
-                </div>
+                <StatusLine status=status on_cancel=Callback::new(cancel) />
                 {move || error.get().map(|message| view! { <p id="error" class="error" role="alert">{message}</p> })}
             </section>
 
-            <section class="settings">
-                <h2>"GPUs"</h2>
-                <div id="gpu-list" class="gpu-list">
-                    {PRESETS.iter().map(|preset| {
-                        let slug = preset.slug.to_string();
-                        let checked_slug = slug.clone();
-                        let toggled_slug = slug.clone();
-                        view! {
-                            <label class="gpu">
-                                <input type="checkbox" value=slug.clone()
-                                    prop:checked=move || selected.with(|list| list.contains(&checked_slug))
-                                    on:change=move |ev| toggle_gpu(toggled_slug.clone(), event_target_checked(&ev)) />
-                                {format!("{} ({:.1} GiB)", preset.slug, preset.cuda_visible.get() as f64 / crate::Bytes::GIB as f64)}
-                            </label>
-                        }
-                    }).collect_view()}
-                    {move || selected.get().into_iter().filter(|spec| presets::find(spec).is_none()).map(|spec| {
-                        let toggled = spec.clone();
-                        view! {
-                            <label class="gpu custom">
-                                <input type="checkbox" checked=true on:change=move |ev| toggle_gpu(toggled.clone(), event_target_checked(&ev)) />
-                                {spec}
-                            </label>
-                        }
-                    }).collect_view()}
-                </div>
-                <form class="custom-gpu" on:submit=move |ev| { ev.prevent_default(); add_custom(); }>
-                    <label>"Custom capacity "
-                        <input id="custom-gpu" type="text" placeholder="e.g. 24GiB or 12884377600" prop:value=move || custom.get()
-                            on:input=move |ev| custom.set(event_target_value(&ev)) />
-                    </label>
-                    <button type="submit">"Add"</button>
-                </form>
-                <form class="alloc-conf" on:submit=move |ev| { ev.prevent_default(); resimulate(); }>
-                    <label><code>"PYTORCH_CUDA_ALLOC_CONF"</code>" "
-                        <input id="alloc-conf" type="text" placeholder="default" prop:value=move || alloc_conf.get()
-                            on:input=move |ev| alloc_conf.set(event_target_value(&ev)) />
-                    </label>
-                    <button type="submit">"Apply"</button>
-                </form>
-            </section>
+            <GpuSettings selected=selected alloc_conf=alloc_conf error=error on_change=Callback::new(move |()| resimulate()) />
 
             {move || shown.get().map(|shown| view! { <Results shown=shown /> })}
 
             {move || shown.with(|s| s.as_ref().is_some_and(|s| !s.shared)).then(|| view! {
-                <section id="whatifs" class="result">
-                    <h2>"What if…"</h2>
-                    <p class="hint">"Each answer re-runs the orchestrated allocation sequence through the simulated allocator, on the first selected GPU's overheads."</p>
-                    <div class="whatif-buttons">
-                        <button id="whatif-alloc" type="button" on:click=move |_| run_whatif(WhatIfKind::Alloc)>"Allocator settings"</button>
-                        <button id="whatif-zero-grad" type="button" on:click=move |_| run_whatif(WhatIfKind::ZeroGrad)>"zero_grad placement"</button>
-                        <button id="whatif-batch" type="button" on:click=move |_| run_whatif(WhatIfKind::Batch)>"Largest batch"</button>
-                        <button id="whatif-plan" type="button" on:click=move |_| run_whatif(WhatIfKind::Plan)>"Planned allocation"</button>
-                        <button id="whatif-precision" type="button" on:click=move |_| run_whatif(WhatIfKind::Precision)>"Mixed precision"</button>
-                        <span class="distributed">
-                            <button id="whatif-distributed" type="button" on:click=move |_| {
-                                match world_size.get_untracked().trim().parse::<u32>() {
-                                    Ok(n) if n > 0 => run_whatif(WhatIfKind::Distributed { world_size: n }),
-                                    _ => error.set(Some("the number of GPUs must be a whole number of at least 1".into())),
-                                }
-                            }>"Distributed over"</button>
-                            " "<input id="world-size" type="number" min="1" prop:value=move || world_size.get()
-                                on:input=move |ev| world_size.set(event_target_value(&ev)) />" GPUs"
-                        </span>
-                    </div>
-                    {move || whatif_result.get().map(|result| view! { <WhatIfPanel result=result /> })}
-                </section>
+                <WhatIfSection result=whatif_result error=error on_run=Callback::new(run_whatif) />
             })}
         </main>
         <footer>

@@ -8,6 +8,7 @@
 mod app;
 mod bridge;
 mod charts;
+mod controls;
 mod format;
 mod whatif;
 pub mod worker;

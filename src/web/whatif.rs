@@ -57,6 +57,9 @@ fn placement(placement: Option<Placement>) -> &'static str {
     }
 }
 
+/// How each what-if result is shown: its title, the rows of its bar chart
+/// (or the batch chart's points and capacity lines), its table headers and
+/// rows, and its notes. One arm per what-if, so that adding one is one arm.
 fn layout(result: &WhatIfResult) -> Layout {
     match result {
         WhatIfResult::Alloc(c) => Layout {

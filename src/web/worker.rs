@@ -1,9 +1,9 @@
 //! The Web Worker: runs the pipeline off the page's thread.
 //!
 //! It receives a [`Request`] with a `Blob` and streams the blob slice by slice
-//! into [`crate::prepare_from`] (fingerprinting each slice on the way), so a
+//! into [`crate::pipeline::prepare_from`] (fingerprinting each slice on the way), so a
 //! file of hundreds of MB is never held whole, neither on the page nor here;
-//! then it runs [`crate::estimate`] and posts [`Response`]s back as JSON
+//! then it runs [`crate::pipeline::estimate`] and posts [`Response`]s back as JSON
 //! strings. It keeps the last prepared trace, so a change of GPUs or
 //! allocator settings re-runs only the simulation.
 
@@ -19,9 +19,9 @@ use web_sys::{
 };
 
 use crate::permalink::{Fingerprint, TraceIdentity};
+use crate::pipeline::{self, Config, Prepared, Progress};
 use crate::protocol::{Request, Response, WorkStage};
 use crate::trace::{TraceError, TraceSource};
-use crate::{Config, Prepared, Progress};
 
 /// The trace the worker runs once when it starts (the demo shipped with the
 /// site, relative to the worker's own script), so that the browser has
@@ -242,8 +242,8 @@ fn warm_up() {
     for _ in 0..2 {
         let _ = TraceIdentity::of(WARM_UP_URL, &bytes);
         let config = Config::standard();
-        if let Ok(prepared) = crate::prepare(&bytes, &config, &mut |_| {}) {
-            let _ = crate::estimate(&prepared, &config, &mut |_| {});
+        if let Ok(prepared) = pipeline::prepare(&bytes, &config, &mut |_| {}) {
+            let _ = pipeline::estimate(&prepared, &config, &mut |_| {});
         }
     }
 }
@@ -362,7 +362,7 @@ impl TraceSource for BlobSource {
 
 /// Posts pipeline progress, at most once per percent of each stage.
 fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + '_ {
-    let mut last: Option<(crate::Stage, u64)> = None;
+    let mut last: Option<(pipeline::Stage, u64)> = None;
     move |progress: Progress| {
         let percent = progress
             .done
@@ -386,7 +386,7 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
 /// hashed it, when the hasher answers otherwise).
 fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
-    let prepared = match crate::prepare_from(source, config, &mut progress) {
+    let prepared = match pipeline::prepare_from(source, config, &mut progress) {
         Ok(prepared) => prepared,
         Err(err) => {
             post(Response::Failed {
@@ -396,7 +396,7 @@ fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dy
             return;
         }
     };
-    let result = crate::estimate(&prepared, config, &mut progress)
+    let result = pipeline::estimate(&prepared, config, &mut progress)
         .map(|report| Box::new(report.value))
         .map_err(|err| err.to_string());
     match source.fingerprint.take() {
@@ -420,7 +420,7 @@ fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
         slot.borrow().as_ref().map(|(trace, prepared)| {
             (
                 trace.clone(),
-                crate::estimate(prepared, config, &mut progress),
+                pipeline::estimate(prepared, config, &mut progress),
             )
         })
     });
@@ -441,7 +441,7 @@ fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
 fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn Fn(Response)) {
     post(Response::Progress {
         job,
-        stage: WorkStage::Pipeline(crate::Stage::Simulating),
+        stage: WorkStage::Pipeline(pipeline::Stage::Simulating),
         done: 0,
         total: 1,
     });

@@ -12,9 +12,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{estimate_schedule, fits_of, simulate_stats, Fit, PeakFigures, WhatIfError};
+use crate::pipeline::{Config, Prepared};
 use crate::simulator::{AllocatorConfig, RuleVersion};
 use crate::units::Bytes;
-use crate::{Config, Prepared};
 
 /// The version tag of [`AllocComparison`].
 pub const SCHEMA: &str = "memcast.whatif.alloc/1";
@@ -93,13 +93,13 @@ pub fn compare_settings(
         let allocator = if conf.trim().is_empty() {
             AllocatorConfig::pytorch_defaults()
         } else {
-            AllocatorConfig::parse(conf, RuleVersion::New).map_err(crate::Error::from)?
+            AllocatorConfig::parse(conf, RuleVersion::New).map_err(crate::pipeline::Error::from)?
         };
         let mut variant = config.clone();
         variant.alloc_conf = conf.clone();
         let report = estimate_schedule(prepared, schedule.clone(), &variant)?;
         let stats = simulate_stats(schedule, config, &allocator);
-        let mut at_peak = (0u64, 0u64);
+        let mut at_peak = (Bytes::ZERO, Bytes::ZERO);
         for sample in &stats.after_event {
             if sample.reserved > at_peak.0 {
                 at_peak = (sample.reserved, sample.allocated);
@@ -113,7 +113,7 @@ pub fn compare_settings(
             conf: conf.clone(),
             peak,
             delta_total_bytes: signed_delta(peak.total_bytes, baseline),
-            fragmentation_bytes: Bytes(at_peak.0.saturating_sub(at_peak.1)),
+            fragmentation_bytes: at_peak.0.saturating_sub(at_peak.1),
             peak_segments: stats.peak.segments,
             device_allocs: stats.final_stats.num_device_alloc,
             fits: fits_of(&report),

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{estimate_schedule, peak_only, WhatIfError};
 use crate::orchestrator::{Category, Phase, Schedule};
+use crate::pipeline::{Config, Prepared};
 use crate::units::Bytes;
-use crate::{Config, Prepared};
 
 /// The version tag of [`BatchSweep`].
 pub const SCHEMA: &str = "memcast.batch/1";
@@ -422,7 +422,7 @@ pub fn sweep(
     let mut sorted = inputs.to_vec();
     sorted.sort_by_key(|i| i.batch);
     for input in &sorted {
-        let report = crate::estimate(input.prepared, &peak_config, &mut |_| {})?.value;
+        let report = crate::pipeline::estimate(input.prepared, &peak_config, &mut |_| {})?.value;
         input_points.push(BatchPoint {
             batch: input.batch,
             peak_total_bytes: report.peak.total_bytes,

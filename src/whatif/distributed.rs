@@ -30,8 +30,8 @@ use super::{estimate_schedule, fits_of, Fit, PeakFigures, WhatIfError};
 use crate::orchestrator::{
     BlockId, Category, EventKind, Phase, Schedule, ScheduleEvent, ScheduledBlock,
 };
+use crate::pipeline::{Config, Prepared};
 use crate::units::{Bytes, Nanos};
-use crate::{Config, Prepared};
 
 /// The version tag of [`DistributedComparison`].
 pub const SCHEMA: &str = "memcast.whatif.distributed/1";
@@ -173,6 +173,9 @@ impl<'a> Edit<'a> {
         self.categories.insert(id, category);
     }
 
+    /// Assembles the edited schedule: the blocks with their new categories,
+    /// the added blocks and events placed at their anchors, all re-sorted by
+    /// key, and checked.
     pub(super) fn build(self) -> Result<Schedule, WhatIfError> {
         let events = &self.schedule.events;
         let time_of = |index: usize| events.get(index).map_or(Nanos::ZERO, |e| e.time);

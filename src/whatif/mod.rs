@@ -1,7 +1,7 @@
 //! **What-ifs**: answers to "what would change if …?" questions, each a small
 //! named transformation of the orchestrated [`Schedule`] (or of the allocator
 //! configuration) followed by the same simulation and report path as
-//! [`crate::estimate`]. None of them is a formula on the peak alone.
+//! [`crate::pipeline::estimate`]. None of them is a formula on the peak alone.
 //!
 //! One entry per what-if, each taking a [`Prepared`] and a [`Config`] and
 //! returning a plain serde result with its own versioned `schema`:
@@ -22,8 +22,8 @@
 //! - [`precision::compare`] — `memcast.whatif.precision/1`: the fp32 job under
 //!   bf16/fp16 autocast, an approximation with its rules listed.
 //!
-//! For a UI: every entry takes the [`Prepared`] that [`crate::prepare`] made
-//! (so the trace is read once) and the same [`Config`] as [`crate::estimate`]
+//! For a UI: every entry takes the [`Prepared`] that [`crate::pipeline::prepare`] made
+//! (so the trace is read once) and the same [`Config`] as [`crate::pipeline::estimate`]
 //! (its `reference` GPU gives the overheads of the peaks, its `gpus` the
 //! per-GPU fits); the batch what-if takes one [`Prepared`] per trace with its
 //! batch size ([`Prepared::batch_size`] when the trace shows it,
@@ -42,11 +42,12 @@ pub mod zero_grad;
 
 use serde::{Deserialize, Serialize};
 
+use crate::diag::Setting;
 use crate::orchestrator::{Schedule, ScheduleEvent};
+use crate::pipeline::{Config, Error, Prepared};
 use crate::report::Report;
 use crate::simulator::{self, AllocatorConfig, Simulation};
 use crate::units::{Bytes, Nanos};
-use crate::{Config, Error, Prepared};
 
 /// Why a what-if could not be answered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,12 +65,33 @@ pub enum WhatIfError {
     Inconsistent(String),
     #[error("the traces do not have the same sequence of blocks, so they are not the same job at different batch sizes: profile the same script with only the batch size changed, got block counts {0:?}")]
     DifferentJobs(Vec<usize>),
-    #[error("a distributed job needs at least one GPU: pass --world-size 1 or more, got {0:?}")]
+    #[error(
+        "a distributed job needs at least one GPU: set the number of GPUs to 1 or more, got {0:?}"
+    )]
     ZeroWorld(u32),
-    #[error("a batch size must be at least 1: pass --at 1 or more, got {0:?}")]
+    #[error(
+        "a batch size must be at least 1: set the batch size to evaluate to 1 or more, got {0:?}"
+    )]
     ZeroBatch(u32),
-    #[error("the batch size of a trace could not be identified from its data loader: pass the batch sizes explicitly with --batch, trace {0:?}")]
+    #[error("the batch size of a trace could not be identified from its data loader: give the batch size of each trace, trace {0:?}")]
     UnknownBatch(String),
+}
+
+impl WhatIfError {
+    /// The setting the message asks the user to give, if any.
+    pub fn setting(&self) -> Option<Setting> {
+        match self {
+            WhatIfError::Pipeline(err) => err.setting(),
+            WhatIfError::ZeroWorld(_) => Some(Setting::WorldSize),
+            WhatIfError::ZeroBatch(_) => Some(Setting::TargetBatch),
+            WhatIfError::UnknownBatch(_) => Some(Setting::BatchSizes),
+            WhatIfError::NoGradients(_)
+            | WhatIfError::TooFewTraces(_)
+            | WhatIfError::SameBatch(_)
+            | WhatIfError::Inconsistent(_)
+            | WhatIfError::DifferentJobs(_) => None,
+        }
+    }
 }
 
 /// The peak of one simulated variant, as `memcast estimate` reports it.
@@ -131,7 +153,7 @@ pub fn estimate_schedule(
         // The warnings of the trace stages belong to the input, not the variant.
         warnings: Vec::new(),
     };
-    Ok(crate::estimate(&variant, config, &mut |_| {})?.value)
+    Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }
 
 /// Simulates a schedule without a capacity limit on the reference GPU's
@@ -141,8 +163,8 @@ pub fn simulate_stats(
     config: &Config,
     allocator: &AllocatorConfig,
 ) -> Simulation {
-    let (ops, _) = crate::schedule_ops(schedule, &config.reference);
-    simulator::simulate(&ops, allocator, &simulator::Device::unlimited())
+    let (ops, _) = crate::pipeline::schedule_ops(schedule, &config.reference);
+    simulator::simulate(&ops, allocator, &simulator::GpuMemory::unlimited())
 }
 
 /// Where a retimed event goes.

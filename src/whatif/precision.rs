@@ -31,8 +31,8 @@ use super::alloc_settings::signed_delta;
 use super::distributed::{landmarks, At, Edit};
 use super::{estimate_schedule, fits_of, peak_only, Fit, PeakFigures, WhatIfError};
 use crate::orchestrator::{Category, Phase, Schedule, ScheduledBlock};
+use crate::pipeline::{Config, Prepared};
 use crate::units::Bytes;
-use crate::{Config, Prepared};
 
 /// The version tag of [`PrecisionComparison`].
 pub const SCHEMA: &str = "memcast.whatif.precision/1";

@@ -25,8 +25,8 @@ use super::alloc_settings::signed_delta;
 use super::distributed::{landmarks, At, Edit};
 use super::{estimate_schedule, retime, Anchor, PeakFigures, WhatIfError};
 use crate::orchestrator::{Category, EventKind, Phase, Schedule};
+use crate::pipeline::{Config, Prepared};
 use crate::units::Nanos;
-use crate::{Config, Prepared};
 
 /// The version tag of [`ZeroGradComparison`].
 pub const SCHEMA: &str = "memcast.whatif.zero_grad/1";

@@ -48,9 +48,24 @@ test("every fixture dropped in the page gives the same peak as `memcast estimate
     // which the page lets the user choose.
     await page.click("#report-json-details summary");
     const shown = JSON.parse(await page.inputValue("#report-json"));
-    for (const key of ["schema", "reference_gpu", "summary", "peak", "breakdown_at_peak", "top_layers", "timeline", "warnings"]) {
+    for (const key of ["schema", "reference_gpu", "summary", "peak", "breakdown_at_peak", "top_layers", "timeline"]) {
       assert.deepEqual(shown[key], expected[key], `${name}: ${key}`);
     }
+    // The same warnings, except that one asking the user for a setting ends
+    // each shell's way: the page in the user's terms, the CLI with its flag.
+    assert.deepEqual(shown.warnings.map((w) => w.code), expected.warnings.map((w) => w.code), `${name}: warnings`);
+    shown.warnings.forEach((warning, index) => {
+      const cli = expected.warnings[index];
+      if (!warning.setting) {
+        assert.deepEqual(warning, cli, `${name}: warning ${warning.code}`);
+        return;
+      }
+      let common = 0;
+      while (common < cli.message.length && warning.message[common] === cli.message[common]) common += 1;
+      assert.ok(common > cli.message.length / 2, `${name}: ${warning.code}: ${warning.message}`);
+      assert.ok(!warning.message.slice(common).includes("--"), `${name}: the page names a flag: ${warning.message}`);
+      assert.ok(cli.message.slice(common).includes("--"), `${name}: the CLI names no flag: ${cli.message}`);
+    });
   }
   // Includes the test driver's polling; benches/browser.mjs measures drop-to-result exactly.
   console.log(`time until the result was seen by the driver:\n  ${timings.join("\n  ")}`);

@@ -66,12 +66,13 @@ fn estimate_json_has_the_versioned_contract_and_equals_the_library_report() {
     assert_eq!(gpus[1]["capacity_bytes"], 24u64 << 30);
     assert!(gpus.iter().all(|g| g["fits"].is_boolean()));
 
-    // The CLI prints exactly what the library returns.
-    let config = Config::standard()
-        .with_gpus(&["a100-80gb".to_owned(), "24GiB".to_owned()])
-        .unwrap();
+    // The CLI prints exactly what the library returns, its warnings asking
+    // for the CLI's flags.
+    let config =
+        Config::for_gpus("a100-80gb", &["a100-80gb".to_owned(), "24GiB".to_owned()]).unwrap();
     let bytes = common::read_shared(TRACE);
-    let report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
+    let mut report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
+    crate::cli_terms::report(&mut report);
     assert_eq!(json, serde_json::to_value(&report).unwrap());
 }
 
@@ -190,7 +191,8 @@ fn threaded_reading_and_simulation_give_the_library_report() {
     std::fs::write(&plain_path, &plain).unwrap();
 
     let config = Config::standard();
-    let library = memcast::run(&gz, &config, &mut |_| {}).unwrap().value;
+    let mut library = memcast::run(&gz, &config, &mut |_| {}).unwrap().value;
+    crate::cli_terms::report(&mut library);
     let expected = serde_json::to_value(&library).unwrap();
     for path in [common::shared_file(name), plain_path.clone()] {
         let output = memcast(&["estimate", "--json", path.to_str().unwrap()]);

@@ -10,6 +10,10 @@
 )]
 
 mod common;
+// The CLI's words for the settings core messages ask for (its own source file).
+#[path = "../../src/bin/memcast/terms.rs"]
+#[allow(dead_code)]
+mod cli_terms;
 
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;

@@ -15,10 +15,18 @@ const GPUS: &[&str] = &["a100-80gb", "h100-80gb", "l4", "t4", "rtx-3060"];
 
 fn config() -> Config {
     let gpus: Vec<String> = GPUS.iter().map(|g| (*g).to_owned()).collect();
-    let mut config = Config::standard().with_gpus(&gpus).unwrap();
+    let mut config = Config::for_gpus(GPUS[0], &gpus).unwrap();
     // Few timeline points keep the snapshots reviewable.
     config.max_timeline_points = 48;
     config
+}
+
+/// [`config`] with one GPU, which is also the target.
+fn config_on(gpu: &str) -> Config {
+    Config {
+        max_timeline_points: 48,
+        ..Config::for_gpus(gpu, &[gpu.to_owned()]).unwrap()
+    }
 }
 
 fn trace_path(name: &str) -> String {
@@ -123,7 +131,10 @@ fn live_at(schedule: &Schedule, time: Nanos, category: Category) -> Bytes {
 fn every_fixture_report_matches_its_snapshot() {
     for (name, report) in reports() {
         let stem = name.trim_end_matches(".json.gz");
-        insta::assert_json_snapshot!(format!("estimate_{stem}"), report);
+        // As `memcast estimate --json` prints it: its warnings name the flags.
+        let mut printed = report.clone();
+        crate::cli_terms::report(&mut printed);
+        insta::assert_json_snapshot!(format!("estimate_{stem}"), printed);
     }
 }
 
@@ -332,8 +343,7 @@ fn verdicts_come_from_simulating_at_each_capacity() {
     );
     // Half the peak does not fit, and the shortfall is the difference.
     let half = format!("{}", total.get() / 2);
-    let mut small = config();
-    small = small.with_gpus(&[half]).unwrap();
+    let small = config_on(&half);
     let report = estimate(prepared, &small);
     let verdict = &report.gpus[0];
     assert!(!verdict.fits);
@@ -350,11 +360,11 @@ fn verdicts_come_from_simulating_at_each_capacity() {
     // Exactly the peak fits; the allocator may even release cache and retry
     // to fit slightly below it, but never below peak allocated + context.
     let exact = format!("{}", report.peak.total_bytes.get());
-    let report = estimate(prepared, &config().with_gpus(&[exact]).unwrap());
+    let report = estimate(prepared, &config_on(&exact));
     assert!(report.gpus[0].fits);
     let floor = report.peak.allocated_bytes + report.peak.context_bytes;
     let below = format!("{}", floor.get() - 1);
-    let report = estimate(prepared, &config().with_gpus(&[below]).unwrap());
+    let report = estimate(prepared, &config_on(&below));
     assert!(!report.gpus[0].fits);
 }
 
@@ -380,9 +390,7 @@ fn timelines_keep_the_peak_and_stay_small() {
 fn new_gpus_rerun_only_the_simulation_from_a_prepared_schedule() {
     let name = "resnet18_sgd_bs16_pos1.json.gz";
     let prepared = prepared_fixture(name);
-    let mut other = Config::standard()
-        .with_gpus(&["h200".to_owned(), "8GiB".to_owned()])
-        .unwrap();
+    let mut other = Config::for_gpus("h200", &["h200".to_owned(), "8GiB".to_owned()]).unwrap();
     other.alloc_conf = "expandable_segments:True".to_owned();
     let from_prepared = estimate(prepared, &other);
     let bytes = common::read_shared(&trace_path(name));

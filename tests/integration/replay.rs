@@ -35,8 +35,8 @@ fn figures(r: &ReplayReport) -> Vec<String> {
             r.segment_events_real,
             r.segment_events_matched,
             r.segment_events_simulated,
-            r.real_peak_reserved_bytes,
-            r.simulated_peak_reserved_bytes,
+            r.real_peak_reserved_bytes.get(),
+            r.simulated_peak_reserved_bytes.get(),
             r.start_state_repairs,
         ]
         .map(|v| v.to_string()),
@@ -184,7 +184,7 @@ fn corrupt_input_is_an_error_not_a_panic() {
     let data = common::read_shared(
         "ground-truth/memory_snapshots/silmont2000__assignment2-systems/mem_snapshot.pickle.gz",
     );
-    let plain = memcast::replay::maybe_gunzip(&data).unwrap().into_owned();
+    let plain = memcast::trace::gunzip(&data).unwrap().into_owned();
     for cut in [1, 10, plain.len() / 2, plain.len() - 1] {
         assert!(replay(&plain[..cut]).is_err(), "cut at {cut}");
     }
@@ -195,7 +195,8 @@ fn corrupt_input_is_an_error_not_a_panic() {
 mod robustness {
     //! Corrupted real files never panic the replay (seed-stable).
 
-    use memcast::replay::{maybe_gunzip, replay};
+    use memcast::replay::replay;
+    use memcast::trace::gunzip;
     use proptest::prelude::*;
     use proptest::test_runner::{Config, RngSeed};
 
@@ -223,7 +224,7 @@ mod robustness {
                 "ground-truth/memory_snapshots/silmont2000__assignment2-systems/mem_snapshot.pickle.gz",
                 "ground-truth/kineto_traces/AMD-AGI__TraceLens/h100__gaunernst_bert-small-uncased__1016001.json.gz",
             ][which];
-            let data = maybe_gunzip(&common::read_shared(path)).unwrap().into_owned();
+            let data = gunzip(&common::read_shared(path)).unwrap().into_owned();
             let mut bytes = data.clone();
             for (i, b) in &edits {
                 let at = i.index(bytes.len());

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use memcast::simulator::{AllocatorConfig, CachingAllocator, Device, RuleVersion};
+use memcast::simulator::{AllocatorConfig, CachingAllocator, GpuMemory, RuleVersion};
 use memcast::Bytes;
 use serde_json::Value;
 
@@ -54,8 +54,8 @@ fn run_vector(v: &Value) -> Result<(), String> {
     let parsed = AllocatorConfig::parse(&conf, version_for(config))
         .map_err(|e| format!("{name}: config {conf:?}: {e}"))?;
     let mut device = match v["device_capacity_bytes"].as_u64() {
-        Some(c) => Device::new(Bytes(c), Bytes(0)),
-        None => Device::unlimited(),
+        Some(c) => GpuMemory::new(Bytes(c), Bytes(0)),
+        None => GpuMemory::unlimited(),
     };
     device.memory_limit = config["allowed_memory_maximum_bytes"].as_u64().map(Bytes);
     let mut alloc = CachingAllocator::new(parsed, device);
@@ -126,7 +126,7 @@ mod properties {
     //! persisted failures).
 
     use memcast::simulator::{
-        simulate, AllocatorConfig, CachingAllocator, Device, RuleVersion, SimOp,
+        simulate, AllocatorConfig, CachingAllocator, GpuMemory, RuleVersion, SimOp,
     };
     use memcast::Bytes;
     use proptest::prelude::*;
@@ -198,8 +198,8 @@ mod properties {
             let config = AllocatorConfig::parse(conf, version).unwrap();
             let default_rules = conf.is_empty();
             let device = match capacity {
-                Some(c) => Device::new(Bytes(c), Bytes(0)),
-                None => Device::unlimited(),
+                Some(c) => GpuMemory::new(Bytes(c), Bytes(0)),
+                None => GpuMemory::unlimited(),
             };
             let mut alloc = CachingAllocator::new(config, device);
             let mut live = Vec::new();
@@ -265,15 +265,15 @@ mod properties {
             sim_ops.extend(live.iter().map(|&b| SimOp::Free { block: b }));
             sim_ops.push(SimOp::EmptyCache);
             let config = AllocatorConfig::pytorch_defaults();
-            let a = simulate(&sim_ops, &config, &Device::unlimited());
-            let b = simulate(&sim_ops, &config, &Device::unlimited());
+            let a = simulate(&sim_ops, &config, &GpuMemory::unlimited());
+            let b = simulate(&sim_ops, &config, &GpuMemory::unlimited());
             prop_assert_eq!(&a, &b);
             prop_assert_eq!(a.after_event.len(), sim_ops.len());
             prop_assert!(a.after_event.iter().all(|s| s.allocated <= s.reserved));
             let last = a.after_event.last().copied().unwrap_or_default();
-            prop_assert_eq!((last.allocated, last.reserved), (0, 0));
-            let peak = a.after_event.iter().map(|s| s.reserved).max().unwrap_or(0);
-            prop_assert_eq!(a.peak.reserved.get(), peak);
+            prop_assert_eq!((last.allocated, last.reserved), (Bytes::ZERO, Bytes::ZERO));
+            let peak = a.after_event.iter().map(|s| s.reserved).max().unwrap_or_default();
+            prop_assert_eq!(a.peak.reserved, peak);
             prop_assert!(a.warnings.is_empty());
         }
     }

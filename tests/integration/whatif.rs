@@ -25,7 +25,7 @@ fn config() -> Config {
         .iter()
         .map(|g| (*g).to_owned())
         .collect();
-    Config::standard().with_gpus(&gpus).unwrap()
+    Config::for_gpus(&gpus[0], &gpus).unwrap()
 }
 
 fn path(name: &str) -> String {

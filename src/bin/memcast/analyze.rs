@@ -4,15 +4,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::analyzer::{self, Analysis, AnalyzerConfig, BlockRole, Phase, ZeroGradPlacement};
-use memcast::{trace, Warning};
-use serde::Serialize;
-
-/// The version tag of the `--json` output.
-const SCHEMA: &str = "memcast.analyze/1";
-
-/// How many layers the text and JSON outputs list.
-const TOP_LAYERS: usize = 10;
+use memcast::analyzer::{self, AnalysisSummary, AnalyzerConfig, ZeroGradPlacement};
+use memcast::trace;
+use memcast::{Bytes, Nanos};
 
 #[derive(Debug, clap::Args)]
 pub struct AnalyzeArgs {
@@ -23,165 +17,13 @@ pub struct AnalyzeArgs {
     json: bool,
 }
 
-#[derive(Debug, Serialize)]
-struct Summary {
-    schema: &'static str,
-    iterations: usize,
-    blocks: usize,
-    persistent_blocks: usize,
-    unmatched_frees: usize,
-    parameters: Parameters,
-    recorded_on_cuda: bool,
-    peak_bytes: u64,
-    allocated_by_phase: Vec<PhaseBytes>,
-    iteration_details: Vec<IterationSummary>,
-    zero_grad: analyzer::ZeroGradFacts,
-    optimizer: analyzer::OptimizerFacts,
-    roles: Roles,
-    top_layers: Vec<LayerSummary>,
-    warnings: Vec<Warning>,
-}
-
-#[derive(Debug, Serialize)]
-struct Parameters {
-    count: usize,
-    bytes: u64,
-}
-
-#[derive(Debug, Serialize)]
-struct PhaseBytes {
-    phase: &'static str,
-    bytes: u64,
-}
-
-#[derive(Debug, Serialize)]
-struct PhaseTime {
-    phase: &'static str,
-    start_ns: i64,
-    end_ns: i64,
-}
-
-#[derive(Debug, Serialize)]
-struct IterationSummary {
-    label: Option<String>,
-    start_ns: i64,
-    end_ns: i64,
-    n_allocs: usize,
-    n_frees: usize,
-    peak_bytes: u64,
-    phases: Vec<PhaseTime>,
-    allocated_by_phase: Vec<PhaseBytes>,
-}
-
-#[derive(Debug, Serialize, Default)]
-struct Roles {
-    gradient_blocks: usize,
-    gradient_bytes: u64,
-    optimizer_state_blocks: usize,
-    optimizer_state_bytes: u64,
-    batch_blocks: usize,
-    batch_bytes: u64,
-    op_internal_blocks: usize,
-    cpu_scratch_blocks: usize,
-}
-
-#[derive(Debug, Serialize)]
-struct LayerSummary {
-    layer: String,
-    bytes: u64,
-    blocks: usize,
-}
-
-fn phase_bytes(map: &std::collections::BTreeMap<Phase, memcast::Bytes>) -> Vec<PhaseBytes> {
-    map.iter()
-        .map(|(phase, bytes)| PhaseBytes {
-            phase: phase.label(),
-            bytes: bytes.get(),
-        })
-        .collect()
-}
-
-fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> Summary {
-    let mut roles = Roles::default();
-    for block in &analysis.blocks {
-        let size = block.size.get();
-        match block.role {
-            BlockRole::Gradient { .. } => {
-                roles.gradient_blocks += 1;
-                roles.gradient_bytes += size;
-            }
-            BlockRole::OptimizerState => {
-                roles.optimizer_state_blocks += 1;
-                roles.optimizer_state_bytes += size;
-            }
-            BlockRole::Batch => {
-                roles.batch_blocks += 1;
-                roles.batch_bytes += size;
-            }
-            BlockRole::Other => {}
-        }
-        roles.op_internal_blocks += usize::from(block.op_internal);
-        roles.cpu_scratch_blocks += usize::from(block.cpu_scratch);
-    }
-    Summary {
-        schema: SCHEMA,
-        iterations: analysis.iterations.len(),
-        blocks: analysis.blocks.len(),
-        persistent_blocks: analysis.persistent_blocks().count(),
-        unmatched_frees: analysis.unmatched_frees.len(),
-        parameters: Parameters {
-            count: analysis.parameter_totals.count,
-            bytes: analysis.parameter_totals.bytes.get(),
-        },
-        recorded_on_cuda: analysis.devices.recorded_on_cuda,
-        peak_bytes: analysis.peak.bytes.get(),
-        allocated_by_phase: phase_bytes(&analysis.allocated_by_phase()),
-        iteration_details: analysis
-            .iterations
-            .iter()
-            .map(|it| IterationSummary {
-                label: it.label.clone(),
-                start_ns: it.start.get(),
-                end_ns: it.end.get(),
-                n_allocs: it.n_allocs,
-                n_frees: it.n_frees,
-                peak_bytes: it.peak.get(),
-                phases: it
-                    .phases
-                    .iter()
-                    .map(|p| PhaseTime {
-                        phase: p.phase.label(),
-                        start_ns: p.start.get(),
-                        end_ns: p.end.get(),
-                    })
-                    .collect(),
-                allocated_by_phase: phase_bytes(&it.allocated_by_phase),
-            })
-            .collect(),
-        zero_grad: analysis.zero_grad.clone(),
-        optimizer: analysis.optimizer.clone(),
-        roles,
-        top_layers: analysis
-            .layers_at_peak
-            .iter()
-            .take(TOP_LAYERS)
-            .map(|l| LayerSummary {
-                layer: l
-                    .layer
-                    .map_or("(no layer)".to_owned(), |id| analysis.name(id).to_owned()),
-                bytes: l.bytes.get(),
-                blocks: l.n_blocks,
-            })
-            .collect(),
-        warnings,
-    }
-}
-
-fn ms(ns: i64) -> String {
+fn ms(ns: Nanos) -> String {
+    let ns = ns.get();
     format!("{}.{:03} ms", ns / 1_000_000, (ns % 1_000_000).abs() / 1000)
 }
 
-fn mib(bytes: u64) -> String {
+fn mib(bytes: Bytes) -> String {
+    let bytes = bytes.get();
     format!(
         "{bytes} B ({}.{:02} MiB)",
         bytes >> 20,
@@ -189,7 +31,9 @@ fn mib(bytes: u64) -> String {
     )
 }
 
-fn print_text(s: &Summary) {
+/// Prints the summary as text: iterations with their phases, blocks, roles,
+/// optimizer, zero_grad, bytes by phase, top layers and warnings.
+fn print_text(s: &AnalysisSummary) {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(out, "iterations: {}", s.iterations);
@@ -211,7 +55,7 @@ fn print_text(s: &Summary) {
                 p.phase,
                 ms(p.start_ns),
                 ms(p.end_ns),
-                ms(p.end_ns - p.start_ns)
+                ms(p.end_ns.saturating_sub(p.start_ns))
             );
         }
     }
@@ -297,7 +141,7 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot analyze the trace {:?}", args.trace))?;
     let mut warnings = parsed.warnings;
     warnings.extend(analyzed.warnings);
-    let summary = summarize(&analyzed.value, warnings);
+    let summary = analyzer::summarize(&analyzed.value, warnings);
     if args.json {
         let mut text = serde_json::to_string_pretty(&summary)?;
         text.push('\n');

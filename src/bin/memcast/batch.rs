@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use memcast::whatif::batch::{self, BatchInput, BatchSweep};
-use memcast::{Config, Prepared};
+use memcast::Prepared;
 
 use crate::whatif::mib;
 
@@ -47,7 +47,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             args.batches
         );
     }
-    let mut config = Config::standard().with_gpus(&args.gpus)?;
+    let mut config = crate::config_for(&args.gpus)?;
     config.orchestrator.iterations = args.iterations;
     let mut prepared: Vec<Prepared> = Vec::with_capacity(args.traces.len());
     let mut known: Vec<Option<u32>> = Vec::with_capacity(args.traces.len());

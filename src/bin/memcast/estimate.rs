@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use memcast::orchestrator::OptimizerPath;
 use memcast::report::Report;
-use memcast::{Bytes, Config};
+use memcast::Bytes;
 
 use crate::presets::gib;
 
@@ -45,7 +45,7 @@ pub struct Args {
 /// Runs the estimate and prints it.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut source = crate::source::FileSource::open(&args.trace)?;
-    let mut config = Config::standard().with_gpus(&args.gpus)?;
+    let mut config = crate::config_for(&args.gpus)?;
     if let Some(context) = &args.context {
         let bytes = if context.trim() == "0" {
             Bytes::ZERO
@@ -59,9 +59,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.captured_optimizer {
         config.orchestrator.optimizer_path = OptimizerPath::Captured;
     }
-    let report = memcast::run_from(&mut source, &config, &mut |_| {}, &crate::source::Threads)
+    let mut report = memcast::run_from(&mut source, &config, &mut |_| {}, &crate::source::Threads)
         .with_context(|| format!("failed to estimate {:?}", args.trace))?
         .value;
+    crate::terms::report(&mut report);
     let mut out = String::new();
     if args.json {
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report)?);
@@ -81,6 +82,8 @@ fn row(out: &mut String, label: &str, bytes: Bytes) {
     );
 }
 
+/// Prints the estimate as tables: the peak, the summary, the breakdown at
+/// the peak, the verdict per GPU, the top layers and the warnings.
 fn print_table(out: &mut String, report: &Report) {
     let peak = &report.peak;
     let summary = &report.summary;

@@ -8,6 +8,7 @@ mod estimate;
 mod presets;
 mod replay;
 mod source;
+mod terms;
 mod whatif;
 
 use std::io::Write as _;
@@ -44,6 +45,16 @@ enum Command {
     Whatif(whatif::WhatIf),
 }
 
+/// The estimate's settings for the `--gpu` list: the first is the target
+/// (the GPU whose overheads the headline peak uses), all are compared; none:
+/// the default target and every preset.
+pub(crate) fn config_for(gpus: &[String]) -> anyhow::Result<memcast::Config> {
+    let target = gpus
+        .first()
+        .map_or(memcast::pipeline::DEFAULT_TARGET, String::as_str);
+    Ok(memcast::Config::for_gpus(target, gpus)?)
+}
+
 /// Writes command output; a closed pipe is not an error.
 pub(crate) fn write_stdout(text: &str) {
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
@@ -62,7 +73,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            let _ = writeln!(std::io::stderr().lock(), "error: {err:#}");
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "error: {}",
+                terms::error_line(&err)
+            );
             ExitCode::FAILURE
         }
     }

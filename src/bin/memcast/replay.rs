@@ -40,6 +40,8 @@ fn gib(b: u64) -> String {
     format!("{:.3} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
+/// The replay report as text: the start state, the exact-match rates, the
+/// peaks, the segment decisions, addresses and the first divergence.
 fn text(r: &ReplayReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
@@ -54,10 +56,10 @@ fn text(r: &ReplayReport) -> String {
         } else if r.kind == ReplayKind::Profiler {
             format!(
                 "reserved {} at the first event (layout unknown; cache warmed by replaying the window twice)",
-                gib(r.start_reserved_bytes)
+                gib(r.start_reserved_bytes.get())
             )
         } else {
-            format!("reserved {} rebuilt", gib(r.start_reserved_bytes))
+            format!("reserved {} rebuilt", gib(r.start_reserved_bytes.get()))
         },
         if r.start_state_repairs > 0 {
             format!(", {} inferred blocks repaired", r.start_state_repairs)
@@ -84,11 +86,11 @@ fn text(r: &ReplayReport) -> String {
     let _ = writeln!(
         s,
         "peak reserved: real {} ({} B), simulated {} ({} B){}",
-        gib(r.real_peak_reserved_bytes),
-        r.real_peak_reserved_bytes,
-        gib(r.simulated_peak_reserved_bytes),
-        r.simulated_peak_reserved_bytes,
-        if r.real_peak_reserved_bytes == r.simulated_peak_reserved_bytes {
+        gib(r.real_peak_reserved_bytes.get()),
+        r.real_peak_reserved_bytes.get(),
+        gib(r.simulated_peak_reserved_bytes.get()),
+        r.simulated_peak_reserved_bytes.get(),
+        if r.real_peak_reserved_bytes.get() == r.simulated_peak_reserved_bytes.get() {
             "  exact"
         } else {
             ""

@@ -69,7 +69,7 @@ pub struct Common {
 impl Common {
     fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
         let mut source = crate::source::FileSource::open(&self.trace)?;
-        let mut config = Config::standard().with_gpus(&self.gpus)?;
+        let mut config = crate::config_for(&self.gpus)?;
         config.orchestrator.iterations = self.iterations;
         let prepared = memcast::prepare_from(&mut source, &config, &mut |_| {})
             .with_context(|| format!("failed to prepare {:?}", self.trace))?;
@@ -257,6 +257,8 @@ fn percent(part: Bytes, whole: Bytes) -> String {
     format!("{}.{}%", tenths / 10, tenths % 10)
 }
 
+/// Prints the planned-allocation what-if: the lower bound, both planners'
+/// plans, PyTorch's allocated and reserved, and the kept plan's groups.
 fn print_plan(out: &mut String, result: &planned::PlanResult) {
     let _ = writeln!(
         out,

@@ -9,10 +9,10 @@
 //! them with no sorting: `O(n²)` simple comparisons in all, about 30 ms for
 //! the largest fixture's 7 749 requests in a release build.
 
-use super::{Plan, Request};
+use super::{Plan, PlanRequest};
 
 /// Places every request by best fit.
-pub fn plan(requests: &[Request]) -> Plan {
+pub fn plan(requests: &[PlanRequest]) -> Plan {
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&i| {
         let r = requests.get(i).copied().unwrap_or_default();
@@ -49,7 +49,7 @@ impl AddressOrdered {
         self.top
     }
 
-    pub(super) fn insert(&mut self, offset: u64, request: &Request) {
+    pub(super) fn insert(&mut self, offset: u64, request: &PlanRequest) {
         let end = offset.saturating_add(request.size);
         let item = (offset, end, request.start, request.end);
         let at = self.items.partition_point(|probe| *probe < item);
@@ -59,7 +59,7 @@ impl AddressOrdered {
 
     /// The address ranges busy during the request's lifetime, in address
     /// order (they may overlap each other).
-    fn busy<'a>(&'a self, request: &'a Request) -> impl Iterator<Item = (u64, u64)> + 'a {
+    fn busy<'a>(&'a self, request: &'a PlanRequest) -> impl Iterator<Item = (u64, u64)> + 'a {
         self.items
             .iter()
             .filter(|item| item.2 < request.end && request.start < item.3)
@@ -68,7 +68,7 @@ impl AddressOrdered {
 
     /// The start of the smallest gap that holds the request over its whole
     /// lifetime, or the top of what is busy then.
-    pub(super) fn best_fit(&self, request: &Request) -> u64 {
+    pub(super) fn best_fit(&self, request: &PlanRequest) -> u64 {
         let mut best: Option<(u64, u64)> = None;
         let mut cursor = 0u64;
         for (begin, end) in self.busy(request) {
@@ -85,7 +85,7 @@ impl AddressOrdered {
 
     /// The lowest address from `from` at which the request is free over its
     /// whole lifetime.
-    pub(super) fn first_fit(&self, request: &Request, from: u64) -> u64 {
+    pub(super) fn first_fit(&self, request: &PlanRequest, from: u64) -> u64 {
         let mut cursor = from;
         for (begin, end) in self.busy(request) {
             if begin >= cursor.saturating_add(request.size) {
@@ -101,8 +101,8 @@ impl AddressOrdered {
 mod tests {
     use super::*;
 
-    fn req(size: u64, start: usize, end: usize) -> Request {
-        Request { size, start, end }
+    fn req(size: u64, start: usize, end: usize) -> PlanRequest {
+        PlanRequest { size, start, end }
     }
 
     #[test]

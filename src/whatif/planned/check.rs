@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Plan, Request};
+use super::{Plan, PlanRequest};
 
 /// Why a plan is not valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -30,7 +30,7 @@ pub enum Invalid {
 /// address. Lifetimes are half-open `[start, end)`: a request freed at an
 /// index may share its address with one allocated at that index. Requests of
 /// size 0 occupy nothing.
-pub fn validate(requests: &[Request], plan: &Plan) -> Result<(), Invalid> {
+pub fn validate(requests: &[PlanRequest], plan: &Plan) -> Result<(), Invalid> {
     if plan.offsets.len() != requests.len() {
         return Err(Invalid::Length {
             offsets: plan.offsets.len(),
@@ -89,8 +89,8 @@ fn collision(a: usize, b: usize) -> Invalid {
 mod tests {
     use super::*;
 
-    fn req(size: u64, start: usize, end: usize) -> Request {
-        Request { size, start, end }
+    fn req(size: u64, start: usize, end: usize) -> PlanRequest {
+        PlanRequest { size, start, end }
     }
 
     fn plan(offsets: &[u64], top: u64) -> Plan {
@@ -101,7 +101,7 @@ mod tests {
     }
 
     /// The quadratic definition, to compare the sweep with.
-    fn brute_force(requests: &[Request], offsets: &[u64]) -> bool {
+    fn brute_force(requests: &[PlanRequest], offsets: &[u64]) -> bool {
         requests.iter().enumerate().all(|(i, a)| {
             requests.iter().enumerate().skip(i + 1).all(|(j, b)| {
                 let in_time = a.start < b.end && b.start < a.end;
@@ -153,7 +153,7 @@ mod tests {
         };
         for _ in 0..300 {
             let n = 1 + next(12) as usize;
-            let requests: Vec<Request> = (0..n)
+            let requests: Vec<PlanRequest> = (0..n)
                 .map(|_| {
                     let start = next(10) as usize;
                     req(next(4) * 8, start, start + 1 + next(6) as usize)

@@ -104,9 +104,9 @@ use serde::{Deserialize, Serialize};
 
 use super::WhatIfError;
 use crate::orchestrator::Phase;
-use crate::simulator::{self, AllocatorConfig, Device, SimOp};
+use crate::pipeline::{Config, Prepared};
+use crate::simulator::{self, AllocatorConfig, GpuMemory, SimOp};
 use crate::units::{Bytes, Nanos};
-use crate::{Config, Prepared};
 
 /// The version tag of [`PlanResult`].
 pub const SCHEMA: &str = "memcast.whatif.plan/1";
@@ -167,7 +167,7 @@ pub struct PlanResult {
 /// One request of the plan: rounded size and lifetime in op indices
 /// `[start, end)`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Request {
+pub struct PlanRequest {
     pub size: u64,
     pub start: usize,
     pub end: usize,
@@ -182,14 +182,14 @@ pub struct Plan {
 }
 
 /// The requests of an op sequence, rounded with `allocator`'s rules.
-pub fn requests(ops: &[SimOp], allocator: &AllocatorConfig) -> Vec<Request> {
+pub fn requests(ops: &[SimOp], allocator: &AllocatorConfig) -> Vec<PlanRequest> {
     let mut open: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
-    let mut out: Vec<Request> = Vec::new();
+    let mut out: Vec<PlanRequest> = Vec::new();
     for (index, op) in ops.iter().enumerate() {
         match *op {
             SimOp::Alloc { block, size, .. } if size.get() > 0 => {
                 open.insert(block, out.len());
-                out.push(Request {
+                out.push(PlanRequest {
                     size: allocator.round_size(size.get()),
                     start: index,
                     end: ops.len() + 1,
@@ -210,7 +210,7 @@ pub fn requests(ops: &[SimOp], allocator: &AllocatorConfig) -> Vec<Request> {
 /// free ops (`op_times` gives each op's time); a request never freed ends
 /// with the sequence, in the phase of its last op.
 pub fn request_phases(
-    requests: &[Request],
+    requests: &[PlanRequest],
     op_times: &[Nanos],
     timeline: &stweaver::PhaseTimeline,
 ) -> Vec<(stweaver::PhaseSlot, stweaver::PhaseSlot)> {
@@ -227,7 +227,7 @@ pub fn request_phases(
 }
 
 /// The most bytes live at once.
-pub fn live_lower_bound(requests: &[Request]) -> u64 {
+pub fn live_lower_bound(requests: &[PlanRequest]) -> u64 {
     let mut deltas: Vec<(usize, i128)> = Vec::with_capacity(requests.len() * 2);
     for r in requests {
         deltas.push((r.start, i128::from(r.size)));
@@ -258,7 +258,7 @@ fn permille(part: u64, whole: u64) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plans {
     /// The requests of the sequence (rounded sizes, op-index lifetimes).
-    pub requests: Vec<Request>,
+    pub requests: Vec<PlanRequest>,
     /// The (start, end) phase of every request.
     pub phases: Vec<(stweaver::PhaseSlot, stweaver::PhaseSlot)>,
     pub stweaver: stweaver::StweaverPlan,
@@ -274,16 +274,16 @@ pub fn plan_sequence(prepared: &Prepared, config: &Config) -> Result<Plans, What
         AllocatorConfig::pytorch_defaults()
     } else {
         AllocatorConfig::parse(&config.alloc_conf, simulator::RuleVersion::New)
-            .map_err(crate::Error::from)?
+            .map_err(crate::pipeline::Error::from)?
     };
     let schedule = &prepared.orchestrated.schedule;
-    let (ops, ops_through) = crate::schedule_ops(schedule, &config.reference);
+    let (ops, ops_through) = crate::pipeline::schedule_ops(schedule, &config.reference);
     // The time of each op: that of the event that issued it.
     let mut op_times: Vec<Nanos> = Vec::with_capacity(ops.len());
     for (event, &through) in schedule.events.iter().zip(&ops_through) {
         op_times.resize(through.max(op_times.len()), event.time);
     }
-    let simulation = simulator::simulate(&ops, &allocator, &Device::unlimited());
+    let simulation = simulator::simulate(&ops, &allocator, &GpuMemory::unlimited());
     let requests = requests(&ops, &allocator);
     // The paper's computation phases: forward and backward of each
     // iteration; the rest (data loading, zero_grad, optimizer step) lies in
@@ -364,8 +364,8 @@ pub fn compare(prepared: &Prepared, config: &Config) -> Result<PlanResult, WhatI
 mod tests {
     use super::*;
 
-    fn req(size: u64, start: usize, end: usize) -> Request {
-        Request { size, start, end }
+    fn req(size: u64, start: usize, end: usize) -> PlanRequest {
+        PlanRequest { size, start, end }
     }
 
     #[test]
@@ -430,7 +430,7 @@ mod tests {
         };
         for _ in 0..40 {
             let n = 60;
-            let requests: Vec<Request> = (0..n)
+            let requests: Vec<PlanRequest> = (0..n)
                 .map(|i| {
                     let len = 1 + next(15) as usize;
                     req(512 * (1 + next(8)), i, i + len)

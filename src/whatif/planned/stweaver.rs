@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::best_fit::AddressOrdered;
-use super::{Plan, Request};
+use super::{Plan, PlanRequest};
 use crate::units::Nanos;
 
 /// A computation phase of the sequence: the position of a moment among the
@@ -59,7 +59,7 @@ pub struct StweaverPlan {
 
 /// Plans `requests`, whose phases are `phases` (start, end; one pair per
 /// request).
-pub fn plan(requests: &[Request], phases: &[(PhaseSlot, PhaseSlot)]) -> StweaverPlan {
+pub fn plan(requests: &[PlanRequest], phases: &[(PhaseSlot, PhaseSlot)]) -> StweaverPlan {
     // 1. HomoPhase groups, in phase order.
     let mut groups: BTreeMap<(PhaseSlot, PhaseSlot), Vec<usize>> = BTreeMap::new();
     for (index, request) in requests.iter().enumerate() {
@@ -79,9 +79,9 @@ pub fn plan(requests: &[Request], phases: &[(PhaseSlot, PhaseSlot)]) -> Stweaver
     let fused = fuse_adjacent(requests, locals);
     // 4. Global planning: every fused group is one request of its plan's
     //    size and span, laid out in memory layers.
-    let boxes: Vec<Request> = fused
+    let boxes: Vec<PlanRequest> = fused
         .iter()
-        .map(|local| Request {
+        .map(|local| PlanRequest {
             size: local.size,
             start: local.start,
             end: local.end,
@@ -132,7 +132,7 @@ struct Layer {
 impl Layer {
     /// The smallest free gap of the band that holds `request` over its
     /// whole lifetime, as `(gap width, offset in the band)`.
-    fn best_gap(&self, request: &Request) -> Option<(u64, u64)> {
+    fn best_gap(&self, request: &PlanRequest) -> Option<(u64, u64)> {
         if self.size < request.size {
             return None;
         }
@@ -176,7 +176,7 @@ impl Layer {
 /// get new layers by [`algorithm_1`]. The layers are then stacked in the
 /// order they were made, so an item's address is its layer's base plus its
 /// offset in the layer. Items of size 0 get offset 0 and no layer.
-pub fn layered(items: &[Request]) -> Layered {
+pub fn layered(items: &[PlanRequest]) -> Layered {
     let mut order: Vec<usize> = (0..items.len())
         .filter(|&i| items.get(i).is_some_and(|r| r.size > 0))
         .collect();
@@ -216,7 +216,7 @@ pub fn layered(items: &[Request]) -> Layered {
                 None => rest.push(index),
             }
         }
-        let rest_requests: Vec<Request> = rest
+        let rest_requests: Vec<PlanRequest> = rest
             .iter()
             .map(|&i| items.get(i).copied().unwrap_or_default())
             .collect();
@@ -271,7 +271,7 @@ pub fn layered(items: &[Request]) -> Layered {
 /// For requests of one size this uses exactly as many layers as the most
 /// requests live at one moment, the least any plan can use (see the module
 /// documentation of [`super`] for the proof).
-pub fn algorithm_1(requests: &[Request]) -> Vec<(Vec<usize>, u64)> {
+pub fn algorithm_1(requests: &[PlanRequest]) -> Vec<(Vec<usize>, u64)> {
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&i| {
         let r = requests.get(i).copied().unwrap_or_default();
@@ -314,7 +314,7 @@ struct Local {
     /// (start phase, end phase) of the group; a fused group spans from the
     /// first one's start phase to the last one's end phase.
     phases: (PhaseSlot, PhaseSlot),
-    /// Request indices.
+    /// PlanRequest indices.
     members: Vec<usize>,
     /// Offsets relative to the group, one per member.
     offsets: Vec<u64>,
@@ -327,8 +327,12 @@ struct Local {
 
 impl Local {
     /// A group's local plan: its requests laid out by [`layered`].
-    fn plan(requests: &[Request], phases: (PhaseSlot, PhaseSlot), members: Vec<usize>) -> Local {
-        let items: Vec<Request> = members
+    fn plan(
+        requests: &[PlanRequest],
+        phases: (PhaseSlot, PhaseSlot),
+        members: Vec<usize>,
+    ) -> Local {
+        let items: Vec<PlanRequest> = members
             .iter()
             .map(|&m| requests.get(m).copied().unwrap_or_default())
             .collect();
@@ -337,7 +341,7 @@ impl Local {
     }
 
     fn from_parts(
-        requests: &[Request],
+        requests: &[PlanRequest],
         phases: (PhaseSlot, PhaseSlot),
         members: Vec<usize>,
         offsets: Vec<u64>,
@@ -376,7 +380,7 @@ impl Local {
 /// chain and absorbs, in phase order, the first later group whose start
 /// phase is the chain's end phase and whose fusion is accepted, then looks
 /// again from the new end phase, until no candidate is accepted.
-fn fuse_adjacent(requests: &[Request], locals: Vec<Local>) -> Vec<Local> {
+fn fuse_adjacent(requests: &[PlanRequest], locals: Vec<Local>) -> Vec<Local> {
     let mut slots: Vec<Option<Local>> = locals.into_iter().map(Some).collect();
     let mut out: Vec<Local> = Vec::new();
     for first in 0..slots.len() {
@@ -415,7 +419,7 @@ fn fuse_adjacent(requests: &[Request], locals: Vec<Local>) -> Vec<Local> {
 /// earliest start first, goes to the lowest address, from the larger plan's
 /// lowest one, at which it is free over its whole lifetime (our reading of
 /// the paper's cursor walk; see the module documentation of [`super`]).
-fn fuse(requests: &[Request], a: &Local, b: &Local) -> Local {
+fn fuse(requests: &[PlanRequest], a: &Local, b: &Local) -> Local {
     // The paper assumes different sizes; on a tie the plan with the larger
     // box hosts.
     let (host, guest) = if (b.size, b.box_area()) > (a.size, a.box_area()) {
@@ -434,7 +438,7 @@ fn fuse(requests: &[Request], a: &Local, b: &Local) -> Local {
         let r = guest
             .members
             .get(g)
-            .map_or_else(Request::default, |&m| request_of(m));
+            .map_or_else(PlanRequest::default, |&m| request_of(m));
         (r.start, r.end, g)
     });
     let mut guest_offsets = vec![0u64; guest.members.len()];
@@ -460,12 +464,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn req(size: u64, start: usize, end: usize) -> Request {
-        Request { size, start, end }
+    fn req(size: u64, start: usize, end: usize) -> PlanRequest {
+        PlanRequest { size, start, end }
     }
 
     /// The most requests live at one moment.
-    fn max_overlap(requests: &[Request]) -> usize {
+    fn max_overlap(requests: &[PlanRequest]) -> usize {
         let mut events: Vec<(usize, i32)> = Vec::new();
         for r in requests {
             events.push((r.start, 1));
@@ -592,7 +596,7 @@ mod tests {
             spans in proptest::collection::vec((0usize..200, 1usize..40), 0..120),
             size in 1u64..10_000,
         ) {
-            let requests: Vec<Request> = spans
+            let requests: Vec<PlanRequest> = spans
                 .iter()
                 .map(|&(start, len)| req(size, start, start + len))
                 .collect();
@@ -619,7 +623,7 @@ mod tests {
         fn plans_are_valid_and_deterministic(
             spans in proptest::collection::vec((0usize..300, 1usize..60, 1u64..6, 0u32..4), 0..150),
         ) {
-            let requests: Vec<Request> = spans
+            let requests: Vec<PlanRequest> = spans
                 .iter()
                 .map(|&(start, len, size, _)| req(size * 512, start, start + len))
                 .collect();

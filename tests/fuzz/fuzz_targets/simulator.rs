@@ -7,7 +7,7 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use memcast::simulator::{self, AllocatorConfig, Device, RuleVersion, SimOp};
+use memcast::simulator::{self, AllocatorConfig, GpuMemory, RuleVersion, SimOp};
 use memcast::Bytes;
 
 /// Allocator settings the sequences run under.
@@ -49,11 +49,11 @@ fuzz_target!(|input: Input| {
         panic!("preset conf {conf:?} must parse");
     };
     let device = match input.capacity_mib {
-        Some(mib) => Device {
+        Some(mib) => GpuMemory {
             memory_limit: Some(Bytes(u64::from(mib) << 19)),
-            ..Device::new(Bytes(u64::from(mib) << 20), Bytes(0))
+            ..GpuMemory::new(Bytes(u64::from(mib) << 20), Bytes(0))
         },
-        None => Device::unlimited(),
+        None => GpuMemory::unlimited(),
     };
     let mut ops: Vec<SimOp> = Vec::with_capacity(input.ops.len() + 257);
     let mut live: [Option<u64>; 256] = [None; 256];
@@ -108,16 +108,16 @@ fuzz_target!(|input: Input| {
             "event {index}: {sample:?}"
         );
         assert!(
-            sample.reserved <= run.peak.reserved.get(),
+            sample.reserved <= run.peak.reserved,
             "event {index}: above the peak"
         );
         assert!(
-            sample.allocated <= run.peak.allocated.get(),
+            sample.allocated <= run.peak.allocated,
             "event {index}: above the peak"
         );
         if let Some(capacity) = device.available_to_allocator() {
             assert!(
-                sample.reserved <= capacity,
+                sample.reserved.get() <= capacity,
                 "event {index}: reserved past the device"
             );
         }
@@ -137,7 +137,7 @@ fuzz_target!(|input: Input| {
             .map(|&s| config.round_size(s))
             .sum();
         assert!(
-            sample.allocated >= rounded,
+            sample.allocated.get() >= rounded,
             "event {index}: allocated {} < rounded live {rounded}",
             sample.allocated
         );

@@ -1,0 +1,196 @@
+//! The analysis as the user reads it: the versioned `memcast.analyze/1`
+//! summary that `memcast analyze --json` prints (and its text form is made
+//! from). Built here, in the core, so that every shell shows the same figures.
+//!
+//! To add a field: add it to [`AnalysisSummary`] (or one of its parts) and
+//! fill it in [`summarize`]; additions keep the schema version, a renamed or
+//! removed field needs a new one.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Analysis, BlockRole, OptimizerFacts, Phase, ZeroGradFacts};
+use crate::diag::Warning;
+use crate::units::{Bytes, Nanos};
+
+/// The version tag of [`AnalysisSummary`].
+pub const SUMMARY_SCHEMA: &str = "memcast.analyze/1";
+
+/// How many layers the summary lists.
+pub const SUMMARY_TOP_LAYERS: usize = 10;
+
+/// What the analyzer found in a trace (schema [`SUMMARY_SCHEMA`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnalysisSummary {
+    pub schema: String,
+    pub iterations: usize,
+    pub blocks: usize,
+    pub persistent_blocks: usize,
+    /// Frees of memory allocated before profiling.
+    pub unmatched_frees: usize,
+    pub parameters: ParameterSummary,
+    pub recorded_on_cuda: bool,
+    /// The peak of the trace's own allocations.
+    pub peak_bytes: Bytes,
+    pub allocated_by_phase: Vec<PhaseBytes>,
+    pub iteration_details: Vec<IterationSummary>,
+    pub zero_grad: ZeroGradFacts,
+    pub optimizer: OptimizerFacts,
+    pub roles: RoleTotals,
+    /// The layers with the most live bytes at the peak, at most
+    /// [`SUMMARY_TOP_LAYERS`].
+    pub top_layers: Vec<LayerSummary>,
+    /// The warnings of the trace reader and the analyzer.
+    pub warnings: Vec<Warning>,
+}
+
+/// The parameters inferred from the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParameterSummary {
+    pub count: usize,
+    pub bytes: Bytes,
+}
+
+/// Bytes allocated in one phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseBytes {
+    /// [`Phase::label`].
+    pub phase: String,
+    pub bytes: Bytes,
+}
+
+/// When one phase of an iteration ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseTime {
+    /// [`Phase::label`].
+    pub phase: String,
+    pub start_ns: Nanos,
+    pub end_ns: Nanos,
+}
+
+/// One training iteration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterationSummary {
+    /// The `ProfilerStep#N` annotation, if any.
+    pub label: Option<String>,
+    pub start_ns: Nanos,
+    pub end_ns: Nanos,
+    pub n_allocs: usize,
+    pub n_frees: usize,
+    pub peak_bytes: Bytes,
+    pub phases: Vec<PhaseTime>,
+    pub allocated_by_phase: Vec<PhaseBytes>,
+}
+
+/// Blocks and bytes by the role the analyzer gave them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleTotals {
+    pub gradient_blocks: usize,
+    pub gradient_bytes: Bytes,
+    pub optimizer_state_blocks: usize,
+    pub optimizer_state_bytes: Bytes,
+    pub batch_blocks: usize,
+    pub batch_bytes: Bytes,
+    pub op_internal_blocks: usize,
+    pub cpu_scratch_blocks: usize,
+}
+
+/// One layer's live bytes at the peak.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerSummary {
+    /// The module path, or `(no layer)`.
+    pub layer: String,
+    pub bytes: Bytes,
+    pub blocks: usize,
+}
+
+fn phase_bytes(map: &BTreeMap<Phase, Bytes>) -> Vec<PhaseBytes> {
+    map.iter()
+        .map(|(phase, &bytes)| PhaseBytes {
+            phase: phase.label().to_owned(),
+            bytes,
+        })
+        .collect()
+}
+
+fn role_totals(analysis: &Analysis) -> RoleTotals {
+    let mut roles = RoleTotals::default();
+    for block in &analysis.blocks {
+        let size = block.size;
+        match block.role {
+            BlockRole::Gradient { .. } => {
+                roles.gradient_blocks += 1;
+                roles.gradient_bytes += size;
+            }
+            BlockRole::OptimizerState => {
+                roles.optimizer_state_blocks += 1;
+                roles.optimizer_state_bytes += size;
+            }
+            BlockRole::Batch => {
+                roles.batch_blocks += 1;
+                roles.batch_bytes += size;
+            }
+            BlockRole::Other => {}
+        }
+        roles.op_internal_blocks += usize::from(block.op_internal);
+        roles.cpu_scratch_blocks += usize::from(block.cpu_scratch);
+    }
+    roles
+}
+
+/// The summary of an analysis, with the warnings of the stages that made it.
+pub fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> AnalysisSummary {
+    AnalysisSummary {
+        schema: SUMMARY_SCHEMA.to_owned(),
+        iterations: analysis.iterations.len(),
+        blocks: analysis.blocks.len(),
+        persistent_blocks: analysis.persistent_blocks().count(),
+        unmatched_frees: analysis.unmatched_frees.len(),
+        parameters: ParameterSummary {
+            count: analysis.parameter_totals.count,
+            bytes: analysis.parameter_totals.bytes,
+        },
+        recorded_on_cuda: analysis.devices.recorded_on_cuda,
+        peak_bytes: analysis.peak.bytes,
+        allocated_by_phase: phase_bytes(&analysis.allocated_by_phase()),
+        iteration_details: analysis
+            .iterations
+            .iter()
+            .map(|it| IterationSummary {
+                label: it.label.clone(),
+                start_ns: it.start,
+                end_ns: it.end,
+                n_allocs: it.n_allocs,
+                n_frees: it.n_frees,
+                peak_bytes: it.peak,
+                phases: it
+                    .phases
+                    .iter()
+                    .map(|p| PhaseTime {
+                        phase: p.phase.label().to_owned(),
+                        start_ns: p.start,
+                        end_ns: p.end,
+                    })
+                    .collect(),
+                allocated_by_phase: phase_bytes(&it.allocated_by_phase),
+            })
+            .collect(),
+        zero_grad: analysis.zero_grad.clone(),
+        optimizer: analysis.optimizer.clone(),
+        roles: role_totals(analysis),
+        top_layers: analysis
+            .layers_at_peak
+            .iter()
+            .take(SUMMARY_TOP_LAYERS)
+            .map(|l| LayerSummary {
+                layer: l
+                    .layer
+                    .map_or("(no layer)".to_owned(), |id| analysis.name(id).to_owned()),
+                bytes: l.bytes,
+                blocks: l.n_blocks,
+            })
+            .collect(),
+        warnings,
+    }
+}

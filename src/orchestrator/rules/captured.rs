@@ -1,0 +1,169 @@
+//! Rule `activations` and the captured blocks: every block of the trace that
+//! a CUDA run also makes, over the planned iterations, with its category.
+
+use std::collections::BTreeMap;
+
+use super::dropped::dropped_by;
+use super::iterations::{allocations_of, IterationPlan};
+use super::order::Key;
+use super::{name_of, Item, RuleCounts};
+use crate::analyzer::{self, Analysis, Block, BlockRole};
+use crate::orchestrator::schedule::Category;
+use crate::units::Nanos;
+
+/// Rule `activations` (and the categories of captured blocks): roles from the
+/// analyzer; other blocks are temporaries when freed inside the op or the
+/// optimizer step that made them, activations otherwise.
+pub(super) fn category_of(block: &Block) -> Category {
+    match block.role {
+        BlockRole::Gradient { .. } => Category::Gradient,
+        BlockRole::OptimizerState => Category::OptimizerState,
+        BlockRole::Batch => Category::Batch,
+        BlockRole::Other => {
+            let step_temporary = block.alloc_phase == analyzer::Phase::OptimizerStep
+                && block.free_phase == Some(analyzer::Phase::OptimizerStep)
+                && block.free_iteration == block.alloc_iteration;
+            if block.op_internal || step_temporary {
+                Category::Temporary
+            } else {
+                Category::Activation
+            }
+        }
+    }
+}
+
+/// Builds the trace-derived items for every simulated iteration, applying the
+/// drop rules ([`dropped_by`]), the categories and the iteration plan:
+/// blocks of a repeated iteration are copied with their times shifted, and a
+/// block the repeated iteration leaves live is freed where its counterpart
+/// of the iteration before was freed, one period later. Blocks outside every
+/// iteration keep their times. Returns the items and per-rule drop counts.
+pub(super) fn captured_items(analysis: &Analysis, plan: &IterationPlan) -> (Vec<Item>, RuleCounts) {
+    let mut dropped = RuleCounts::new();
+    let mut keep = |block: &Block| match dropped_by(analysis, block) {
+        Some(rule) => {
+            *dropped.entry(rule).or_default() += 1;
+            false
+        }
+        None => true,
+    };
+    // Correspondence of the repeated iteration's blocks with the previous
+    // iteration's, for the frees that happen one iteration later.
+    let mut next_free: BTreeMap<usize, (Nanos, usize)> = BTreeMap::new();
+    if let Some(repeated) = plan.repeated {
+        let last = repeated.source;
+        let previous = allocations_of(analysis, last.saturating_sub(1));
+        let current = allocations_of(analysis, last);
+        for (p, c) in previous.iter().zip(&current) {
+            if let (Some(ts), Some(event)) = (p.free_ts, p.free_event) {
+                if c.free_ts.is_none() {
+                    next_free.insert(c.id, (ts, event));
+                }
+            }
+        }
+    }
+    let repeated_source = plan.repeated.map(|r| r.source);
+    let copies_of_last = plan
+        .copies
+        .iter()
+        .filter(|copy| Some(copy.source) == repeated_source)
+        .count();
+    let mut items = Vec::new();
+    for copy in &plan.copies {
+        let (sim, source, offset) = (copy.simulated, copy.source, copy.offset);
+        // Which copy of the repeated iteration this is (0: a captured one).
+        let copy_index = plan
+            .repeated
+            .filter(|repeated| repeated.source == source)
+            .map_or(0, |repeated| {
+                if repeated.period.get() > 0 {
+                    (offset.get() / repeated.period.get()) as u64
+                } else {
+                    0
+                }
+            });
+        for block in analysis
+            .blocks
+            .iter()
+            .filter(|b| b.alloc_iteration == Some(source))
+        {
+            if !keep(block) {
+                continue;
+            }
+            let own_free = block.free_ts.zip(block.free_event).and_then(|(ts, event)| {
+                if plan.cut.is_some_and(|cut| ts >= cut) {
+                    None
+                } else {
+                    Some(Key::captured(ts.saturating_add(offset), copy_index, event))
+                }
+            });
+            let free = own_free.or_else(|| {
+                let (ts, event) = next_free.get(&block.id)?;
+                let next_copy = copy_index + 1;
+                if next_copy as usize >= copies_of_last {
+                    return None;
+                }
+                let period = plan.repeated?.period;
+                let time = ts.saturating_add(Nanos(period.get().saturating_mul(next_copy as i64)));
+                Some(Key::captured(time, next_copy, *event))
+            });
+            items.push(item_of(
+                analysis,
+                block,
+                Some(sim),
+                offset,
+                copy_index,
+                free,
+            ));
+        }
+    }
+    // Blocks outside every iteration keep their captured times; when the last
+    // iteration is repeated, those after it would collide with the copies and
+    // are left out.
+    let last_end = analysis.iterations.last().map(|it| it.end);
+    for block in analysis
+        .blocks
+        .iter()
+        .filter(|b| b.alloc_iteration.is_none())
+    {
+        let after_last =
+            plan.repeated.is_some() && last_end.is_some_and(|end| block.alloc_ts > end);
+        if after_last || plan.cut.is_some_and(|cut| block.alloc_ts >= cut) || !keep(block) {
+            continue;
+        }
+        let free = block.free_ts.zip(block.free_event).and_then(|(ts, event)| {
+            plan.cut
+                .is_none_or(|cut| ts < cut)
+                .then_some(Key::captured(ts, 0, event))
+        });
+        items.push(item_of(analysis, block, None, Nanos::ZERO, 0, free));
+    }
+    (items, dropped)
+}
+
+/// The item of a captured block in copy `copy` of its iteration, shifted by
+/// `offset`.
+fn item_of(
+    analysis: &Analysis,
+    block: &Block,
+    iteration: Option<u32>,
+    offset: Nanos,
+    copy: u64,
+    free: Option<Key>,
+) -> Item {
+    Item {
+        size: block.size,
+        category: category_of(block),
+        iteration,
+        phase: block.alloc_phase,
+        op: name_of(analysis, block.alloc_op_name),
+        layer: name_of(analysis, block.layer),
+        alloc: Key::captured(
+            block.alloc_ts.saturating_add(offset),
+            copy,
+            block.alloc_event,
+        ),
+        free,
+        source: Some(block.id),
+    }
+}

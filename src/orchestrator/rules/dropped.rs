@@ -1,0 +1,92 @@
+//! Rules `other_device`, `cpu_scratch`, `host_data_loading` and
+//! `host_step_counters`: captured blocks that a CUDA run of the same script
+//! does not allocate through the caching allocator, dropped from the schedule.
+
+use super::RuleId;
+use crate::analyzer::{self, Analysis, Block, BlockRole};
+use crate::units::Bytes;
+
+/// torch.optim optimizers whose step counter is a host scalar by default.
+const HOST_STEP_OPTIMIZERS: &[&str] = &[
+    "Adam",
+    "AdamW",
+    "Adagrad",
+    "RMSprop",
+    "NAdam",
+    "RAdam",
+    "Adamax",
+    "ASGD",
+    "Adadelta",
+    "Adafactor",
+    "Rprop",
+];
+
+/// The rules that drop a captured block, in the order they are tried: a
+/// block dropped by several counts for the first.
+const DROP_RULES: [RuleId; 4] = [
+    RuleId::OtherDevice,
+    RuleId::CpuScratch,
+    RuleId::HostDataLoading,
+    RuleId::HostStepCounters,
+];
+
+/// The rule that drops a captured block, if one does.
+pub(super) fn dropped_by(analysis: &Analysis, block: &Block) -> Option<RuleId> {
+    DROP_RULES
+        .into_iter()
+        .find(|&rule| drops(rule, analysis, block))
+}
+
+/// Whether `rule` drops `block`; rules that do not drop blocks never do.
+fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
+    match rule {
+        RuleId::OtherDevice => rule_other_device(analysis, block),
+        RuleId::CpuScratch => rule_cpu_scratch(block),
+        RuleId::HostDataLoading => rule_host_data_loading(block),
+        RuleId::HostStepCounters => rule_host_step_counters(analysis, block),
+        RuleId::Parameters
+        | RuleId::BatchnormBuffers
+        | RuleId::ConstructorOptimizerState
+        | RuleId::Activations
+        | RuleId::Gradients
+        | RuleId::BatchHandover
+        | RuleId::ForeachOptimizer
+        | RuleId::Iterations
+        | RuleId::CublasWorkspaces => false,
+    }
+}
+
+/// Rule `other_device`: a GPU trace's CPU blocks are host memory; a CPU
+/// trace's blocks stand for the GPU run's. GPU blocks are CUDA or HIP (ROCm
+/// builds use the same caching allocator).
+fn rule_other_device(analysis: &Analysis, block: &Block) -> bool {
+    if analysis.devices.recorded_on_cuda {
+        !block.device.is_gpu()
+    } else {
+        block.device != crate::trace::Device::Cpu
+    }
+}
+
+/// Rule `cpu_scratch`: oneDNN/mkldnn operator-internal blocks have no CUDA
+/// counterpart (the analyzer flags them by op-name prefix).
+fn rule_cpu_scratch(block: &Block) -> bool {
+    block.cpu_scratch
+}
+
+/// Rule `host_data_loading`: everything the DataLoader's `__next__` allocates
+/// except the batch is host memory on a CUDA run.
+fn rule_host_data_loading(block: &Block) -> bool {
+    block.alloc_phase == analyzer::Phase::DataLoading && block.role != BlockRole::Batch
+}
+
+/// Rule `host_step_counters`: `torch.optim` optimizers keep `state["step"]`
+/// as a host scalar unless `capturable` or `fused` is set.
+fn rule_host_step_counters(analysis: &Analysis, block: &Block) -> bool {
+    let torch_optim = analysis.optimizer.torch_optim != Some(false);
+    let host_step = analysis
+        .optimizer
+        .class_name
+        .as_deref()
+        .is_some_and(|class| HOST_STEP_OPTIMIZERS.contains(&class));
+    torch_optim && host_step && block.role == BlockRole::OptimizerState && block.size <= Bytes(8)
+}

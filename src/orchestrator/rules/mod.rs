@@ -1,0 +1,287 @@
+//! The orchestration rules, one function each, named by [`RuleId`].
+//!
+//! A CPU trace is evidence of tensor sizes and lifetimes, not of what a CUDA
+//! run holds: parameters, buffers and constructor-built optimizer state were
+//! allocated before profiling; oneDNN scratch, the data loader's work and the
+//! optimizer's step counters live in host memory on a CUDA run; and CUDA runs
+//! the multi-tensor optimizer path. Each rule turns one of these differences
+//! into blocks of the schedule:
+//!
+//! - [`setup`] — `parameters`, `batchnorm_buffers`, `constructor_optimizer_state`;
+//! - [`dropped`] — `other_device`, `cpu_scratch`, `host_data_loading`,
+//!   `host_step_counters` (captured blocks a CUDA run does not make);
+//! - [`captured`] — `activations` (the categories of the captured blocks) over
+//!   the planned iterations;
+//! - [`iterations`] — `iterations` (which captured iteration each simulated one
+//!   repeats) and the phase windows;
+//! - [`lifetimes`] — `gradients`, `batch_handover`;
+//! - [`foreach`] — `foreach_optimizer`;
+//! - [`workspaces`] — `cublas_workspaces`.
+//!
+//! [`apply_all`] runs them in [`RuleId::ALL`] order. To add a rule: add its
+//! [`RuleId`] variant (the compiler then asks for its name, summary and
+//! whether it drops captured blocks), write its function in the file of its
+//! kind, and call it from [`apply_all`], counting what it did.
+
+mod captured;
+mod dropped;
+mod foreach;
+mod iterations;
+mod lifetimes;
+mod order;
+mod setup;
+mod workspaces;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use foreach::foreach_temporary_lists;
+pub use workspaces::CUBLAS_OPS;
+
+use super::schedule::{
+    BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
+    ScheduledBlock,
+};
+use super::{OrchestrationFacts, OrchestratorConfig, RuleCount};
+use crate::analyzer::Analysis;
+use crate::diag::Warning;
+use crate::trace::NameId;
+use crate::units::{Bytes, Nanos};
+use order::Key;
+
+/// An orchestration rule. The report counts what each did under its
+/// [`RuleId::name`] (its serde name), in declaration order, which is the
+/// order the rules apply in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleId {
+    Parameters,
+    BatchnormBuffers,
+    ConstructorOptimizerState,
+    OtherDevice,
+    CpuScratch,
+    HostDataLoading,
+    HostStepCounters,
+    Activations,
+    Gradients,
+    BatchHandover,
+    ForeachOptimizer,
+    Iterations,
+    CublasWorkspaces,
+}
+
+impl RuleId {
+    /// Every rule, in the order they apply (and the report lists them).
+    pub const ALL: [RuleId; 13] = [
+        RuleId::Parameters,
+        RuleId::BatchnormBuffers,
+        RuleId::ConstructorOptimizerState,
+        RuleId::OtherDevice,
+        RuleId::CpuScratch,
+        RuleId::HostDataLoading,
+        RuleId::HostStepCounters,
+        RuleId::Activations,
+        RuleId::Gradients,
+        RuleId::BatchHandover,
+        RuleId::ForeachOptimizer,
+        RuleId::Iterations,
+        RuleId::CublasWorkspaces,
+    ];
+
+    /// The rule's name, as the report and the docs write it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            RuleId::Parameters => "parameters",
+            RuleId::BatchnormBuffers => "batchnorm_buffers",
+            RuleId::ConstructorOptimizerState => "constructor_optimizer_state",
+            RuleId::OtherDevice => "other_device",
+            RuleId::CpuScratch => "cpu_scratch",
+            RuleId::HostDataLoading => "host_data_loading",
+            RuleId::HostStepCounters => "host_step_counters",
+            RuleId::Activations => "activations",
+            RuleId::Gradients => "gradients",
+            RuleId::BatchHandover => "batch_handover",
+            RuleId::ForeachOptimizer => "foreach_optimizer",
+            RuleId::Iterations => "iterations",
+            RuleId::CublasWorkspaces => "cublas_workspaces",
+        }
+    }
+
+    /// What the rule does.
+    pub const fn summary(self) -> &'static str {
+        match self {
+            RuleId::Parameters => "one persistent block per parameter inferred from AccumulateGrad shapes, allocated first, in module order, as model.to(device) does",
+            RuleId::BatchnormBuffers => "running_mean, running_var (the BatchNorm weight's shape and dtype) and num_batches_tracked (8 bytes) of every BatchNorm layer, allocated after its parameters",
+            RuleId::ConstructorOptimizerState => "state built in the optimizer constructor before profiling (Adagrad's sum, one block per parameter) added by calculation",
+            RuleId::OtherDevice => "only blocks of the profiled device are kept: CPU blocks of a CPU trace, CUDA blocks of a CUDA trace (its CPU blocks are host memory)",
+            RuleId::CpuScratch => "operator-internal blocks of CPU-only kernels (oneDNN/mkldnn weight reorders, flagged by the analyzer) are dropped",
+            RuleId::HostDataLoading => "blocks the DataLoader allocates and frees inside __next__ live in host memory on a CUDA run and are dropped; the batch tensors are kept",
+            RuleId::HostStepCounters => "scalar optimizer step counters (at most 8 bytes) of torch.optim optimizers stay on the host unless capturable or fused, and are dropped",
+            RuleId::Activations => "other forward and backward blocks keep their CPU lifetimes; blocks freed inside the op or optimizer step that made them are temporaries",
+            RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
+            RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
+            RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",
+            RuleId::Iterations => "simulate the requested number of iterations (default 3): later iterations repeat the last captured one, which is in steady state",
+            RuleId::CublasWorkspaces => "one cuBLAS workspace per thread and stream, allocated through the caching allocator at the first forward (main thread) and backward (autograd thread) of the run",
+        }
+    }
+}
+
+/// How many blocks each rule added, dropped or moved.
+type RuleCounts = BTreeMap<RuleId, u32>;
+
+/// One block instance while the rules run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Item {
+    pub size: Bytes,
+    pub category: Category,
+    pub iteration: Option<u32>,
+    pub phase: Phase,
+    pub op: Option<String>,
+    pub layer: Option<String>,
+    pub alloc: Key,
+    pub free: Option<Key>,
+    /// The analyzer block it comes from, if any.
+    pub source: Option<usize>,
+}
+
+/// A name of the analysis, `None` when absent or empty.
+fn name_of(analysis: &Analysis, id: Option<NameId>) -> Option<String> {
+    id.map(|id| analysis.name(id).to_owned())
+        .filter(|name| !name.is_empty())
+}
+
+/// A count that fits the report's `u32`.
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Applies every rule in [`RuleId::ALL`] order: the setup blocks, the
+/// captured blocks over the planned iterations (minus the dropped ones), the
+/// lifetime rules, the foreach optimizer path and the cuBLAS workspaces;
+/// then sorts everything into a schedule. Returns the schedule and what each
+/// rule did.
+pub(crate) fn apply_all(
+    analysis: &Analysis,
+    config: &OrchestratorConfig,
+    warnings: &mut Vec<Warning>,
+) -> (Schedule, OrchestrationFacts) {
+    let mut counts = RuleCounts::new();
+    let mut items = setup::setup_items(analysis, &mut counts, warnings);
+
+    // Captured blocks over the planned iterations.
+    let plan = iterations::plan_iterations(analysis, config.iterations, warnings);
+    let (captured, dropped) = captured::captured_items(analysis, &plan);
+    counts.extend(dropped);
+    items.extend(captured);
+    let windows = iterations::phase_windows(analysis, &plan);
+
+    let moved = lifetimes::rule_gradients(&mut items, &windows);
+    counts.insert(RuleId::Gradients, moved);
+    if analysis.zero_grad.set_to_none == Some(false) {
+        warnings.push(Warning::new(
+            "gradients_kept",
+            "zero_grad(set_to_none=False) was captured: gradients stay allocated across iterations",
+        ));
+    }
+    let handovers = lifetimes::handovers(&windows);
+    let moved = lifetimes::rule_batch_handover(&mut items, &handovers);
+    counts.insert(RuleId::BatchHandover, moved);
+
+    let foreach_modelled = foreach::apply_foreach(
+        analysis,
+        config.optimizer_path,
+        &windows,
+        &mut items,
+        &mut counts,
+        warnings,
+    );
+
+    let start_of_first_iteration = plan
+        .copies
+        .first()
+        .and_then(|c| analysis.iterations.get(c.source))
+        .map(|it| it.start);
+    let workspaces = workspaces::rule_cublas_workspaces(&items, &windows, start_of_first_iteration);
+    counts.insert(RuleId::CublasWorkspaces, count(workspaces.len()));
+    items.extend(workspaces);
+    warnings.push(Warning::new(
+        "cudnn_workspace_not_modelled",
+        "cuDNN convolution workspaces are transient and depend on the algorithm cuDNN picks on the GPU; they are not in a CPU trace and are not modelled",
+    ));
+
+    let facts = OrchestrationFacts {
+        iterations_captured: count(analysis.iterations.len()),
+        iterations_simulated: count(plan.copies.len()),
+        foreach_modelled,
+        // In rule order: `RuleId`'s order is its declaration order.
+        rule_counts: counts
+            .into_iter()
+            .map(|(rule, blocks)| RuleCount { rule, blocks })
+            .collect(),
+    };
+    let mut schedule = into_schedule(items, iterations::iteration_spans(analysis, &plan));
+    schedule.phases = windows;
+    (schedule, facts)
+}
+
+/// Turns items into a schedule: blocks in allocation order, events sorted by
+/// key (an allocation before its own free when they tie).
+fn into_schedule(mut items: Vec<Item>, iterations: Vec<IterationSpan>) -> Schedule {
+    items.sort_by_key(|item| item.alloc);
+    let mut events: Vec<(Key, u8, ScheduleEvent)> = Vec::with_capacity(items.len() * 2);
+    let mut blocks = Vec::with_capacity(items.len());
+    for (index, item) in items.into_iter().enumerate() {
+        let id = BlockId(index as u32);
+        events.push((
+            item.alloc,
+            0,
+            ScheduleEvent {
+                time: item.alloc.time,
+                kind: EventKind::Alloc,
+                block: id,
+            },
+        ));
+        if let Some(free) = item.free {
+            let free = free.max(item.alloc);
+            events.push((
+                free,
+                1,
+                ScheduleEvent {
+                    time: free.time,
+                    kind: EventKind::Free,
+                    block: id,
+                },
+            ));
+        }
+        blocks.push(ScheduledBlock {
+            size: item.size,
+            category: item.category,
+            iteration: item.iteration,
+            phase: item.phase,
+            op: item.op,
+            layer: item.layer,
+        });
+    }
+    events.sort_by_key(|&(key, kind, event)| (key, kind, event.block));
+    Schedule {
+        blocks,
+        events: events.into_iter().map(|(_, _, event)| event).collect(),
+        iterations,
+        phases: Vec::new(),
+    }
+}
+
+/// The windows of one phase, in schedule order.
+fn windows_of(windows: &[PhaseWindow], phase: Phase) -> impl Iterator<Item = &PhaseWindow> {
+    windows.iter().filter(move |w| w.phase == phase)
+}
+
+/// The start of the first window of a phase.
+fn first_start(windows: &[PhaseWindow], phase: Phase) -> Option<Nanos> {
+    windows_of(windows, phase).map(|w| w.start).min()
+}

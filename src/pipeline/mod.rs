@@ -1,0 +1,332 @@
+//! The pipeline: the stages of [`crate`] run in order, with the settings of a
+//! whole estimate ([`Config`]) and the half-way point the UI and the what-ifs
+//! reuse ([`Prepared`]).
+//!
+//! - [`prepare_from`] (and [`prepare`] on bytes in memory): trace →
+//!   analyzer → orchestrator, giving a [`Prepared`];
+//! - [`estimate_with`] (and [`estimate`]): simulate on the reference GPU and
+//!   on every selected GPU at its capacity ([`runs`]), then report;
+//! - [`run_from`] and [`run`]: both in turn;
+//! - [`simulate_schedule`] and [`schedule_ops`]: the orchestrator → simulator
+//!   glue the estimate and the what-ifs share ([`simulate`]).
+//!
+//! Invariants: no I/O and no threads (a shell hands the input in piece by
+//! piece through a [`TraceSource`] and runs independent simulations its own
+//! way through a [`Parallel`]); the report does not depend on how the
+//! simulations were run.
+
+mod config;
+mod runs;
+mod simulate;
+
+pub use config::{Config, DEFAULT_TARGET};
+pub use runs::{InTurn, Parallel, SimulationJob};
+pub use simulate::{schedule_ops, simulate_schedule};
+
+use serde::{Deserialize, Serialize};
+
+use crate::analyzer::{self, AnalyzeError};
+use crate::diag::{Setting, Warned, Warning};
+use crate::orchestrator::{self, OrchestrateError, Orchestrated};
+use crate::presets::PresetError;
+use crate::report::{self, Report, ReportError};
+use crate::simulator::ConfigError;
+use crate::trace::{self, TraceError, TraceSource};
+use crate::units::Bytes;
+
+/// The pipeline step being worked on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    Parsing,
+    Analyzing,
+    Orchestrating,
+    Simulating,
+    Reporting,
+}
+
+/// Progress of a run: `done` out of `total` units of the current stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub stage: Stage,
+    pub done: u64,
+    pub total: u64,
+}
+
+impl Progress {
+    /// The start of a stage counted in one unit.
+    fn start(stage: Stage) -> Progress {
+        Progress {
+            stage,
+            done: 0,
+            total: 1,
+        }
+    }
+}
+
+/// Why an estimate failed; each stage's error, with its advice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error(transparent)]
+    Analyze(#[from] AnalyzeError),
+    #[error(transparent)]
+    Orchestrate(#[from] OrchestrateError),
+    #[error(transparent)]
+    AllocatorConfig(#[from] ConfigError),
+    #[error(transparent)]
+    Gpu(#[from] PresetError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+}
+
+impl Error {
+    /// The setting the message asks the user to give, if any: each shell
+    /// names its own control for it.
+    pub fn setting(&self) -> Option<Setting> {
+        match self {
+            Error::Orchestrate(err) => err.setting(),
+            Error::Trace(_)
+            | Error::Analyze(_)
+            | Error::AllocatorConfig(_)
+            | Error::Gpu(_)
+            | Error::Report(_) => None,
+        }
+    }
+}
+
+/// A trace parsed, analyzed and orchestrated: everything up to the
+/// simulation. [`estimate`] runs the simulation and report from it, so a UI can
+/// change GPUs or allocator settings without reading the trace again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepared {
+    pub orchestrated: Orchestrated,
+    pub optimizer: Option<String>,
+    pub parameter_bytes: Bytes,
+    pub n_parameters: u32,
+    /// Samples per batch, when the trace shows it
+    /// ([`analyzer::loader_batch_size`]).
+    pub batch_size: Option<u32>,
+    /// Warnings of the trace, analyzer and orchestrator stages.
+    pub warnings: Vec<Warning>,
+}
+
+/// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
+///
+/// ```
+/// // A one-iteration trace of a tiny Linear model, as torch.profiler writes it.
+/// let bytes = include_bytes!("../../tests/fixtures/tiny_step.json");
+/// let config = memcast::Config::for_gpus("t4", &["t4".to_owned()]).unwrap();
+/// let report = memcast::run(bytes, &config, &mut |_| {}).unwrap().value;
+/// assert_eq!(report.schema, "memcast.estimate/1");
+/// assert_eq!(report.breakdown_at_peak.total(), report.peak.total_bytes);
+/// assert!(report.gpus[0].fits);
+/// ```
+pub fn run(
+    bytes: &[u8],
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Warned<Report>, Error> {
+    let prepared = prepare(bytes, config, progress)?;
+    estimate(&prepared, config, progress)
+}
+
+/// Runs the whole pipeline on a trace read piece by piece from `source`
+/// (what the CLI and the worker call: neither holds the whole file).
+///
+/// `parallel` runs the simulations (see [`estimate_with`]).
+pub fn run_from(
+    source: &mut dyn TraceSource,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Warned<Report>, Error> {
+    let prepared = prepare_from(source, config, progress)?;
+    estimate_with(&prepared, config, progress, parallel)
+}
+
+/// Parses, analyzes and orchestrates a trace.
+pub fn prepare(
+    bytes: &[u8],
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Prepared, Error> {
+    prepare_from(&mut trace::SliceSource::new(bytes), config, progress)
+}
+
+/// Parses, analyzes and orchestrates a trace read piece by piece from `source`.
+pub fn prepare_from(
+    source: &mut dyn TraceSource,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Prepared, Error> {
+    let trace = trace::read(source, &mut |done, total| {
+        progress(Progress {
+            stage: Stage::Parsing,
+            done,
+            total,
+        });
+    })?;
+    let mut warnings = trace.warnings;
+    progress(Progress::start(Stage::Analyzing));
+    let analysis = analyzer::analyze(&trace.value, &config.analyzer)?;
+    warnings.extend(analysis.warnings);
+    let analysis = analysis.value;
+    progress(Progress::start(Stage::Orchestrating));
+    let orchestrated = orchestrator::orchestrate(&analysis, &config.orchestrator)?;
+    warnings.extend(orchestrated.warnings);
+    Ok(Prepared {
+        orchestrated: orchestrated.value,
+        optimizer: analysis.optimizer.class_name.clone(),
+        parameter_bytes: analysis.parameters.iter().map(|p| p.bytes).sum(),
+        n_parameters: u32::try_from(analysis.parameters.len()).unwrap_or(u32::MAX),
+        batch_size: analysis.batch_size,
+        warnings,
+    })
+}
+
+/// Simulates a prepared schedule on the reference GPU (without a capacity
+/// limit) and on every GPU of `config` (at its capacity), and builds the report.
+pub fn estimate(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Warned<Report>, Error> {
+    estimate_with(prepared, config, progress, &InTurn)
+}
+
+/// Estimates like [`estimate`], running the simulations (the reference
+/// GPU's and each GPU's) with `parallel`. The report does not depend on how
+/// they were run.
+pub fn estimate_with(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Warned<Report>, Error> {
+    let allocator = config.allocator()?;
+    let runs = runs::simulate_all(prepared, config, &allocator, progress, parallel)?;
+    progress(Progress::start(Stage::Reporting));
+    let mut warnings = prepared.warnings.clone();
+    warnings.extend(config.context_advice());
+    let input = runs.report_input(prepared, config, warnings);
+    let report = report::build(&input)?;
+    Ok(Warned {
+        warnings: report.warnings.clone(),
+        value: report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::OrchestratorConfig;
+    use crate::presets;
+
+    const TINY: &[u8] = include_bytes!("../../tests/fixtures/tiny_step.json");
+
+    fn gpus(names: &[&str]) -> Vec<String> {
+        names.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    #[test]
+    fn progress_walks_through_every_stage_in_order() {
+        let config = Config::for_gpus("t4", &gpus(&["t4", "l4"])).unwrap();
+        let mut seen: Vec<Progress> = Vec::new();
+        run(TINY, &config, &mut |p| seen.push(p)).unwrap();
+        let mut stages: Vec<Stage> = seen.iter().map(|p| p.stage).collect();
+        stages.dedup();
+        assert_eq!(
+            stages,
+            vec![
+                Stage::Parsing,
+                Stage::Analyzing,
+                Stage::Orchestrating,
+                Stage::Simulating,
+                Stage::Reporting
+            ]
+        );
+        let simulating: Vec<(u64, u64)> = seen
+            .iter()
+            .filter(|p| p.stage == Stage::Simulating)
+            .map(|p| (p.done, p.total))
+            .collect();
+        // The reference GPU and two GPUs: one unlimited run per workspace
+        // size, one run at capacity per GPU.
+        let total = simulating[0].1;
+        assert!(total >= 3, "{simulating:?}");
+        let expected: Vec<(u64, u64)> = (0..=total).map(|done| (done, total)).collect();
+        assert_eq!(simulating, expected);
+        assert!(seen.iter().all(|p| p.done <= p.total));
+    }
+
+    #[test]
+    fn stage_errors_reach_the_caller_with_their_advice() {
+        let config = Config::standard();
+        let err = run(b"", &config, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::Trace(TraceError::Empty)));
+        let bad_conf = Config {
+            alloc_conf: "no_such_option:1".to_owned(),
+            ..Config::standard()
+        };
+        let err = run(TINY, &bad_conf, &mut |_| {}).unwrap_err();
+        assert!(matches!(err, Error::AllocatorConfig(_)), "{err}");
+        assert!(err.to_string().contains("no_such_option"), "{err}");
+        let err = Config::for_gpus("a100-80gb", &gpus(&["a100"])).unwrap_err();
+        assert!(matches!(err, Error::Gpu(PresetError::Unknown(_))));
+        let err = Config::for_gpus("a100", &[]).unwrap_err();
+        assert!(matches!(err, Error::Gpu(PresetError::Unknown(_))));
+        let zero = Config {
+            orchestrator: OrchestratorConfig {
+                iterations: 0,
+                ..OrchestratorConfig::standard()
+            },
+            ..Config::standard()
+        };
+        let err = run(TINY, &zero, &mut |_| {}).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::Orchestrate(OrchestrateError::NoIterations(0))
+        ));
+    }
+
+    #[test]
+    fn the_context_warning_is_only_given_for_the_assumed_value() {
+        let assumed = Config::for_gpus("t4", &gpus(&["t4"])).unwrap();
+        let report = run(TINY, &assumed, &mut |_| {}).unwrap();
+        assert!(report.warnings.iter().any(|w| w.code == "context_assumed"));
+        let measured = assumed.with_context(Bytes(700 * Bytes::MIB));
+        let report = run(TINY, &measured, &mut |_| {}).unwrap();
+        assert!(!report.warnings.iter().any(|w| w.code == "context_assumed"));
+        assert_eq!(report.value.peak.context_bytes, Bytes(700 * Bytes::MIB));
+    }
+
+    #[test]
+    fn the_context_override_applies_to_every_gpu() {
+        let config = Config::standard().with_context(Bytes(123));
+        assert_eq!(config.reference.overheads.context_bytes, Bytes(123));
+        assert!(config
+            .gpus
+            .iter()
+            .all(|g| g.overheads.context_bytes == Bytes(123)));
+        assert_eq!(config.gpus.len(), presets::PRESETS.len());
+        assert_eq!(config.reference.name, "a100-80gb");
+    }
+
+    #[test]
+    fn the_target_and_the_compared_gpus_are_given_apart() {
+        // The page: the default target, the selected GPUs compared.
+        let page = Config::for_gpus(DEFAULT_TARGET, &gpus(&["t4", "l4"])).unwrap();
+        assert_eq!(page.reference.name, "a100-80gb");
+        let names: Vec<&str> = page.gpus.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["t4", "l4"]);
+        // No GPUs: every preset, as the standard estimate.
+        let every = Config::for_gpus(DEFAULT_TARGET, &[]).unwrap();
+        assert_eq!(every, Config::standard());
+        // A custom size as the target.
+        let custom = Config::for_gpus("24GiB", &gpus(&["24GiB"])).unwrap();
+        assert_eq!(custom.reference.capacity, Bytes(24 * Bytes::GIB));
+    }
+}
