@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::lifecycle::Life;
-use super::phases::{locate, OPT_STEP_PREFIX, ZERO_GRAD_PREFIX};
+use super::phases::{locate, OPT_STEP_PREFIX};
 use super::spans::SpanIndex;
 use super::{
     Analysis, AnalyzerConfig, BlockRole, DeviceSummary, Iteration, LayerAtPeak, Names,
@@ -17,6 +17,24 @@ use crate::units::{Bytes, Nanos};
 
 use super::ACCUMULATE_GRAD;
 const FOREACH_PREFIX: &str = "aten::_foreach_";
+
+/// The optimizers `torch.optim` defines (PyTorch 2.x).
+const TORCH_OPTIM_CLASSES: &[&str] = &[
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adagrad",
+    "Adadelta",
+    "Adamax",
+    "ASGD",
+    "NAdam",
+    "RAdam",
+    "RMSprop",
+    "Rprop",
+    "LBFGS",
+    "SparseAdam",
+    "Adafactor",
+];
 
 /// Fills the op, layer, iteration, phase and internal-ness of every block.
 pub(crate) fn attribute(
@@ -120,6 +138,11 @@ pub(crate) struct Evidence {
 struct AccCall {
     op: usize,
     iteration: usize,
+    /// The backward pass (micro-batch) of the iteration it ran in: its
+    /// position among the iteration's backward spans.
+    pass: usize,
+    /// The end of that backward pass (the call's own end without one).
+    pass_end: Nanos,
     shape: Vec<i64>,
     numel: u64,
     dtype: Option<String>,
@@ -153,6 +176,17 @@ pub(crate) fn evidence(
         let Some(iteration) = locate(iterations, op.start).0 else {
             continue;
         };
+        let (pass, pass_end) = iterations
+            .get(iteration)
+            .and_then(|it| {
+                it.phases
+                    .iter()
+                    .filter(|p| p.phase == Phase::Backward)
+                    .enumerate()
+                    .find(|(_, p)| p.start <= op.start && op.start <= p.end)
+                    .map(|(k, p)| (k, p.end.max(op.end)))
+            })
+            .unwrap_or((0, op.end));
         let Some(source) = ops.source.get(idx).and_then(|&s| trace.ops.get(s)) else {
             continue;
         };
@@ -175,6 +209,8 @@ pub(crate) fn evidence(
         calls.push(AccCall {
             op: idx,
             iteration,
+            pass,
+            pass_end,
             shape,
             numel,
             dtype,
@@ -189,17 +225,23 @@ pub(crate) fn evidence(
         ));
     }
 
-    // Parameters: the reverse of the first iteration's AccumulateGrad order.
-    let mut per_iteration: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    // Parameters: the reverse of the first backward pass's AccumulateGrad
+    // order. A pass runs AccumulateGrad once per parameter that gets a
+    // gradient; with gradient accumulation an optimizer step holds several
+    // passes, and each parameter still counts once.
+    let mut per_pass: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
     for (i, call) in calls.iter().enumerate() {
-        per_iteration.entry(call.iteration).or_default().push(i);
+        per_pass
+            .entry((call.iteration, call.pass))
+            .or_default()
+            .push(i);
     }
-    let reference: Vec<usize> = per_iteration.values().next().cloned().unwrap_or_default();
+    let reference: Vec<usize> = per_pass.values().next().cloned().unwrap_or_default();
     let n_params = reference.len();
-    if per_iteration.values().any(|v| v.len() != n_params) {
+    if per_pass.values().any(|v| v.len() != n_params) {
         warnings.push(Warning::new(
             "parameter_count_differs",
-            "iterations ran AccumulateGrad a different number of times; parameters come from the first iteration and later gradients are matched by position",
+            "backward passes ran AccumulateGrad a different number of times; parameters come from the first pass and later gradients are matched by position",
         ));
     }
 
@@ -213,8 +255,8 @@ pub(crate) fn evidence(
     let mut param_layer: Vec<Option<NameId>> = vec![None; n_params];
     let mut grad_of_param: Vec<Option<usize>> = vec![None; n_params];
     let mut n_unlinked = 0_usize;
-    for calls_of_iteration in per_iteration.values() {
-        for (k, &call_idx) in calls_of_iteration.iter().enumerate() {
+    for calls_of_pass in per_pass.values() {
+        for (k, &call_idx) in calls_of_pass.iter().enumerate() {
             let (Some(call), Some(param)) = (calls.get(call_idx), n_params.checked_sub(k + 1))
             else {
                 continue;
@@ -230,10 +272,10 @@ pub(crate) fn evidence(
             // (t5-small: 8x64x512 = 512x512), so prefer the latest block that
             // outlives backward; then the latest one still live when the call
             // starts (a buffer added into an existing `.grad`).
-            let backward_end = iterations
-                .get(call.iteration)
-                .and_then(|it| it.phases.iter().find(|p| p.phase == Phase::Backward))
-                .map_or(op.end, |p| p.end.max(op.end));
+            // From the second micro-batch on, AccumulateGrad adds the new
+            // gradient into the existing `.grad` in place and the new block
+            // dies with this pass: a transient, not a gradient.
+            let backward_end = call.pass_end;
             let n_until_end = candidates
                 .partition_point(|&b| life.blocks.get(b).is_some_and(|b| b.alloc_ts <= op.end));
             let eligible = |b: &super::Block| {
@@ -321,19 +363,114 @@ pub(crate) fn evidence(
         })
         .collect();
 
-    let optimizer = optimizer_facts(life, index, names);
-    let zero_grad = zero_grad_facts(life, index, iterations, names);
+    let optimizer = optimizer_facts(life, index, iterations, names);
     mark_batches(life, iterations);
 
     Evidence {
         parameters,
-        zero_grad,
+        zero_grad: ZeroGradFacts::default(),
         optimizer,
     }
 }
 
+/// The zero_grad facts, once every zero_grad span is known.
+pub(crate) fn finish(
+    mut found: Evidence,
+    life: &mut Life,
+    index: &SpanIndex,
+    iterations: &[Iteration],
+    names: &Names,
+) -> Evidence {
+    found.zero_grad = zero_grad_facts(life, index, iterations, names);
+    found
+}
+
+/// A `zero_grad` with no marker: in an iteration with no `zero_grad` span,
+/// gradients that are freed outside any op and outside backward were freed
+/// by Python dropping them, i.e. by `zero_grad(set_to_none=True)` or
+/// `p.grad = None` (the Hugging Face Trainer's `model.zero_grad()` in a trace
+/// without Python frames). Their frees become that iteration's `zero_grad`
+/// span, so the gradients die there instead of living on.
+pub(crate) fn infer_zero_grad(
+    life: &mut Life,
+    iterations: &mut [Iteration],
+    warnings: &mut Vec<Warning>,
+) {
+    let marked: Vec<bool> = iterations
+        .iter()
+        .map(|it| it.phases.iter().any(|p| p.phase == Phase::ZeroGrad))
+        .collect();
+    // (first, last) free of such gradients per unmarked iteration.
+    let mut frees: BTreeMap<usize, (Nanos, Nanos)> = BTreeMap::new();
+    for block in &life.blocks {
+        let (Some(it), Some(ts)) = (block.free_iteration, block.free_ts) else {
+            continue;
+        };
+        let dropped_by_python = matches!(block.role, BlockRole::Gradient { .. })
+            && block.free_op.is_none()
+            && block.free_phase.is_some_and(|p| p != Phase::Backward);
+        if dropped_by_python && !marked.get(it).copied().unwrap_or(true) {
+            let slot = frees.entry(it).or_insert((ts, ts));
+            slot.0 = slot.0.min(ts);
+            slot.1 = slot.1.max(ts);
+        }
+    }
+    let n_inferred = frees.len();
+    for (&index, &(start, end)) in &frees {
+        let Some(it) = iterations.get_mut(index) else {
+            continue;
+        };
+        it.phases.push(super::PhaseSpan {
+            phase: Phase::ZeroGrad,
+            start,
+            end,
+        });
+        it.phases
+            .sort_by_key(|p| (p.start, std::cmp::Reverse(p.end), p.phase));
+        let first_forward = it.phases.iter().find(|p| p.phase == Phase::Forward);
+        let first_backward = it.phases.iter().find(|p| p.phase == Phase::Backward);
+        it.zero_grad = Some(match (first_forward, first_backward) {
+            (Some(f), _) if start < f.start => ZeroGradPlacement::BeforeForward,
+            (Some(_), Some(b)) if start < b.start => ZeroGradPlacement::BeforeBackward,
+            _ => ZeroGradPlacement::Elsewhere,
+        });
+        // Events in the new span that no other phase claims are zero_grad's.
+        let lo = life.events.partition_point(|e| e.ts < start);
+        let hi = life.events.partition_point(|e| e.ts <= end);
+        for k in lo..hi {
+            let Some(event) = life.events.get_mut(k) else {
+                continue;
+            };
+            if event.phase != Phase::Other || event.iteration != Some(index) {
+                continue;
+            }
+            event.phase = Phase::ZeroGrad;
+            let block = event.block;
+            let Some(block) = block.and_then(|b| life.blocks.get_mut(b)) else {
+                continue;
+            };
+            if block.free_event == Some(k) {
+                block.free_phase = Some(Phase::ZeroGrad);
+            } else if block.alloc_event == k {
+                block.alloc_phase = Phase::ZeroGrad;
+            }
+        }
+    }
+    if n_inferred > 0 {
+        warnings.push(Warning::new(
+            "zero_grad_inferred",
+            format!("{n_inferred} iterations have no zero_grad marker (no Optimizer.zero_grad annotation or zero_grad frame), but their gradients are freed outside any operator, as model.zero_grad() or p.grad = None do; those frees were taken as the iterations' zero_grad"),
+        ));
+    }
+}
+
 /// Optimizer facts, and marks the state blocks of the first step.
-fn optimizer_facts(life: &mut Life, index: &SpanIndex, names: &Names) -> OptimizerFacts {
+fn optimizer_facts(
+    life: &mut Life,
+    index: &SpanIndex,
+    iterations: &[Iteration],
+    names: &Names,
+) -> OptimizerFacts {
     let steps: Vec<(NameId, Nanos, Nanos)> = index
         .annotations
         .iter()
@@ -351,7 +488,13 @@ fn optimizer_facts(life: &mut Life, index: &SpanIndex, names: &Names) -> Optimiz
     let class = full.strip_prefix(OPT_STEP_PREFIX).unwrap_or(full);
     facts.class_name = Some(class.strip_suffix(".step").unwrap_or(class).to_owned());
     let step_spans: Vec<(Nanos, Nanos)> = steps.iter().map(|&(_, s, e)| (s, e)).collect();
-    let in_a_step = |t: Nanos| in_sorted_spans(&step_spans, t);
+    // The step proper: inside an `Optimizer.step` annotation and in none of
+    // the phases that can run inside it (Lightning calls `step(closure)`, so
+    // the last micro-batch's forward, backward and clipping run inside the
+    // annotation).
+    let in_a_step = |t: Nanos| {
+        in_sorted_spans(&step_spans, t) && locate(iterations, t).1 == Phase::OptimizerStep
+    };
     facts.uses_foreach = index
         .ops
         .spans
@@ -368,13 +511,23 @@ fn optimizer_facts(life: &mut Life, index: &SpanIndex, names: &Names) -> Optimiz
         })
         .collect();
     step_frames.sort();
-    facts.torch_optim = step_frames
-        .first()
-        .map(|(_, name)| name.starts_with("torch/optim/"));
+    facts.torch_optim = match step_frames.first() {
+        Some((_, name)) => Some(name.starts_with("torch/optim/")),
+        // Without Python frames (with_stack=False) the source of `step` is
+        // unknown, but the `Optimizer.step#<Class>.step` annotation is
+        // recorded by torch.optim.Optimizer itself: a class of torch.optim's
+        // own name is taken as torch.optim's.
+        None if index.frames.spans.is_empty() => facts
+            .class_name
+            .as_deref()
+            .map(|c| TORCH_OPTIM_CLASSES.contains(&c)),
+        None => None,
+    };
     for block in &mut life.blocks {
         if block.free_ts.is_none()
             && block.alloc_ts >= first_start
             && block.alloc_ts <= first_end
+            && block.alloc_phase == Phase::OptimizerStep
             && block.role == BlockRole::Other
         {
             block.role = BlockRole::OptimizerState;
@@ -391,11 +544,12 @@ fn zero_grad_facts(
     iterations: &[Iteration],
     names: &Names,
 ) -> ZeroGradFacts {
-    let spans: Vec<(Nanos, Nanos)> = index
-        .annotations
+    // Every zero_grad span: annotations, `zero_grad` frames and inferred ones.
+    let spans: Vec<(Nanos, Nanos)> = iterations
         .iter()
-        .filter(|a| names.get(a.name).starts_with(ZERO_GRAD_PREFIX))
-        .map(|a| (a.start, a.end))
+        .flat_map(|it| it.phases.iter())
+        .filter(|p| p.phase == Phase::ZeroGrad)
+        .map(|p| (p.start, p.end))
         .collect();
     let n_frees = spans
         .iter()
@@ -561,6 +715,7 @@ pub(crate) fn assemble(
         peak,
         layers_at_peak,
         batch_size: super::loader_batch_size(trace),
+        recipe: super::RunRecipe::default(),
     }
 }
 

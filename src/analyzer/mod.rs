@@ -34,6 +34,7 @@
 mod evidence;
 mod lifecycle;
 mod phases;
+mod recipes;
 mod spans;
 mod summary;
 
@@ -41,6 +42,8 @@ pub use summary::{
     summarize, AnalysisSummary, IterationSummary, LayerSummary, ParameterSummary, PhaseBytes,
     PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
 };
+
+pub use recipes::{Checkpointing, Distributed, RunRecipe, TrainingLoop};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -64,9 +67,11 @@ pub struct AnalyzerConfig {
     /// Op-name prefixes of CPU kernels whose operator-internal blocks are
     /// scratch with no GPU counterpart (oneDNN/mkldnn reorders).
     pub cpu_scratch_op_prefixes: Vec<String>,
-    /// Fail with [`AnalyzeError::NoPythonFrames`] when the trace has no
-    /// `python_function` events. When `false`, layers stay unknown and forward
-    /// and backward are found from ops alone (used for CUDA validation traces).
+    /// Fail with [`AnalyzeError::GpuTraceWithoutPythonFrames`] for a GPU
+    /// trace without `python_function` events (replay mode is what reads
+    /// those). A CPU trace without them is always analyzed: layers stay
+    /// unknown and forward and backward are found from markers and ops.
+    /// `false` analyzes GPU traces that way too (CUDA validation traces).
     pub require_python_frames: bool,
 }
 
@@ -104,6 +109,9 @@ pub enum Phase {
     Forward,
     /// The `backward` Python call, or the autograd-engine ops without frames.
     Backward,
+    /// Gradient clipping between the last backward and the optimizer step
+    /// (`clip_grad_norm_`, `clip_grad_value_`, or their norm ops without frames).
+    ClipGrad,
     /// Inside an `Optimizer.step#...` annotation.
     OptimizerStep,
     /// Anywhere else (gaps, `loss.item()`, outside every iteration).
@@ -112,11 +120,12 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase of an iteration, in display order.
-    pub const ALL: [Phase; 6] = [
+    pub const ALL: [Phase; 7] = [
         Phase::DataLoading,
         Phase::ZeroGrad,
         Phase::Forward,
         Phase::Backward,
+        Phase::ClipGrad,
         Phase::OptimizerStep,
         Phase::Other,
     ];
@@ -129,6 +138,7 @@ impl Phase {
             Phase::ZeroGrad => "zero_grad",
             Phase::Forward => "forward",
             Phase::Backward => "backward",
+            Phase::ClipGrad => "clip_grad",
             Phase::OptimizerStep => "optimizer_step",
             Phase::Other => "other",
         }
@@ -167,8 +177,14 @@ pub struct Iteration {
     pub label: Option<String>,
     pub start: Nanos,
     pub end: Nanos,
-    /// Phase intervals in time order (only phases that were found).
+    /// Phase intervals in time order (only phases that were found). An
+    /// iteration with several micro-batches has one forward and one backward
+    /// span per micro-batch.
     pub phases: Vec<PhaseSpan>,
+    /// Forward/backward passes (micro-batches) in this optimizer step: the
+    /// backward passes found in it (0 for a loop without backward).
+    #[serde(default)]
+    pub micro_batches: u32,
     /// Where this iteration's `zero_grad` ran, if it had one.
     pub zero_grad: Option<ZeroGradPlacement>,
     /// Allocated bytes per phase (sum of allocation sizes, frees ignored).
@@ -384,6 +400,10 @@ pub struct Analysis {
     /// (see [`loader_batch_size`]).
     #[serde(default)]
     pub batch_size: Option<u32>,
+    /// The run's structure and training recipe (micro-batches per step,
+    /// checkpointing, clipping, torch.compile, distributed, the loop).
+    #[serde(default)]
+    pub recipe: RunRecipe,
 }
 
 /// The batch size of a trace as its data loader made it: the number of
@@ -439,8 +459,6 @@ impl Analysis {
 pub enum AnalyzeError {
     #[error("the trace has no [memory] events: profile with torch.profiler.profile(profile_memory=True) and export again")]
     NoMemoryEvents,
-    #[error("the trace has no python_function events, so layers and the forward/backward split cannot be found: profile with torch.profiler.profile(with_stack=True) and export again")]
-    NoPythonFrames,
     #[error("this is a GPU profiler trace without python_function events: to check memcast against the memory it recorded use replay mode (`memcast replay FILE`); to estimate a job, profile it on the CPU with torch.profiler.profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True)")]
     GpuTraceWithoutPythonFrames,
     #[error("the trace has [memory] events for several GPUs, but memcast estimates one device: profile a single-process run on one device (CUDA_VISIBLE_DEVICES=0) or on the CPU, got device ids {0:?}")]
@@ -452,12 +470,8 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     if trace.memory.is_empty() {
         return Err(AnalyzeError::NoMemoryEvents);
     }
-    if config.require_python_frames && trace.python.is_empty() {
-        return Err(if trace.recorded_on_cuda() {
-            AnalyzeError::GpuTraceWithoutPythonFrames
-        } else {
-            AnalyzeError::NoPythonFrames
-        });
+    if config.require_python_frames && trace.python.is_empty() && trace.recorded_on_cuda() {
+        return Err(AnalyzeError::GpuTraceWithoutPythonFrames);
     }
     let gpu_ids: BTreeSet<i64> = trace
         .memory
@@ -475,6 +489,12 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
             "this trace was recorded on a GPU, so its GPU blocks are taken as they are; to check memcast's allocator model against what the GPU really reserved, use replay mode (`memcast replay FILE`)",
         ));
     }
+    if trace.python.is_empty() && !trace.recorded_on_cuda() {
+        warnings.push(Warning::new(
+            "no_python_frames",
+            "the trace was recorded without with_stack=True, so it has no Python frames: the forward and backward passes come from the ProfilerStep, optimizer and autograd-engine markers and the op names, and the breakdown is by operator instead of by model layer; profile with torch.profiler.profile(with_stack=True) to get the layers back",
+        ));
+    }
     let mut names = Names::from_trace(trace);
     let origin = origin_of(trace);
 
@@ -482,10 +502,15 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     let mut life = lifecycle::pair_blocks(trace, origin, &mut warnings);
     let trace_end = trace_end_of(&life, &index);
     let iterations = phases::find_iterations(&index, trace_end, &names, &mut warnings);
+    let mut iterations = iterations;
     evidence::attribute(&mut life, &index, &iterations, config, &names);
     let found = evidence::evidence(trace, &mut life, &index, &iterations, &names, &mut warnings);
+    evidence::infer_zero_grad(&mut life, &mut iterations, &mut warnings);
+    let found = evidence::finish(found, &mut life, &index, &iterations, &names);
+    let recipe = recipes::find(trace, &index, &iterations, &names, &mut warnings);
 
-    let analysis = evidence::assemble(trace, life, index, iterations, found, names);
+    let mut analysis = evidence::assemble(trace, life, index, iterations, found, names);
+    analysis.recipe = recipe;
     Ok(Warned {
         value: analysis,
         warnings,

@@ -38,6 +38,9 @@ pub struct AnalysisSummary {
     pub zero_grad: ZeroGradFacts,
     pub optimizer: OptimizerFacts,
     pub roles: RoleTotals,
+    /// The run's structure and training recipe.
+    #[serde(default)]
+    pub recipe: super::RunRecipe,
     /// The layers with the most live bytes at the peak, at most
     /// [`SUMMARY_TOP_LAYERS`].
     pub top_layers: Vec<LayerSummary>,
@@ -79,6 +82,9 @@ pub struct IterationSummary {
     pub n_allocs: usize,
     pub n_frees: usize,
     pub peak_bytes: Bytes,
+    /// Forward/backward passes (micro-batches) in this optimizer step.
+    #[serde(default)]
+    pub micro_batches: u32,
     pub phases: Vec<PhaseTime>,
     pub allocated_by_phase: Vec<PhaseBytes>,
 }
@@ -164,6 +170,7 @@ pub fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> AnalysisSummary
                 n_allocs: it.n_allocs,
                 n_frees: it.n_frees,
                 peak_bytes: it.peak,
+                micro_batches: it.micro_batches,
                 phases: it
                     .phases
                     .iter()
@@ -179,6 +186,7 @@ pub fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> AnalysisSummary
         zero_grad: analysis.zero_grad.clone(),
         optimizer: analysis.optimizer.clone(),
         roles: role_totals(analysis),
+        recipe: analysis.recipe.clone(),
         top_layers: analysis
             .layers_at_peak
             .iter()

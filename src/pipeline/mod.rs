@@ -109,6 +109,8 @@ pub struct Prepared {
     /// Samples per batch, when the trace shows it
     /// ([`analyzer::loader_batch_size`]).
     pub batch_size: Option<u32>,
+    /// The run's structure and recipe ([`analyzer::RunRecipe`]).
+    pub recipe: analyzer::RunRecipe,
     /// Warnings of the trace, analyzer and orchestrator stages.
     pub warnings: Vec<Warning>,
 }
@@ -183,6 +185,7 @@ pub fn prepare_from(
         parameter_bytes: analysis.parameters.iter().map(|p| p.bytes).sum(),
         n_parameters: u32::try_from(analysis.parameters.len()).unwrap_or(u32::MAX),
         batch_size: analysis.batch_size,
+        recipe: analysis.recipe.clone(),
         warnings,
     })
 }

@@ -151,6 +151,7 @@ impl<'c> Runs<'c> {
             n_events: u32::try_from(schedule.events.len()).unwrap_or(u32::MAX),
             alloc_conf: config.alloc_conf.clone(),
             rules: facts.rule_counts.clone(),
+            recipe: prepared.recipe.clone(),
         };
         ReportInput {
             schedule,

@@ -62,6 +62,10 @@ pub struct RunSummary {
     pub alloc_conf: String,
     /// What each orchestration rule did.
     pub rules: Vec<crate::orchestrator::RuleCount>,
+    /// The run's structure and training recipe: micro-batches per optimizer
+    /// step, checkpointing, clipping, torch.compile, distributed, the loop.
+    #[serde(default)]
+    pub recipe: crate::analyzer::RunRecipe,
 }
 
 /// When and where the peak happens.
@@ -152,7 +156,18 @@ pub struct IterationPeak {
     pub peak_reserved_bytes: Bytes,
 }
 
-/// Live bytes of one layer at the peak.
+/// What the entries of [`Report::top_layers`] are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKey {
+    /// `nn.Module` paths.
+    #[default]
+    Layer,
+    /// Operator names (the innermost op that allocated each block).
+    Op,
+}
+
+/// Live bytes of one layer (or operator) at the peak.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerBytes {
     pub layer: String,
@@ -191,6 +206,10 @@ pub struct Report {
     pub peak: Peak,
     pub breakdown_at_peak: Breakdown,
     pub top_layers: Vec<LayerBytes>,
+    /// What [`Report::top_layers`] names: model layers, or operators when the
+    /// trace has no Python frames to find layers with (`with_stack=False`).
+    #[serde(default)]
+    pub top_layers_by: LayerKey,
     /// Peaks per simulated iteration: steady state shows as equal peaks.
     pub iterations: Vec<IterationPeak>,
     /// The phases of every simulated iteration, on the timeline's clock (for
@@ -263,6 +282,8 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
     let live = live_after(schedule, peak_index, overheads.cublas_workspace_bytes);
     let mut breakdown = Breakdown::default();
     let mut layers: BTreeMap<&str, Bytes> = BTreeMap::new();
+    // Without Python frames no block has a layer: the same figures by op.
+    let mut ops: BTreeMap<&str, Bytes> = BTreeMap::new();
     let mut requested = Bytes::ZERO;
     for &(id, size) in &live {
         let Some(block) = schedule.block(id) else {
@@ -273,7 +294,16 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         if let Some(layer) = block.layer.as_deref() {
             *layers.entry(layer).or_default() += size;
         }
+        if let Some(op) = block.op.as_deref() {
+            *ops.entry(op).or_default() += size;
+        }
     }
+    let top_layers_by = if layers.is_empty() && !ops.is_empty() {
+        layers = ops;
+        LayerKey::Op
+    } else {
+        LayerKey::Layer
+    };
     breakdown.cached = peak_reserved.saturating_sub(requested);
     breakdown.overheads += overheads.context_bytes;
     // Requested bytes never exceed reserved bytes in a correct simulation; if
@@ -340,6 +370,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         },
         breakdown_at_peak: breakdown,
         top_layers,
+        top_layers_by,
         iterations,
         phases: input.schedule.phases.clone(),
         timeline: downsample(&points, input.max_timeline_points),

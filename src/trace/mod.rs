@@ -171,6 +171,19 @@ pub struct TraceHeader {
     pub n_gpu_devices: usize,
     /// `traceName`, if present.
     pub trace_name: Option<String>,
+    /// `distributedInfo`: written by the profiler of a process in an
+    /// initialised `torch.distributed` process group.
+    #[serde(default)]
+    pub distributed: Option<DistributedInfo>,
+}
+
+/// The process group a trace's process belonged to (`distributedInfo`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DistributedInfo {
+    /// `backend`: `gloo` (CPU), `nccl` (CUDA), ...
+    pub backend: Option<String>,
+    pub rank: Option<i64>,
+    pub world_size: Option<i64>,
 }
 
 /// A parsed trace: only the events later stages need, names interned.

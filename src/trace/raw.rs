@@ -105,6 +105,9 @@ impl Builder {
         if h.trace_name.is_none() {
             h.trace_name = header.trace_name;
         }
+        if h.distributed.is_none() {
+            h.distributed = header.distributed;
+        }
         self.saw_trace_events |= tail.saw_trace_events;
         for key in tail.top_keys {
             if self.top_keys.len() < 8 {
@@ -1144,5 +1147,62 @@ mod tests {
         );
         let parsed = crate::trace::parse(json.as_bytes());
         assert!(parsed.is_ok(), "{parsed:?}");
+    }
+}
+
+/// `distributedInfo`: the process group's backend, rank and world size; any
+/// other shape is ignored (`None`).
+#[derive(Default)]
+pub(super) struct LooseDistributed(pub(super) Option<super::DistributedInfo>);
+
+impl<'de> de::Deserialize<'de> for LooseDistributed {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LooseDistributed;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut info = super::DistributedInfo::default();
+                while let Some(key) = map.next_key::<LooseStr<'de>>()? {
+                    match key.0.as_deref() {
+                        Some("backend") => {
+                            info.backend =
+                                map.next_value::<LooseStr<'de>>()?.0.map(Cow::into_owned);
+                        }
+                        Some("rank") => info.rank = map.next_value::<LooseInt>()?.0,
+                        Some("world_size") => info.world_size = map.next_value::<LooseInt>()?.0,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(LooseDistributed(Some(info)))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(LooseDistributed(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(LooseDistributed(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                drain_seq(seq)?;
+                Ok(LooseDistributed(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(LooseDistributed(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(LooseDistributed(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(LooseDistributed(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(LooseDistributed(None))
+            }
+        }
+        deserializer.deserialize_any(V)
     }
 }

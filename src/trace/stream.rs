@@ -24,7 +24,7 @@ use std::io::Write as _;
 
 use serde::de::{Deserialize, IgnoredAny};
 
-use super::raw::{Builder, CountSeq, Entry, LooseInt, LooseStr};
+use super::raw::{Builder, CountSeq, Entry, LooseDistributed, LooseInt, LooseStr};
 use super::{Trace, TraceError};
 use crate::diag::Warned;
 
@@ -187,6 +187,7 @@ enum TopKey {
     BaseTime,
     TraceName,
     DeviceProperties,
+    DistributedInfo,
     Other,
 }
 
@@ -200,6 +201,7 @@ fn classify_top_key(key: &str) -> TopKey {
         "baseTimeNanoseconds" => TopKey::BaseTime,
         "traceName" => TopKey::TraceName,
         "deviceProperties" => TopKey::DeviceProperties,
+        "distributedInfo" => TopKey::DistributedInfo,
         _ => TopKey::Other,
     }
 }
@@ -593,6 +595,9 @@ impl JsonStream {
                 .map(|v| header.trace_name = v.0.map(std::borrow::Cow::into_owned)),
             TopKey::DeviceProperties => {
                 parse_value::<CountSeq>(item, at_end)?.map(|v| header.n_gpu_devices = v.0)
+            }
+            TopKey::DistributedInfo => {
+                parse_value::<LooseDistributed>(item, at_end)?.map(|v| header.distributed = v.0)
             }
             TopKey::TraceEvents | TopKey::Other => {
                 parse_value::<IgnoredAny>(item, at_end)?.map(|_| ())

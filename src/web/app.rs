@@ -14,7 +14,7 @@ use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
 use crate::pipeline::{Config, DEFAULT_TARGET};
 use crate::protocol::{Request, Response};
-use crate::report::{Breakdown, Report};
+use crate::report::{Breakdown, LayerKey, Report};
 use crate::whatif::{WhatIfKind, WhatIfResult};
 
 /// The demo trace, a real fixture shipped with the site (`www/demo/`).
@@ -392,12 +392,13 @@ fn breakdown_parts(breakdown: &Breakdown) -> [(&'static str, crate::Bytes); 9] {
 }
 
 /// The shaded phases of the timeline, and their names for the legend.
-const BAND_PHASES: [(Phase, &str); 5] = [
+const BAND_PHASES: [(Phase, &str); 6] = [
     (Phase::DataLoading, "data loading"),
     (Phase::ZeroGrad, "zero_grad"),
     (Phase::Forward, "forward"),
     (Phase::Backward, "backward"),
     (Phase::OptimizerStep, "optimizer step"),
+    (Phase::ClipGrad, "gradient clipping"),
 ];
 
 fn phase_bands(report: &Report) -> Vec<Band> {
@@ -599,9 +600,10 @@ fn Results(
                 </table>
             </div>
 
-            <h3>"Top layers at the peak"</h3>
+            // Without Python frames the report lists operators instead of layers.
+            <h3>{if report.top_layers_by == LayerKey::Op { "Top operators at the peak" } else { "Top layers at the peak" }}</h3>
             <table id="layers-table">
-                <thead><tr><th>"layer"</th><th>"live bytes"</th></tr></thead>
+                <thead><tr><th>{if report.top_layers_by == LayerKey::Op { "operator" } else { "layer" }}</th><th>"live bytes"</th></tr></thead>
                 <tbody>
                     {report.top_layers.iter().map(|layer| view! {
                         <tr><td><code>{layer.layer.clone()}</code></td><td class="num">{thousands(layer.bytes.get())}</td></tr>

@@ -452,6 +452,11 @@ pub fn sweep(
     if inputs.len() == 1 {
         notes.push("one trace only: activations, batch tensors and temporaries of forward and backward are assumed proportional to the batch and everything else fixed; profile a second batch size for a fitted model".to_owned());
     }
+    if let Some(k) = base.recipe.micro_batches_per_step.filter(|&k| k > 1) {
+        notes.push(format!(
+            "the job accumulates gradients over {k} micro-batches per optimizer step: every batch size here is the micro-batch (the data loader's batch); the effective batch per step is {k} times it"
+        ));
+    }
     if summary.approximate > 0 {
         notes.push(format!(
             "{} blocks do not lie exactly on a line in the batch size; their sizes are interpolated and rounded up",

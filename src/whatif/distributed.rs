@@ -317,7 +317,7 @@ fn parameter_bytes(schedule: &Schedule) -> u64 {
 }
 
 /// DDP's gradient buckets for `bytes` of gradients.
-fn buckets(bytes: u64) -> Vec<u64> {
+pub(crate) fn buckets(bytes: u64) -> Vec<u64> {
     let mut out = Vec::new();
     let mut left = bytes;
     let mut cap = FIRST_BUCKET_BYTES;
@@ -330,6 +330,46 @@ fn buckets(bytes: u64) -> Vec<u64> {
     out
 }
 
+/// The op name of DDP gradient-bucket blocks, in this what-if and in the
+/// schedule of a trace recorded under DDP.
+pub const BUCKET_OP: &str = "ddp_gradient_bucket";
+
+/// The schedule without DDP gradient buckets: a trace recorded under DDP
+/// already holds them, and every strategy (one GPU included) places its own
+/// by the same rule, so the DDP row equals the estimate of such a trace.
+fn without_buckets(schedule: &Schedule) -> Schedule {
+    let is_bucket = |b: &ScheduledBlock| b.op.as_deref() == Some(BUCKET_OP);
+    if !schedule.blocks.iter().any(is_bucket) {
+        return schedule.clone();
+    }
+    let mut new_id: Vec<Option<BlockId>> = Vec::with_capacity(schedule.blocks.len());
+    let mut blocks = Vec::with_capacity(schedule.blocks.len());
+    for block in &schedule.blocks {
+        if is_bucket(block) {
+            new_id.push(None);
+        } else {
+            new_id.push(Some(BlockId(
+                u32::try_from(blocks.len()).unwrap_or(u32::MAX),
+            )));
+            blocks.push(block.clone());
+        }
+    }
+    let events = schedule
+        .events
+        .iter()
+        .filter_map(|e| {
+            let block = new_id.get(e.block.index()).copied().flatten()?;
+            Some(ScheduleEvent { block, ..*e })
+        })
+        .collect();
+    Schedule {
+        blocks,
+        events,
+        iterations: schedule.iterations.clone(),
+        phases: schedule.phases.clone(),
+    }
+}
+
 fn add_buckets(edit: &mut Edit<'_>, marks: &Landmarks, bytes: u64) {
     let at = At::Before(marks.first_iteration_event);
     for size in buckets(bytes) {
@@ -337,7 +377,7 @@ fn add_buckets(edit: &mut Edit<'_>, marks: &Landmarks, bytes: u64) {
             Bytes(size),
             Category::Gradient,
             Phase::Setup,
-            "ddp_gradient_bucket",
+            BUCKET_OP,
             at,
             None,
         );
@@ -457,6 +497,7 @@ pub fn transform(
     strategy: Strategy,
     n: u32,
 ) -> Result<(Schedule, Bytes), WhatIfError> {
+    let schedule = &without_buckets(schedule);
     let marks = landmarks(schedule);
     let mut edit = Edit::new(schedule);
     let params = parameter_bytes(schedule);
@@ -633,6 +674,19 @@ mod tests {
             peak = peak.max(live);
         }
         peak
+    }
+
+    /// A trace recorded under DDP already holds its buckets: every strategy
+    /// places its own by the same rule, so the DDP row is that estimate and
+    /// the single-GPU row drops them.
+    #[test]
+    fn a_schedule_that_holds_ddp_buckets_gets_them_once() {
+        let job = job();
+        let (ddp, _) = transform(&job, Strategy::Ddp, 2).unwrap();
+        let (again, _) = transform(&ddp, Strategy::Ddp, 2).unwrap();
+        assert_eq!(again, ddp);
+        let (single, _) = transform(&ddp, Strategy::Single, 2).unwrap();
+        assert_eq!(single, job);
     }
 
     #[test]

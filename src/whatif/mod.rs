@@ -150,6 +150,7 @@ pub fn estimate_schedule(
         parameter_bytes: prepared.parameter_bytes,
         n_parameters: prepared.n_parameters,
         batch_size: prepared.batch_size,
+        recipe: prepared.recipe.clone(),
         // The warnings of the trace stages belong to the input, not the variant.
         warnings: Vec::new(),
     };

@@ -67,7 +67,6 @@ const HOSTILE = [
   ["frees-only.json", trace([memory(10, 100, -64), memory(20, 200, -32)]), /no memory blocks/],
   ["two-gpus.json", trace([memory(10, 100, 64, 1, 0), memory(11, 100, 64, 1, 1)]), /several GPUs/],
   ["cuda.json", trace([memory(10, 100, 64, 1, 0), memory(20, 100, -64, 1, 0)], { python: false }), /replay mode/],
-  ["no-stack.json", trace([memory(10, 100, 64), memory(20, 100, -64)], { python: false }), /with_stack=True/],
   ["no-memory.json", trace([]), /profile_memory=True/],
   ["bomb.json.gz", gzipSync(Buffer.alloc(64 << 20, 0x20)), /the file is empty|expands to more than/],
 ];
@@ -95,6 +94,36 @@ test("every hostile file shows one clear error and keeps the previous estimate",
   // After all that the page still estimates.
   await page.setInputFiles("#file-input", fixture("resnet18_sgd_bs32_pos1.json.gz"));
   await page.locator("#trace-name", { hasText: "resnet18_sgd_bs32_pos1" }).waitFor({ timeout: 60_000 });
+  await page.close();
+});
+
+test("traces with only some of the profiler's information are estimated with their warning", async () => {
+  const { page, problems } = await openApp(browser, site.url);
+  const op = (name, ts, dur, args = {}) => ({ ph: "X", cat: "cpu_op", name, pid: 1, tid: 1, ts, dur, args });
+  const step = (n, ts, dur) => ({ ph: "X", cat: "user_annotation", name: `ProfilerStep#${n}`, pid: 1, tid: 1, ts, dur, args: {} });
+  const bare = (events) => Buffer.from(JSON.stringify({ schemaVersion: 1, traceEvents: events }));
+  const CASES = [
+    // [file, bytes, warning code that must be listed]
+    ["no-stack.json", trace([op("aten::empty", 5, 10), memory(10, 100, 64), memory(20, 100, -64)], { python: false }), "no_python_frames"],
+    ["only-memory.json", bare([memory(10, 100, 4096), memory(11, 200, 8192), memory(20, 100, -4096)]), "no_iterations_found"],
+    ["accumulate-no-memory.json", bare([step(0, 0, 100),
+      op("torch::autograd::AccumulateGrad", 51, 8, { "Input Dims": [[10, 10]], "Input type": ["float"] }),
+      memory(5, 100, 4096), memory(95, 100, -4096)]), "gradient_block_not_found"],
+    ["empty-steps.json", bare([step(0, 0, 100), step(1, 100, 100), memory(5, 100, 4096), memory(150, 100, -4096)]), "no_python_frames"],
+  ];
+  const failures = [];
+  for (const [name, bytes, code] of CASES) {
+    const file = path.join(dir, name);
+    writeFileSync(file, bytes);
+    await page.setInputFiles("#file-input", file);
+    await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 60_000 });
+    await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
+    const warnings = await page.textContent("#warnings");
+    if (!warnings.includes(code)) failures.push(`${name}: warnings lack ${code}: ${warnings}`);
+  }
+  assert.match(await page.textContent("h3:has(+ #layers-table)"), /Top (operators|layers) at the peak/);
+  assert.deepEqual(problems, [], "the page threw");
+  assert.deepEqual(failures, []);
   await page.close();
 });
 

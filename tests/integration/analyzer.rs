@@ -572,13 +572,18 @@ fn cuda_traces_are_recognised_and_python_frames_can_be_optional() {
 }
 
 #[test]
-fn no_python_frames_is_an_error_naming_with_stack() {
+fn no_python_frames_is_a_warning_naming_with_stack() {
     let text = r#"{"traceEvents": [{"ph": "i", "name": "[memory]", "tid": 1, "ts": 1.0,
       "args": {"Addr": 10, "Bytes": 8, "Total Allocated": 8, "Device Type": 0}}]}"#;
     let t = trace::parse(text.as_bytes()).unwrap().value;
-    let err = analyzer::analyze(&t, &AnalyzerConfig::standard()).unwrap_err();
-    assert_eq!(err, AnalyzeError::NoPythonFrames);
-    assert!(err.to_string().contains("with_stack=True"));
+    let warned = analyzer::analyze(&t, &AnalyzerConfig::standard()).unwrap();
+    let warning = warned
+        .warnings
+        .iter()
+        .find(|w| w.code == "no_python_frames")
+        .unwrap();
+    assert!(warning.message.contains("with_stack=True"));
+    assert_eq!(warned.value.blocks.len(), 1);
     assert_eq!(
         analyzer::analyze(&Trace::default(), &AnalyzerConfig::standard()).unwrap_err(),
         AnalyzeError::NoMemoryEvents

@@ -26,6 +26,9 @@ mod hostile;
 mod cli_analyze;
 // End-to-end estimates of the real fixtures: invariants and JSON snapshots.
 mod pipeline;
+// Training recipes (accumulation, schedule, checkpointing, clipping, compile, DDP,
+// Trainer/Lightning loops) and traces recorded with fewer profiler options.
+mod recipes;
 // Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
 mod replay;
 // Allocator behaviour: the spec's worked vectors and property tests.

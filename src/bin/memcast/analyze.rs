@@ -41,9 +41,10 @@ fn print_text(s: &AnalysisSummary) {
         let label = it.label.as_deref().unwrap_or("(inferred)");
         let _ = writeln!(
             out,
-            "  #{i} {label}: {} .. {}, {} allocs, {} frees, peak {}",
+            "  #{i} {label}: {} .. {}, {} micro-batch(es), {} allocs, {} frees, peak {}",
             ms(it.start_ns),
             ms(it.end_ns),
+            it.micro_batches,
             it.n_allocs,
             it.n_frees,
             mib(it.peak_bytes)

@@ -96,6 +96,30 @@ fn print_table(out: &mut String, report: &Report) {
         if summary.foreach_modelled { " (foreach)" } else { "" },
         report.reference_gpu,
     );
+    let recipe = &summary.recipe;
+    let mut structure: Vec<String> = Vec::new();
+    if let Some(k) = recipe.micro_batches_per_step {
+        structure.push(format!("{k} micro-batch(es) per optimizer step"));
+    }
+    if recipe.checkpointing.is_some() {
+        structure.push("activation checkpointing".to_owned());
+    }
+    if recipe.clip_calls > 0 {
+        structure.push("gradient clipping".to_owned());
+    }
+    if recipe.compiled {
+        structure.push("torch.compile".to_owned());
+    }
+    if let Some(d) = &recipe.distributed {
+        structure.push(format!(
+            "one rank of {} ({})",
+            d.world_size
+                .map_or_else(|| "several".to_owned(), |w| w.to_string()),
+            d.backend.as_deref().unwrap_or("unknown backend")
+        ));
+    }
+    structure.push(format!("loop: {}", recipe.training_loop.label()));
+    let _ = writeln!(out, "run: {}", structure.join(", "));
     let _ = writeln!(out, "peak");
     row(out, "total (reserved+context)", peak.total_bytes);
     row(out, "reserved", peak.reserved_bytes);
@@ -126,7 +150,14 @@ fn print_table(out: &mut String, report: &Report) {
         row(out, label, bytes);
     }
     if !report.top_layers.is_empty() {
-        let _ = writeln!(out, "top layers at peak");
+        let _ = writeln!(
+            out,
+            "{}",
+            match report.top_layers_by {
+                memcast::report::LayerKey::Layer => "top layers at peak",
+                memcast::report::LayerKey::Op => "top operators at peak (no Python frames)",
+            }
+        );
         for layer in report.top_layers.iter().take(5) {
             let _ = writeln!(
                 out,

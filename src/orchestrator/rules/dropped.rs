@@ -1,5 +1,5 @@
-//! Rules `other_device`, `cpu_scratch`, `host_data_loading` and
-//! `host_step_counters`: captured blocks that a CUDA run of the same script
+//! Rules `other_device`, `cpu_scratch`, `cpu_collective_temporaries`,
+//! `host_data_loading` and `host_step_counters`: captured blocks that a CUDA run of the same script
 //! does not allocate through the caching allocator, dropped from the schedule.
 
 use super::RuleId;
@@ -23,9 +23,10 @@ const HOST_STEP_OPTIMIZERS: &[&str] = &[
 
 /// The rules that drop a captured block, in the order they are tried: a
 /// block dropped by several counts for the first.
-const DROP_RULES: [RuleId; 4] = [
+const DROP_RULES: [RuleId; 5] = [
     RuleId::OtherDevice,
     RuleId::CpuScratch,
+    RuleId::CpuCollectiveTemporaries,
     RuleId::HostDataLoading,
     RuleId::HostStepCounters,
 ];
@@ -42,6 +43,7 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
     match rule {
         RuleId::OtherDevice => rule_other_device(analysis, block),
         RuleId::CpuScratch => rule_cpu_scratch(block),
+        RuleId::CpuCollectiveTemporaries => rule_cpu_collective_temporaries(analysis, block),
         RuleId::HostDataLoading => rule_host_data_loading(block),
         RuleId::HostStepCounters => rule_host_step_counters(analysis, block),
         RuleId::Parameters
@@ -71,6 +73,27 @@ fn rule_other_device(analysis: &Analysis, block: &Block) -> bool {
 /// counterpart (the analyzer flags them by op-name prefix).
 fn rule_cpu_scratch(block: &Block) -> bool {
     block.cpu_scratch
+}
+
+/// Rule `cpu_collective_temporaries`: in a distributed trace recorded on the
+/// CPU (gloo, or a backend the trace does not name), a block allocated inside
+/// a `c10d::` collective op and freed in the trace is gloo's staging memory;
+/// a CUDA run's NCCL collectives make no such block through the caching
+/// allocator (NCCL's own buffers are outside it).
+fn rule_cpu_collective_temporaries(analysis: &Analysis, block: &Block) -> bool {
+    let cpu_backend = !analysis.devices.recorded_on_cuda
+        && analysis
+            .recipe
+            .distributed
+            .as_ref()
+            .is_some_and(|d| d.backend.as_deref().is_none_or(|b| b == "gloo"));
+    cpu_backend
+        && block.free_ts.is_some()
+        && std::iter::successors(block.alloc_op, |&i| {
+            analysis.ops.get(i).and_then(|o| o.parent)
+        })
+        .filter_map(|i| analysis.ops.get(i))
+        .any(|o| analysis.name(o.name).starts_with("c10d::"))
 }
 
 /// Rule `host_data_loading`: everything the DataLoader's `__next__` allocates

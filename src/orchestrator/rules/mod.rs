@@ -64,6 +64,7 @@ pub enum RuleId {
     ConstructorOptimizerState,
     OtherDevice,
     CpuScratch,
+    CpuCollectiveTemporaries,
     HostDataLoading,
     HostStepCounters,
     Activations,
@@ -76,12 +77,13 @@ pub enum RuleId {
 
 impl RuleId {
     /// Every rule, in the order they apply (and the report lists them).
-    pub const ALL: [RuleId; 13] = [
+    pub const ALL: [RuleId; 14] = [
         RuleId::Parameters,
         RuleId::BatchnormBuffers,
         RuleId::ConstructorOptimizerState,
         RuleId::OtherDevice,
         RuleId::CpuScratch,
+        RuleId::CpuCollectiveTemporaries,
         RuleId::HostDataLoading,
         RuleId::HostStepCounters,
         RuleId::Activations,
@@ -100,6 +102,7 @@ impl RuleId {
             RuleId::ConstructorOptimizerState => "constructor_optimizer_state",
             RuleId::OtherDevice => "other_device",
             RuleId::CpuScratch => "cpu_scratch",
+            RuleId::CpuCollectiveTemporaries => "cpu_collective_temporaries",
             RuleId::HostDataLoading => "host_data_loading",
             RuleId::HostStepCounters => "host_step_counters",
             RuleId::Activations => "activations",
@@ -119,6 +122,7 @@ impl RuleId {
             RuleId::ConstructorOptimizerState => "state built in the optimizer constructor before profiling (Adagrad's sum, one block per parameter) added by calculation",
             RuleId::OtherDevice => "only blocks of the profiled device are kept: CPU blocks of a CPU trace, CUDA blocks of a CUDA trace (its CPU blocks are host memory)",
             RuleId::CpuScratch => "operator-internal blocks of CPU-only kernels (oneDNN/mkldnn weight reorders, flagged by the analyzer) are dropped",
+            RuleId::CpuCollectiveTemporaries => "blocks a CPU-backend (gloo) collective allocates and frees inside a c10d:: op are dropped: NCCL reduces on the device without them (its own memory is outside the caching allocator)",
             RuleId::HostDataLoading => "blocks the DataLoader allocates and frees inside __next__ live in host memory on a CUDA run and are dropped; the batch tensors are kept",
             RuleId::HostStepCounters => "scalar optimizer step counters (at most 8 bytes) of torch.optim optimizers stay on the host unless capturable or fused, and are dropped",
             RuleId::Activations => "other forward and backward blocks keep their CPU lifetimes; blocks freed inside the op or optimizer step that made them are temporaries",

@@ -68,6 +68,7 @@ impl Loop {
                         span(P::Backward, 400, 700),
                         span(P::OptimizerStep, 700, 900),
                     ],
+                    micro_batches: 1,
                     zero_grad: None,
                     allocated_by_phase: BTreeMap::new(),
                     n_allocs: 0,
@@ -108,6 +109,7 @@ impl Loop {
                 peak: Default::default(),
                 layers_at_peak: Vec::new(),
                 batch_size: None,
+                recipe: analyzer::RunRecipe::default(),
             },
             next_event: 0,
         }
