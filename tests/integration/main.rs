@@ -28,6 +28,8 @@ mod cli_analyze;
 mod pipeline;
 // Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
 mod replay;
+// Recordings cut short: the start-state rebuild and its teacher-forced repair.
+mod replay_cut;
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
 // Source-text checks of the architecture invariants.
