@@ -4,14 +4,21 @@
 //!
 //! Two inputs are understood (auto-detected, gzip or plain):
 //! - `torch.cuda.memory._dump_snapshot` pickles — read by a restricted pickle
-//!   reader that never executes anything; the start state is rebuilt by walking
-//!   the trace backwards from the final `segments`, then the trace is replayed
-//!   forwards, comparing every segment decision, every reserved value and every
-//!   block address ([`replay_snapshot`]);
+//!   reader that never executes anything ([`read_snapshot`], into a typed
+//!   [`Snapshot`]); the start state is rebuilt by walking the trace backwards
+//!   from the final `segments`, the sizes of blocks allocated before the
+//!   recording are repaired by a teacher-forced pass (every allocation placed
+//!   at its real address, replay-notes §3), then the trace is replayed
+//!   forwards, comparing every segment decision, every reserved value and
+//!   every block address ([`replay_snapshot`], [`replay_recording`]);
 //! - `torch.profiler` Chrome traces with `profile_memory=True` — read by
 //!   [`crate::trace`] like any trace; their GPU `[memory]` events carry the
 //!   real `Total Allocated`/`Total Reserved` after every event
 //!   ([`replay_profiler`]).
+//!
+//! Each device is replayed on its own (one allocator per device, as in
+//! PyTorch): [`ReplayReport::devices`] has every device's figures, and the
+//! top level those of the device with the largest real peak.
 //!
 //! Gzip is decoded by [`crate::trace::gunzip`], the trace reader's decoder.
 //!
@@ -31,7 +38,10 @@ use crate::trace::{self, TraceError};
 use crate::units::Bytes;
 
 pub use profiler::replay_profiler;
-pub use snapshot::replay_snapshot;
+pub use snapshot::{
+    read_snapshot, replay_recording, replay_snapshot, Action, DeviceRecording, Snapshot,
+    SnapshotBlock, SnapshotSegment, TraceEntry,
+};
 
 /// Version tag of the JSON report.
 pub const SCHEMA: &str = "memcast.replay/1";
@@ -80,13 +90,36 @@ pub struct Divergence {
     pub detail: String,
 }
 
-/// Per-file replay figures (JSON schema `memcast.replay/1`).
+/// A pre-trace block that the teacher-forced pass grew (replay-notes §3),
+/// and the allocation that showed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartStateRepair {
+    /// Address of the block, allocated before the recording and freed in it.
+    pub block_addr: u64,
+    /// Its size as the rebuild inferred it (rounded request, plus any gap of
+    /// 1 MiB or less to the next occupied block, plus earlier repairs).
+    pub inferred_bytes: Bytes,
+    /// By how much it grew: its unsplit remainder.
+    pub grown_by_bytes: Bytes,
+    /// The trace entry of the evidence: a real allocation placed this far
+    /// after where the block was believed to end, while it was live.
+    pub event_index: u64,
+    pub alloc_addr: u64,
+    pub alloc_request_bytes: Bytes,
+}
+
+/// One device's replay figures.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReplayReport {
-    pub schema: String,
-    pub kind: ReplayKind,
+pub struct DeviceReplay {
+    /// The device index (snapshot) or `Device Id` (profiler).
+    pub device: i64,
     /// Trace entries (snapshot) or GPU `[memory]` events (profiler) replayed.
     pub events: u64,
+    /// Events exact, out of `events`, segment events included: after a
+    /// non-segment entry (every profiler event) reserved equals the real
+    /// value; a real segment event is exact when the simulator made the same
+    /// one (`segment_events_matched`). The one ratio to quote.
+    pub exact_events: u64,
     /// Events after which reserved was compared (snapshot: all but segment events).
     pub compared_events: u64,
     pub reserved_exact_events: u64,
@@ -113,22 +146,21 @@ pub struct ReplayReport {
     pub start_complete: bool,
     /// Pre-trace blocks whose size had to be inferred (snapshot).
     pub start_state_inferred_blocks: u64,
-    /// Inferred blocks corrected from later addresses (replay-notes §3).
+    /// Inferred blocks grown by the teacher-forced pass (replay-notes §3).
     pub start_state_repairs: u64,
+    /// The evidence for each repair, in trace order.
+    pub start_state_repair_evidence: Vec<StartStateRepair>,
     /// Simulated final segments equal the snapshot's (address and size).
     pub final_segments_match: Option<bool>,
-    /// The allocator configuration used.
-    pub allocator_conf: String,
     pub first_divergence: Option<Divergence>,
-    pub warnings: Vec<Warning>,
 }
 
-impl ReplayReport {
-    fn new(kind: ReplayKind) -> ReplayReport {
-        ReplayReport {
-            schema: SCHEMA.to_owned(),
-            kind,
+impl DeviceReplay {
+    fn new(device: i64) -> DeviceReplay {
+        DeviceReplay {
+            device,
             events: 0,
+            exact_events: 0,
             compared_events: 0,
             reserved_exact_events: 0,
             allocated_exact_events: None,
@@ -144,10 +176,9 @@ impl ReplayReport {
             start_complete: false,
             start_state_inferred_blocks: 0,
             start_state_repairs: 0,
+            start_state_repair_evidence: Vec::new(),
             final_segments_match: None,
-            allocator_conf: String::new(),
             first_divergence: None,
-            warnings: Vec::new(),
         }
     }
 
@@ -157,14 +188,56 @@ impl ReplayReport {
         }
     }
 
-    /// Every compared event, segment decision and address matched, and the
-    /// peaks agree.
+    /// Every event, segment decision and address matched, and the peaks agree.
     pub fn is_exact(&self) -> bool {
-        self.reserved_exact_events == self.compared_events
+        self.exact_events == self.events
+            && self.reserved_exact_events == self.compared_events
             && self.segment_events_matched == self.segment_events_real
             && self.segment_events_simulated == self.segment_events_real
             && self.address_exact_allocs == self.allocs
             && self.real_peak_reserved_bytes == self.simulated_peak_reserved_bytes
+    }
+}
+
+/// Per-file replay figures (JSON schema `memcast.replay/1`): every device
+/// replayed on its own (`devices`, by device), and at the top level the
+/// figures of the device with the largest real peak (the lowest device on
+/// ties), so single-device readers keep working.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayReport {
+    pub schema: String,
+    pub kind: ReplayKind,
+    /// The device with the largest real peak, flattened into the top level.
+    #[serde(flatten)]
+    pub largest: DeviceReplay,
+    /// Every device with trace events or segments, by device.
+    pub devices: Vec<DeviceReplay>,
+    /// The allocator configuration used.
+    pub allocator_conf: String,
+    pub warnings: Vec<Warning>,
+}
+
+impl ReplayReport {
+    /// The report of `devices` (at least one, sorted by device).
+    fn from_devices(kind: ReplayKind, devices: Vec<DeviceReplay>) -> ReplayReport {
+        let largest = devices
+            .iter()
+            .max_by_key(|d| (d.real_peak_reserved_bytes, std::cmp::Reverse(d.device)))
+            .cloned()
+            .unwrap_or_else(|| DeviceReplay::new(0));
+        ReplayReport {
+            schema: SCHEMA.to_owned(),
+            kind,
+            largest,
+            devices,
+            allocator_conf: String::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Every device replayed exactly ([`DeviceReplay::is_exact`]).
+    pub fn is_exact(&self) -> bool {
+        self.largest.is_exact() && self.devices.iter().all(DeviceReplay::is_exact)
     }
 }
 

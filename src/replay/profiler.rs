@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{without_totals, Divergence, ReplayError, ReplayKind, ReplayReport};
+use super::{without_totals, DeviceReplay, Divergence, ReplayError, ReplayKind, ReplayReport};
 use crate::diag::Warning;
 use crate::simulator::{AllocatorConfig, BlockHandle, CachingAllocator, GpuMemory};
 use crate::trace::{self, Trace};
@@ -125,32 +125,51 @@ fn carry_over(
 }
 
 /// Replays the GPU `[memory]` events of a profiler trace read by
-/// [`crate::trace`].
+/// [`crate::trace`], each device on its own.
 pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
-    let (mut events, device_type, n_without_totals) = read_events(trace);
-    // The device with the most events (lowest id on ties).
-    let mut per_device: BTreeMap<i64, usize> = BTreeMap::new();
-    for e in &events {
-        *per_device.entry(e.device).or_default() += 1;
+    let (events, device_type, n_without_totals) = read_events(trace);
+    // Already in time order (ties in file order): the trace sorts its events.
+    let mut per_device: BTreeMap<i64, Vec<MemEvent>> = BTreeMap::new();
+    for e in events {
+        per_device.entry(e.device).or_default().push(e);
     }
-    let device = per_device
-        .iter()
-        .max_by_key(|(d, n)| (**n, std::cmp::Reverse(**d)))
-        .map(|(d, _)| *d);
-    let Some(device) = device else {
+    if per_device.is_empty() {
         return Err(ReplayError::NoMemoryEvents(without_totals(
             n_without_totals,
         )));
-    };
-    // Already in time order (ties in file order): the trace sorts its events.
-    events.retain(|e| e.device == device);
-
-    let mut r = ReplayReport::new(ReplayKind::Profiler);
-    let config = AllocatorConfig::pytorch_defaults();
+    }
+    let several = per_device.len() > 1;
+    let mut warnings = Vec::new();
+    let mut devices = Vec::new();
+    for (&device, events) in &per_device {
+        let mut own = Vec::new();
+        devices.push(replay_device(device, events, &mut own));
+        for mut w in own {
+            if several {
+                w.message = format!("device {device}: {}", w.message);
+            }
+            warnings.push(w);
+        }
+    }
+    if n_without_totals > 0 {
+        warnings.push(Warning::new(
+            "events_without_totals",
+            format!("{n_without_totals} GPU [memory] events lack Addr or totals and were skipped"),
+        ));
+    }
+    let mut r = ReplayReport::from_devices(ReplayKind::Profiler, devices);
     r.allocator_conf = format!(
         "defaults (profiler traces do not record the allocator settings); device type {device_type}{}",
         if device_type == 6 { " (HIP)" } else { " (CUDA)" }
     );
+    r.warnings = warnings;
+    Ok(r)
+}
+
+/// Replays one device's events (in time order).
+fn replay_device(device: i64, events: &[MemEvent], warnings: &mut Vec<Warning>) -> DeviceReplay {
+    let mut r = DeviceReplay::new(device);
+    let config = AllocatorConfig::pytorch_defaults();
     r.events = events.len() as u64;
     r.compared_events = events.len() as u64;
     let mut sim = CachingAllocator::new(config, GpuMemory::unlimited());
@@ -159,7 +178,7 @@ pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     let mut seen_alloc: BTreeSet<u64> = BTreeSet::new();
     let mut pre: Vec<(u64, u64)> = Vec::new();
     let mut pre_seen: BTreeSet<u64> = BTreeSet::new();
-    for e in &events {
+    for e in events {
         if e.bytes > 0 {
             seen_alloc.insert(e.addr);
         } else if e.bytes < 0 && !seen_alloc.contains(&e.addr) && pre_seen.insert(e.addr) {
@@ -179,7 +198,7 @@ pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     let mut carry: BTreeMap<u64, Vec<BlockHandle>> = BTreeMap::new();
     for _ in 0..WARMUP_PASSES {
         let mut prev_reserved = None;
-        for e in &events {
+        for e in events {
             if prev_reserved.is_some_and(|p| e.total_reserved < p) {
                 sim.release_cached_blocks();
             }
@@ -278,29 +297,24 @@ pub fn replay_profiler(trace: &Trace) -> Result<ReplayReport, ReplayError> {
     }
     r.simulated_peak_reserved_bytes = Bytes(u64::try_from(sim_peak).unwrap_or(0));
     r.allocated_exact_events = Some(allocated_exact);
+    r.exact_events = r.reserved_exact_events;
     if !pre.is_empty() {
-        r.warnings.push(Warning::new(
+        warnings.push(Warning::new(
             "pre_window_blocks",
             format!("{} blocks were allocated before the window and freed in it; they were allocated first, on a cold allocator", pre.len()),
         ));
     }
     if gaps > 0 {
-        r.warnings.push(Warning::new(
+        warnings.push(Warning::new(
             "event_gaps",
             format!("{gaps} events change Total Allocated by more than their own Bytes: the profiler dropped events there"),
         ));
     }
     if unknown_frees > 0 {
-        r.warnings.push(Warning::new(
+        warnings.push(Warning::new(
             "free_of_unknown_block",
             format!("{unknown_frees} frees name an address that is not live"),
         ));
     }
-    if n_without_totals > 0 {
-        r.warnings.push(Warning::new(
-            "events_without_totals",
-            format!("{n_without_totals} GPU [memory] events lack Addr or totals and were skipped"),
-        ));
-    }
-    Ok(r)
+    r
 }

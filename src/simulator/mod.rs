@@ -16,8 +16,9 @@
 //! For incremental use (the replay, what-if tools) drive a
 //! [`CachingAllocator`] directly: `malloc`/`free`/`empty_cache`/`stats`, block
 //! addresses, segment views, loading a known start state
-//! ([`CachingAllocator::load_segment`], [`CachingAllocator::load_expandable`])
-//! and the device-level [`SegmentChange`] log.
+//! ([`CachingAllocator::load_segment`], [`CachingAllocator::load_expandable`]),
+//! teacher forcing an allocation to a recorded address
+//! ([`CachingAllocator::malloc_at`]) and the device-level [`SegmentChange`] log.
 //!
 //! Rule revisions: [`RuleVersion::Old`]/`Mid`/`New` select the version
 //! differences of allocator.md §15 (division lists, divisions == 1, value
@@ -46,8 +47,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use serde::{Deserialize, Serialize};
 
 pub use allocator::{
-    Allocation, BlockHandle, BlockView, CachingAllocator, LayoutError, NotAllocated, OutOfMemory,
-    PoolKind, SegmentChange, SegmentLayout, SegmentView, MAX_REQUEST,
+    Allocation, BlockHandle, BlockView, CachingAllocator, ForcedAllocation, LayoutError,
+    NotAllocated, OutOfMemory, PoolKind, SegmentChange, SegmentLayout, SegmentView, MAX_REQUEST,
 };
 pub use config::{
     AllocatorConfig, ConfigError, RuleVersion, DIVISION_INTERVALS, LARGE_BUFFER, MIN_BLOCK_SIZE,

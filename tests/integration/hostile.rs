@@ -537,6 +537,181 @@ fn hostile_permalinks_are_refused_quickly() {
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
 
+/// A minimal pickle writer for synthetic `_dump_snapshot` files: JSON
+/// objects become dicts, arrays lists, integers 8-byte longs, strings
+/// BINUNICODE, booleans NEWTRUE/NEWFALSE, null NONE, floats BINFLOAT.
+pub fn pickle(v: &serde_json::Value) -> Vec<u8> {
+    fn write(v: &serde_json::Value, out: &mut Vec<u8>) {
+        use serde_json::Value;
+        match v {
+            Value::Null => out.push(b'N'),
+            Value::Bool(b) => out.push(if *b { 0x88 } else { 0x89 }),
+            Value::Number(n) => {
+                if let Some(i) = n.as_i64() {
+                    out.extend([0x8a, 8]);
+                    out.extend(i.to_le_bytes());
+                } else {
+                    out.push(b'G');
+                    out.extend(n.as_f64().unwrap_or(0.0).to_be_bytes());
+                }
+            }
+            Value::String(s) => {
+                out.push(b'X');
+                out.extend((s.len() as u32).to_le_bytes());
+                out.extend(s.as_bytes());
+            }
+            Value::Array(items) => {
+                out.extend([b']', b'(']);
+                for i in items {
+                    write(i, out);
+                }
+                out.push(b'e');
+            }
+            Value::Object(map) => {
+                out.extend([b'}', b'(']);
+                for (k, v) in map {
+                    write(&Value::String(k.clone()), out);
+                    write(v, out);
+                }
+                out.push(b'u');
+            }
+        }
+    }
+    let mut out = vec![0x80, 2];
+    write(v, &mut out);
+    out.push(b'.');
+    out
+}
+
+/// A small `_dump_snapshot`-shaped dict: segments `(device, address, size,
+/// [(block size, active)])` (large pool, default stream) and one trace list
+/// per device index of `(action, address, size)`.
+/// `(device, address, size, blocks as (size, active))`.
+type TestSegment<'a> = (i64, u64, u64, &'a [(u64, bool)]);
+
+fn snapshot_pickle(segments: &[TestSegment], traces: &[&[(&str, u64, u64)]]) -> Vec<u8> {
+    use serde_json::json;
+    let segments: Vec<serde_json::Value> = segments
+        .iter()
+        .map(|&(device, address, size, blocks)| {
+            let mut at = address;
+            let blocks: Vec<serde_json::Value> = blocks
+                .iter()
+                .map(|&(size, active)| {
+                    let b = json!({"address": at, "size": size, "requested_size": size,
+                        "state": if active { "active_allocated" } else { "inactive" }});
+                    at += size;
+                    b
+                })
+                .collect();
+            json!({"device": device, "address": address, "total_size": size, "stream": 0,
+                "segment_type": "large", "segment_pool_id": [0, 0], "is_expandable": false,
+                "blocks": blocks})
+        })
+        .collect();
+    let traces: Vec<serde_json::Value> = traces
+        .iter()
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|&(action, addr, size)| {
+                    json!({"action": action, "addr": addr, "size": size, "stream": 0})
+                })
+                .collect()
+        })
+        .collect();
+    pickle(&json!({"segments": segments, "device_traces": traces,
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": false}}))
+}
+
+#[test]
+fn snapshots_with_odd_device_lists_replay_every_device() {
+    use memcast::replay::replay;
+    use memcast::Bytes;
+    const MIB: u64 = 1 << 20;
+    let (a, b) = (0x7f00_0000_0000u64, 0x7f40_0000_0000u64);
+    // The only device holds segments but recorded no trace entries, and it
+    // is not device 0: its reserved bytes are its real and simulated peak.
+    let only = snapshot_pickle(
+        &[(1, a, 40 * MIB, &[(30 * MIB, true), (10 * MIB, false)])],
+        &[&[], &[]],
+    );
+    let r = replay(&only).unwrap();
+    let ids: Vec<i64> = r.devices.iter().map(|d| d.device).collect();
+    assert_eq!(ids, [1]);
+    assert_eq!(r.largest.device, 1);
+    assert_eq!(r.largest.events, 0);
+    assert_eq!(r.largest.real_peak_reserved_bytes, Bytes(40 * MIB));
+    assert_eq!(r.largest.simulated_peak_reserved_bytes, Bytes(40 * MIB));
+    assert!(r.is_exact(), "{r:#?}");
+    // Devices 0 and 3 (a gap; the trace list stops before device 3):
+    // device 0 recorded entries, device 3 only segments, device 3 is larger.
+    let gaps = snapshot_pickle(
+        &[
+            (3, b, 60 * MIB, &[(60 * MIB, true)]),
+            (0, a, 20 * MIB, &[(4 * MIB, true), (16 * MIB, false)]),
+        ],
+        &[
+            &[
+                ("free_completed", a + 4 * MIB, 8 * MIB),
+                ("alloc", a, 4 * MIB),
+            ],
+            &[],
+        ],
+    );
+    let r = replay(&gaps).unwrap();
+    let ids: Vec<i64> = r.devices.iter().map(|d| d.device).collect();
+    assert_eq!(ids, [0, 3]);
+    assert_eq!(r.largest.device, 3);
+    assert_eq!(r.largest.real_peak_reserved_bytes, Bytes(60 * MIB));
+    let dev0 = &r.devices[0];
+    assert_eq!(
+        (dev0.events, dev0.allocs, dev0.real_peak_reserved_bytes),
+        (2, 1, Bytes(20 * MIB))
+    );
+    assert!(r.is_exact(), "{r:#?}");
+    // The CLI lists the devices.
+    let output = cli("replay", "gaps.pickle", &gaps);
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("devices: 2"), "{text}");
+    // Nothing recorded at all: device 0, empty.
+    let empty = snapshot_pickle(&[], &[&[], &[], &[]]);
+    let r = replay(&empty).unwrap();
+    assert_eq!(r.devices.len(), 1);
+    assert!(r.largest.start_complete && r.is_exact());
+    // Entries of a device without segments that free unknown blocks, and
+    // negative device numbers, are reported, not fatal.
+    let odd = snapshot_pickle(
+        &[(-1, a, 20 * MIB, &[(20 * MIB, false)])],
+        &[&[("free_completed", b, MIB), ("alloc", b, 2 * MIB)]],
+    );
+    let r = replay(&odd).unwrap();
+    let ids: Vec<i64> = r.devices.iter().map(|d| d.device).collect();
+    assert_eq!(ids, [-1, 0]);
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.message.starts_with("device 0: ")),
+        "{:?}",
+        r.warnings
+    );
+}
+
+#[test]
+fn snapshots_with_malformed_device_fields_do_not_panic() {
+    use memcast::replay::replay;
+    use serde_json::json;
+    for root in [
+        json!({"segments": [], "device_traces": 7}),
+        json!({"segments": [{"device": "zero", "address": 0, "total_size": 0, "blocks": []}], "device_traces": [[]]}),
+        json!({"segments": [{"device": 0, "address": 4096, "total_size": 1024, "blocks": [{"address": 4096, "size": 4096}]}], "device_traces": [[{"action": "alloc"}]]}),
+        json!({"segments": [], "device_traces": [[{"action": "alloc", "addr": -5, "size": 1e30}], [7, "x", null]]}),
+    ] {
+        let _ = replay(&pickle(&root));
+    }
+}
+
 // Crash inputs found by the fuzzers (tests/fuzz), kept as regressions.
 
 #[test]

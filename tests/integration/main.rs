@@ -31,6 +31,8 @@ mod pipeline;
 mod recipes;
 // Replay of real GPU data (ground-truth snapshots and profiler traces) and the `memcast replay` CLI.
 mod replay;
+// Recordings cut short: the start-state rebuild and its teacher-forced repair.
+mod replay_cut;
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
 // Source-text checks of the architecture invariants.

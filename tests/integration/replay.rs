@@ -5,8 +5,12 @@
 //!
 //! To regenerate the table after an intended change, run
 //! `memcast replay --json` on every file and rewrite the columns (events,
-//! compared, reserved_exact, allocated_exact, allocs, address_exact, seg_real,
-//! seg_matched, seg_simulated, real_peak, sim_peak, repairs).
+//! exact, compared, reserved_exact, allocated_exact, allocs, address_exact,
+//! seg_real, seg_matched, seg_simulated, real_peak, sim_peak, repairs) from
+//! the top-level fields.
+//!
+//! Recordings cut short (the start-state rebuild and its teacher-forced
+//! repair) are in `replay_cut.rs`; several devices are below.
 
 // Test helpers below panic on bad fixtures by design, like the tests themselves.
 #![allow(clippy::unwrap_used)]
@@ -17,16 +21,25 @@ use memcast::replay::{replay, ReplayKind, ReplayReport};
 
 use crate::common;
 
-fn figures(r: &ReplayReport) -> Vec<String> {
-    let kind = match r.kind {
+fn figures(report: &ReplayReport) -> Vec<String> {
+    let kind = match report.kind {
         ReplayKind::Snapshot => "snapshot",
         ReplayKind::Profiler => "profiler",
     };
+    let r = &report.largest;
     let allocated = r
         .allocated_exact_events
         .map_or("-".to_owned(), |a| a.to_string());
     let mut out = vec![kind.to_owned()];
-    out.extend([r.events, r.compared_events, r.reserved_exact_events].map(|v| v.to_string()));
+    out.extend(
+        [
+            r.events,
+            r.exact_events,
+            r.compared_events,
+            r.reserved_exact_events,
+        ]
+        .map(|v| v.to_string()),
+    );
     out.push(allocated);
     out.extend(
         [
@@ -92,7 +105,7 @@ fn every_ground_truth_file_keeps_its_figures() {
             Ok(r) => figures(&r),
             Err(_) => {
                 let mut v = vec!["error".to_owned()];
-                v.extend(std::iter::repeat_n("-".to_owned(), 11));
+                v.extend(std::iter::repeat_n("-".to_owned(), 13));
                 v
             }
         };
@@ -116,8 +129,10 @@ fn snapshots_match_the_real_allocator_exactly() {
     let mut totals = [0u64; 4];
     for (path, want) in table.iter().filter(|(_, w)| w[0] == "snapshot") {
         let n: Vec<u64> = want[1..].iter().map(|v| v.parse().unwrap_or(0)).collect();
-        let (compared, rex, allocs, aex, sreal, smatch, ssim, rpeak, speak) =
-            (n[1], n[2], n[4], n[5], n[6], n[7], n[8], n[9], n[10]);
+        let (events, exact, compared, rex) = (n[0], n[1], n[2], n[3]);
+        let (allocs, aex, sreal, smatch, ssim, rpeak, speak) =
+            (n[5], n[6], n[7], n[8], n[9], n[10], n[11]);
+        assert_eq!(exact, events, "{path}: exact events");
         assert_eq!(rex, compared, "{path}: reserved");
         assert_eq!(aex, allocs, "{path}: addresses");
         assert_eq!((smatch, ssim), (sreal, sreal), "{path}: segment events");
@@ -150,6 +165,7 @@ fn cli_prints_versioned_json() {
     assert_eq!(v["kind"], "snapshot");
     for key in [
         "events",
+        "exact_events",
         "reserved_exact_events",
         "real_peak_reserved_bytes",
         "simulated_peak_reserved_bytes",
@@ -162,6 +178,39 @@ fn cli_prints_versioned_json() {
     }
     assert_eq!(v["start_complete"], true);
     assert_eq!(v["reserved_exact_events"], v["compared_events"]);
+    assert_eq!(v["exact_events"], v["events"]);
+    // One device: `devices` repeats the top level.
+    assert_eq!(v["devices"].as_array().map(Vec::len), Some(1));
+    assert_eq!(v["devices"][0]["device"], 0);
+    assert_eq!(v["devices"][0]["exact_events"], v["exact_events"]);
+}
+
+#[test]
+fn cli_lists_the_start_state_repairs_with_their_evidence() {
+    let file = common::shared_file(
+        "ground-truth/memory_snapshots/Wedsonlin__assignment2-systems/results__medium_512_training_memory_snapshot.pickle.gz",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .arg("replay")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("exact events: 22332 / 22332 (100.000 %)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("start-state repairs: 3 pre-trace blocks"),
+        "{text}"
+    );
+    // replay-notes §3: the 4 MiB block had a 960 KiB remainder, shown by the
+    // 8 MiB allocation at entry 179.
+    assert!(
+        text.contains("block at 0x8df510000, inferred 4194304 B, grown by 983040 B (960.0 KiB): entry 179, an alloc of 8388608 B at 0x8dfa00000"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -233,5 +282,112 @@ mod robustness {
             let _ = replay(&bytes);
             let _ = replay(&data[..cut.index(data.len())]);
         }
+    }
+}
+
+mod devices {
+    //! Several devices: no shared recording has more than one device with
+    //! data (the multi-GPU snapshots keep empty traces for the others), so
+    //! these recordings are built from shared ones: each file's device
+    //! becomes one device of a combined recording, at device numbers with a
+    //! gap, and must replay exactly as it does alone.
+
+    use memcast::replay::{read_snapshot, replay, replay_recording, DeviceReplay, Snapshot};
+    use memcast::trace::gunzip;
+    use memcast::Bytes;
+
+    use crate::common;
+
+    const SMALL: &str =
+        "ground-truth/memory_snapshots/silmont2000__assignment2-systems/mem_snapshot.pickle.gz";
+    const REPAIRED: &str = "ground-truth/memory_snapshots/Wedsonlin__assignment2-systems/results__medium_512_training_memory_snapshot.pickle.gz";
+    /// Segments (75.9 GB reserved) and no trace entries.
+    const NO_EVENTS: &str =
+        "ground-truth/memory_snapshots/kkaitlyn111__cs336-a2-systems/memory_snapshot.pickle.gz";
+
+    fn snapshot(path: &str) -> Snapshot {
+        read_snapshot(&gunzip(&common::read_shared(path)).unwrap()).unwrap()
+    }
+
+    /// A file's one device, replayed alone, as device `device`.
+    fn alone(path: &str, device: i64) -> DeviceReplay {
+        let mut r = replay(&common::read_shared(path)).unwrap();
+        assert_eq!(r.devices.len(), 1, "{path}");
+        r.largest.device = device;
+        r.largest
+    }
+
+    #[test]
+    fn every_device_of_a_snapshot_is_replayed_on_its_own() {
+        let mut combined = snapshot(SMALL);
+        for (path, device) in [(REPAIRED, 3), (NO_EVENTS, 5)] {
+            let mut other = snapshot(path);
+            assert_eq!(other.devices.len(), 1, "{path}");
+            let mut d = other.devices.remove(0);
+            d.device = device;
+            combined.devices.push(d);
+        }
+        let r = replay_recording(&combined).unwrap();
+        let ids: Vec<i64> = r.devices.iter().map(|d| d.device).collect();
+        assert_eq!(ids, [0, 3, 5]);
+        assert_eq!(r.devices[0], alone(SMALL, 0));
+        assert_eq!(r.devices[1], alone(REPAIRED, 3));
+        assert_eq!(r.devices[2], alone(NO_EVENTS, 5));
+        assert!(r.is_exact(), "{r:#?}");
+        // The device without trace entries holds the most: its reserved bytes
+        // are its real and simulated peak, and it is the top level.
+        let reserved: u64 = combined.devices[2].segments.iter().map(|s| s.size).sum();
+        assert_eq!(reserved, 75_902_222_336);
+        assert_eq!(r.largest, r.devices[2]);
+        assert_eq!(r.largest.events, 0);
+        assert_eq!(r.largest.real_peak_reserved_bytes, Bytes(reserved));
+        assert_eq!(r.largest.simulated_peak_reserved_bytes, Bytes(reserved));
+        // The JSON keeps the top-level fields and adds `devices`.
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["device"], 5);
+        assert_eq!(v["real_peak_reserved_bytes"], reserved);
+        assert_eq!(v["devices"][1]["start_state_repairs"], 3);
+        let back: memcast::replay::ReplayReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn every_device_of_a_profiler_trace_is_replayed_on_its_own() {
+        let paths = [
+            "ground-truth/kineto_traces/AMD-AGI__TraceLens/h100__gaunernst_bert-small-uncased__1016001.json.gz",
+            "ground-truth/kineto_traces/AMD-AGI__TraceLens/h100__Falconsai_nsfw_image_detection__1016002.json.gz",
+        ];
+        let read = |path: &str| -> serde_json::Value {
+            serde_json::from_slice(&gunzip(&common::read_shared(path)).unwrap()).unwrap()
+        };
+        let mut combined = read(paths[0]);
+        let mut second = read(paths[1]);
+        let moved: Vec<serde_json::Value> = second["traceEvents"]
+            .as_array_mut()
+            .unwrap()
+            .drain(..)
+            .filter(|e| e["name"] == "[memory]")
+            .map(|mut e| {
+                if e["args"]["Device Type"] == 1 {
+                    e["args"]["Device Id"] = 2.into();
+                }
+                e
+            })
+            .collect();
+        combined["traceEvents"]
+            .as_array_mut()
+            .unwrap()
+            .extend(moved);
+        let r = replay(&serde_json::to_vec(&combined).unwrap()).unwrap();
+        let ids: Vec<i64> = r.devices.iter().map(|d| d.device).collect();
+        assert_eq!(ids, [0, 2]);
+        assert_eq!(r.devices[0], alone(paths[0], 0));
+        assert_eq!(r.devices[1], alone(paths[1], 2));
+        let largest = r
+            .devices
+            .iter()
+            .max_by_key(|d| d.real_peak_reserved_bytes)
+            .unwrap();
+        assert_eq!(&r.largest, largest);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::replay::{replay, ReplayKind, ReplayReport};
+use memcast::replay::{replay, DeviceReplay, ReplayKind, ReplayReport};
 
 /// Arguments of `memcast replay`.
 #[derive(Debug, clap::Args)]
@@ -40,36 +40,85 @@ fn gib(b: u64) -> String {
     format!("{:.3} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-/// The replay report as text: the start state, the exact-match rates, the
-/// peaks, the segment decisions, addresses and the first divergence.
+fn kib(b: u64) -> String {
+    format!("{:.1} KiB", b as f64 / 1024.0)
+}
+
+/// The replay report as text: the devices (when there are several), then the
+/// largest device's start state, exact-match rates, peaks, segment decisions,
+/// addresses, start-state repairs and first divergence.
 fn text(r: &ReplayReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "kind: {:?}   allocator: {}", r.kind, r.allocator_conf);
+    if r.devices.len() > 1 {
+        let _ = writeln!(
+            s,
+            "devices: {}, each replayed on its own; the details below are device {}'s (largest real peak)",
+            r.devices.len(),
+            r.largest.device
+        );
+        let _ = writeln!(
+            s,
+            "  {:>6}  {:>9}  {:>21}  {:>21}  {:>12}  {:>12}",
+            "device", "events", "exact events", "exact addresses", "peak real", "peak sim"
+        );
+        for d in &r.devices {
+            let _ = writeln!(
+                s,
+                "  {:>6}  {:>9}  {:>21}  {:>21}  {:>12}  {:>12}",
+                d.device,
+                d.events,
+                format!("{} ({})", d.exact_events, pct(d.exact_events, d.events)),
+                format!(
+                    "{} ({})",
+                    d.address_exact_allocs,
+                    pct(d.address_exact_allocs, d.allocs)
+                ),
+                gib(d.real_peak_reserved_bytes.get()),
+                gib(d.simulated_peak_reserved_bytes.get()),
+            );
+        }
+    }
+    device_text(&mut s, r.kind, &r.largest);
+    for w in &r.warnings {
+        let _ = writeln!(s, "warning [{}]: {}", w.code, w.message);
+    }
+    s
+}
+
+/// The details of one device's replay.
+fn device_text(s: &mut String, kind: ReplayKind, r: &DeviceReplay) {
+    use std::fmt::Write;
     let _ = writeln!(
         s,
-        "events: {} ({} compared)   start: {}{}",
+        "events: {}   start: {}",
         r.events,
-        r.compared_events,
         if r.start_complete {
             "empty allocator".to_owned()
-        } else if r.kind == ReplayKind::Profiler {
+        } else if kind == ReplayKind::Profiler {
             format!(
                 "reserved {} at the first event (layout unknown; cache warmed by replaying the window twice)",
                 gib(r.start_reserved_bytes.get())
             )
         } else {
-            format!("reserved {} rebuilt", gib(r.start_reserved_bytes.get()))
+            format!(
+                "reserved {} rebuilt, {} pre-trace block sizes inferred",
+                gib(r.start_reserved_bytes.get()),
+                r.start_state_inferred_blocks
+            )
         },
-        if r.start_state_repairs > 0 {
-            format!(", {} inferred blocks repaired", r.start_state_repairs)
-        } else {
-            String::new()
-        }
     );
     let _ = writeln!(
         s,
-        "reserved exact after: {} / {} events ({})",
+        "exact events: {} / {} ({}), segment events included",
+        r.exact_events,
+        r.events,
+        pct(r.exact_events, r.events)
+    );
+    let _ = writeln!(
+        s,
+        "reserved exact after: {} / {} compared events ({})",
         r.reserved_exact_events,
         r.compared_events,
         pct(r.reserved_exact_events, r.compared_events)
@@ -115,6 +164,26 @@ fn text(r: &ReplayReport) -> String {
         r.allocs,
         pct(r.address_exact_allocs, r.allocs)
     );
+    if r.start_state_repairs > 0 {
+        let _ = writeln!(
+            s,
+            "start-state repairs: {} pre-trace blocks grown by an unsplit remainder (a real allocation landed 1 MiB or less past the live block's inferred end; large-pool cached blocks are larger than 1 MiB, so the gap is the block's):",
+            r.start_state_repairs
+        );
+        for e in &r.start_state_repair_evidence {
+            let _ = writeln!(
+                s,
+                "  block at {:#x}, inferred {}, grown by {} ({}): entry {}, an alloc of {} at {:#x}",
+                e.block_addr,
+                e.inferred_bytes,
+                e.grown_by_bytes,
+                kib(e.grown_by_bytes.get()),
+                e.event_index,
+                e.alloc_request_bytes,
+                e.alloc_addr
+            );
+        }
+    }
     if let Some(m) = r.final_segments_match {
         let _ = writeln!(
             s,
@@ -134,8 +203,4 @@ fn text(r: &ReplayReport) -> String {
             );
         }
     }
-    for w in &r.warnings {
-        let _ = writeln!(s, "warning [{}]: {}", w.code, w.message);
-    }
-    s
 }

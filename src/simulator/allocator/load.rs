@@ -66,11 +66,12 @@ impl CachingAllocator {
             return Err(LayoutError::BlocksDoNotTile(layout.addr));
         }
         let end = layout.addr.saturating_add(layout.size);
-        if self
-            .segments()
-            .iter()
-            .any(|v| v.addr < end && layout.addr < v.addr + v.size)
-        {
+        // Any mapped block overlapping the range overlaps a loaded segment
+        // (one pass over the arena; `segments()` here made loading a start
+        // state of n segments quadratic).
+        if self.blocks.iter().any(|b| {
+            b.mapped && b.size > 0 && b.addr < end && layout.addr < b.addr.saturating_add(b.size)
+        }) {
             return Err(LayoutError::Overlap(layout.addr));
         }
         let seg = if layout.expandable {

@@ -15,14 +15,19 @@
 //!   path, oversize release, garbage collection);
 //! - [`expandable`]: expandable segments (mapping and unmapping pages);
 //! - [`load`]: the segment views of a snapshot and loading a known start
-//!   state, which only the replay uses.
+//!   state, which only the replay uses;
+//! - [`forced`]: teacher forcing (an allocation placed at the real
+//!   allocator's address), which only the replay uses.
 
 mod arena;
 mod expandable;
+mod forced;
 mod load;
 mod release;
 
 use std::collections::BTreeMap;
+
+pub use forced::ForcedAllocation;
 
 use serde::{Deserialize, Serialize};
 
