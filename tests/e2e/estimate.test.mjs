@@ -80,7 +80,7 @@ test("a permalink reopens in a fresh browser with the same numbers, marked as sh
   await page.setInputFiles("#file-input", fixture("resnet18_sgd_bs32_pos1.json.gz"));
   await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
   const link = await page.inputValue("#permalink");
-  assert.ok(link.startsWith(site.url + "#e=v1."), link);
+  assert.ok(link.startsWith(site.url + "#e=v2."), link);
   assert.equal(await page.evaluate(() => location.href), link, "the address bar carries the estimate");
   const numbers = async (p) => ({
     total: await p.textContent("#peak-total-bytes"),
@@ -108,7 +108,7 @@ test("a permalink reopens in a fresh browser with the same numbers, marked as sh
     assert.deepEqual(otherRequests.filter((u) => !u.startsWith(site.origin)), []);
 
     // A tampered link says so and shows no estimate.
-    const tampered = link.replace(/#e=v1\.(.{20})/, "#e=v1.$1!!");
+    const tampered = link.replace(/#e=v2\.(.{20})/, "#e=v2.$1!!");
     await other.goto("about:blank");
     await other.goto(tampered);
     await other.locator("#error").waitFor({ timeout: 30_000 });
@@ -164,6 +164,7 @@ test("changing the GPUs re-simulates without reading the trace again", async () 
   const { page } = await openApp(browser, site.url);
   await page.setInputFiles("#file-input", fixture("resnet18_sgd_bs16_pos1.json.gz"));
   await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
+  await page.click("#compare summary");
   await page.fill("#custom-gpu", "300MiB");
   await page.press("#custom-gpu", "Enter");
   await page.locator("#gpu-table tr.oom").waitFor({ timeout: 30_000 });

@@ -46,7 +46,7 @@ async function slowPage(url = site.url) {
 }
 
 /**
- * Checks the log of a page given `name` at `givenAt` before the worker
+ * Checks the log of a page given `name` from `givenAt` on, before the worker
  * `worker` (0: the first, 1: the one a Cancel started) was ready: the input
  * came first, the status line named it while the worker started, and it
  * never said "Ready." from `since` until that worker was.
@@ -67,8 +67,8 @@ test("a file dropped the moment the page appears is queued while the worker warm
   const { page, problems, requests } = await slowPage();
   const file = fixture("resnet18_sgd_bs32_pos1.json.gz");
   const name = path.basename(file);
-  await dropFile(page, file);
   const givenAt = (await startupLog(page)).now;
+  await dropFile(page, file);
   await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 60_000 });
   assertQueued(await startupLog(page), { name, givenAt });
   assert.equal(bytesOf(await page.textContent("#peak-total-bytes")), cliEstimate(file).peak.total_bytes);
@@ -83,8 +83,8 @@ test("a file picked and the demo asked for while the worker warms up are estimat
     const { page, problems } = await slowPage();
     const file = fixture("mobilenet_v2_sgd_bs16_pos0.json.gz");
     const name = path.basename(file);
-    await page.setInputFiles("#file-input", file);
     const givenAt = (await startupLog(page)).now;
+    await page.setInputFiles("#file-input", file);
     await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 60_000 });
     assertQueued(await startupLog(page), { name, givenAt });
     assert.deepEqual(problems, [], "the page threw");
@@ -92,8 +92,8 @@ test("a file picked and the demo asked for while the worker warms up are estimat
   }
   {
     const { page, problems } = await slowPage();
-    await page.click("#demo");
     const givenAt = (await startupLog(page)).now;
+    await page.click("#demo");
     const name = "resnet18_sgd_bs16_pos1.json.gz";
     await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 60_000 });
     assertQueued(await startupLog(page), { name, givenAt });
@@ -116,8 +116,8 @@ test("a permalink opened while the worker starts shows at once, and its trace dr
   const early = await startupLog(page);
   assert.equal(early.ready.length, 0, "the worker was ready before the shared estimate showed: the test proves nothing");
   await screenshot(page, "permalink-while-starting");
-  await dropFile(page, file);
   const givenAt = (await startupLog(page)).now;
+  await dropFile(page, file);
   await page.locator("#shared-banner").waitFor({ state: "detached", timeout: 60_000 });
   await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 60_000 });
   assertQueued(await startupLog(page), { name, givenAt });
@@ -143,8 +143,8 @@ test("a file dropped while a cancelled worker restarts is queued, and the previo
   const cancelledAt = (await startupLog(page)).now;
   const file = fixture("resnet18_sgd_bs32_pos1.json.gz");
   const name = path.basename(file);
-  await dropFile(page, file);
   const givenAt = (await startupLog(page)).now;
+  await dropFile(page, file);
   // While the new worker warms up, the cancelled job's predecessor is on screen.
   assert.equal(await page.textContent("#peak-total-bytes"), before, "the previous estimate is kept");
   await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 60_000 });
