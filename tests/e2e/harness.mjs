@@ -142,9 +142,10 @@ export function cli() {
   return bin;
 }
 
-/** `memcast estimate --json` on a file, parsed. */
-export function cliEstimate(file) {
-  return JSON.parse(execFileSync(cli(), ["estimate", "--json", file], { encoding: "utf8", maxBuffer: 64 << 20 }));
+/** `memcast estimate --json` on a file (with `--gpu` for each of `gpus`, if given), parsed. */
+export function cliEstimate(file, gpus = []) {
+  const args = ["estimate", "--json", file, ...gpus.flatMap((g) => ["--gpu", g])];
+  return JSON.parse(execFileSync(cli(), args, { encoding: "utf8", maxBuffer: 64 << 20 }));
 }
 
 /** Opens the app and waits until its worker has said "ready". */
