@@ -47,6 +47,6 @@ pub mod web;
 pub use diag::{Warned, Warning};
 pub use pipeline::{
     estimate, estimate_with, prepare, prepare_from, run, run_from, Config, Error, InTurn, Parallel,
-    Prepared, Progress, SimulationJob, Stage,
+    Prepared, Progress, Settings, SimulationJob, Stage,
 };
 pub use units::{Bytes, Nanos};

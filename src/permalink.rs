@@ -1,10 +1,20 @@
 //! Permalinks: a shared estimate in a URL fragment — never the trace.
 //!
 //! A permalink carries a [`Shared`] value: the report with its timeline
-//! downsampled for drawing (every local maximum kept), the GPUs and allocator
-//! settings it was computed with, and the trace's name, size and SHA-256, so a
-//! reader can tell which trace it came from. The fragment is
-//! `#e=v1.<base64url(deflate(json))>`: versioned, compressed, and URL-safe.
+//! downsampled for drawing (every local maximum kept), the [`Settings`] it
+//! was computed with (the GPUs, the target first, allocator settings, run
+//! options), the what-if answered on it if any, and the trace's name, size
+//! and SHA-256, so a reader can tell which trace it came from. The fragment
+//! is `#e=v2.<base64url(deflate(json))>`: versioned, compressed, and
+//! URL-safe. The page and the CLI (`--link`) make it with [`link`], so the
+//! same estimate gives the same link byte for byte in both.
+//!
+//! Extending it: a new field of [`Shared`], [`Settings`] or the report is
+//! read from older links by `#[serde(default)]` (and written only when it is
+//! not the default, so existing links keep their bytes); unknown fields are
+//! ignored, so an older page still opens a newer link of the same version.
+//! `v1` links (no settings or what-if: the GPU list and, in the report, the
+//! allocator settings) still open: [`decode`] reads them into a [`Shared`].
 //!
 //! Decoding is bounded in input size and inflated size, so a hostile fragment
 //! costs at most a few milliseconds and a few MiB, and every failure is a
@@ -19,13 +29,17 @@ use flate2::write::DeflateEncoder;
 use flate2::Compression;
 use serde::{Deserialize, Serialize};
 
+use crate::pipeline::Settings;
 use crate::report::{self, Report};
-use crate::Bytes;
+use crate::units::Bytes;
+use crate::whatif::WhatIfResult;
 
 /// The fragment key: a permalink fragment starts with `#e=`.
 pub const FRAGMENT_KEY: &str = "e=";
 /// The version tag of the encoding this code writes.
-pub const VERSION: &str = "v1";
+pub const VERSION: &str = "v2";
+/// The first version, still read.
+pub const VERSION_1: &str = "v1";
 /// Timeline points a permalink keeps at most.
 pub const MAX_TIMELINE_POINTS: usize = 160;
 /// Longest fragment decoded; longer ones are refused before any work.
@@ -88,21 +102,60 @@ impl Fingerprint {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shared {
     pub trace: TraceIdentity,
-    /// The GPUs as the user chose them (`NAME|SIZE` strings).
-    pub gpus: Vec<String>,
+    /// What the estimate was computed with; opening the link restores it.
+    #[serde(default)]
+    pub settings: Settings,
     /// The report, its timeline downsampled to [`MAX_TIMELINE_POINTS`].
     pub report: Report,
+    /// The what-if answered on this estimate, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<WhatIfResult>,
 }
 
 impl Shared {
     /// Builds the shared form of a report (downsampling its timeline).
-    pub fn new(trace: TraceIdentity, gpus: Vec<String>, report: &Report) -> Shared {
+    pub fn new(trace: TraceIdentity, settings: Settings, report: &Report) -> Shared {
         let mut report = report.clone();
         report.timeline = report::downsample(&report.timeline, MAX_TIMELINE_POINTS);
         Shared {
             trace,
-            gpus,
+            settings,
             report,
+            whatif: None,
+        }
+    }
+
+    /// The same estimate with the answer to a what-if asked on it.
+    pub fn with_whatif(mut self, whatif: Option<WhatIfResult>) -> Shared {
+        self.whatif = whatif;
+        self
+    }
+}
+
+/// What a `v1` link carried.
+#[derive(Deserialize)]
+struct SharedV1 {
+    trace: TraceIdentity,
+    gpus: Vec<String>,
+    report: Report,
+}
+
+impl From<SharedV1> for Shared {
+    fn from(v1: SharedV1) -> Shared {
+        // v1 listed the GPUs as chosen, the reference not necessarily first:
+        // put the report's reference first so that it is the target again.
+        let reference = v1.report.reference_gpu.clone();
+        let mut gpus: Vec<String> = v1.gpus.into_iter().filter(|g| *g != reference).collect();
+        gpus.insert(0, reference);
+        Shared {
+            trace: v1.trace,
+            settings: Settings {
+                gpus,
+                alloc_conf: v1.report.summary.alloc_conf.clone(),
+                ..Settings::default()
+            },
+            report: v1.report,
+            whatif: None,
         }
     }
 }
@@ -138,9 +191,20 @@ pub fn encode(shared: &Shared) -> String {
     )
 }
 
-/// Decodes a URL fragment (with or without the leading `#`).
+/// The permalink of `shared` on the page at `base` (a URL; any fragment it
+/// has is replaced): what the page puts in its address bar and the CLI's
+/// `--link` prints.
+pub fn link(base: &str, shared: &Shared) -> String {
+    let page = base.split_once('#').map_or(base, |(page, _)| page);
+    format!("{page}#{}", encode(shared))
+}
+
+/// Decodes a URL fragment (with or without the leading `#`), or a whole
+/// permalink.
 pub fn decode(fragment: &str) -> Result<Shared, PermalinkError> {
-    let fragment = fragment.strip_prefix('#').unwrap_or(fragment);
+    let fragment = fragment
+        .split_once('#')
+        .map_or(fragment, |(_, after)| after);
     if fragment.len() > MAX_FRAGMENT_CHARS {
         return Err(PermalinkError::TooLong(fragment.len()));
     }
@@ -150,7 +214,7 @@ pub fn decode(fragment: &str) -> Result<Shared, PermalinkError> {
     let (version, payload) = body
         .split_once('.')
         .ok_or_else(|| PermalinkError::Damaged("no version tag".into()))?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_1 {
         return Err(PermalinkError::UnknownVersion(
             version.chars().take(16).collect(),
         ));
@@ -168,8 +232,15 @@ pub fn decode(fragment: &str) -> Result<Shared, PermalinkError> {
             "it inflates to more than 4 MiB".into(),
         ));
     }
-    let shared: Shared = serde_json::from_slice(&json)
-        .map_err(|err| PermalinkError::Damaged(format!("unexpected content: {err}")))?;
+    let damaged =
+        |err: serde_json::Error| PermalinkError::Damaged(format!("unexpected content: {err}"));
+    let shared: Shared = if version == VERSION_1 {
+        serde_json::from_slice::<SharedV1>(&json)
+            .map_err(damaged)?
+            .into()
+    } else {
+        serde_json::from_slice(&json).map_err(damaged)?
+    };
     if shared.report.schema != report::SCHEMA {
         return Err(PermalinkError::UnknownVersion(shared.report.schema));
     }
@@ -208,6 +279,80 @@ mod tests {
         assert!(matches!(decode("#e=v1"), Err(PermalinkError::Damaged(_))));
         let long = format!("e=v1.{}", "A".repeat(MAX_FRAGMENT_CHARS));
         assert!(matches!(decode(&long), Err(PermalinkError::TooLong(_))));
+    }
+
+    /// A permalink the page made before settings and what-ifs were shared
+    /// (the demo trace, the page's default GPUs).
+    const V1_LINK: &str = include_str!("../tests/data/permalink-v1.txt");
+
+    #[test]
+    fn a_v1_link_still_opens_with_its_reference_as_the_target() {
+        let shared = decode(V1_LINK.trim()).unwrap();
+        assert_eq!(shared.trace.name, "resnet18_sgd_bs16_pos1.json.gz");
+        assert_eq!(shared.report.reference_gpu, "a100-80gb");
+        assert_eq!(
+            shared.settings.gpus.first().map(String::as_str),
+            Some("a100-80gb")
+        );
+        assert_eq!(shared.settings.gpus.len(), 6);
+        assert_eq!(shared.settings.alloc_conf, shared.report.summary.alloc_conf);
+        assert_eq!(shared.whatif, None);
+        assert!(shared.report.peak.total_bytes > Bytes::ZERO);
+    }
+
+    fn sample() -> Shared {
+        let v1 = decode(V1_LINK.trim()).unwrap();
+        let settings = Settings {
+            gpus: vec!["t4".into(), "300MiB".into()],
+            alloc_conf: "expandable_segments:True".into(),
+            ..Settings::default()
+        };
+        Shared::new(v1.trace, settings, &v1.report)
+    }
+
+    #[test]
+    fn a_link_round_trips_and_replaces_the_base_fragment() {
+        let shared = sample();
+        let url = link("https://example.test/memcast/?x=1#old", &shared);
+        let (page, fragment) = url.split_once('#').unwrap();
+        assert_eq!(page, "https://example.test/memcast/?x=1");
+        assert!(fragment.starts_with("e=v2."), "{fragment}");
+        assert_eq!(decode(&url).unwrap(), shared);
+        assert_eq!(decode(fragment).unwrap(), shared);
+        assert_eq!(
+            link("https://example.test/memcast/", &shared),
+            link("https://example.test/memcast/#", &shared)
+        );
+    }
+
+    fn encode_json(json: &serde_json::Value) -> String {
+        let mut encoder = DeflateEncoder::new(Vec::new(), Compression::best());
+        encoder.write_all(json.to_string().as_bytes()).unwrap();
+        format!("e=v2.{}", URL_SAFE_NO_PAD.encode(encoder.finish().unwrap()))
+    }
+
+    #[test]
+    fn fields_added_later_are_ignored_and_fields_missing_take_their_defaults() {
+        let shared = sample();
+        let mut json = serde_json::to_value(&shared).unwrap();
+        json["settings"]["a_later_option"] = serde_json::json!(true);
+        json["a_later_part"] = serde_json::json!({"n": 1});
+        assert_eq!(decode(&encode_json(&json)).unwrap(), shared);
+        let mut json = serde_json::to_value(&shared).unwrap();
+        json.as_object_mut().unwrap().remove("settings");
+        assert_eq!(
+            decode(&encode_json(&json)).unwrap().settings,
+            Settings::default()
+        );
+    }
+
+    #[test]
+    fn default_options_are_not_written() {
+        let json = serde_json::to_value(sample()).unwrap();
+        assert!(json.get("whatif").is_none());
+        let settings = json["settings"].as_object().unwrap();
+        assert!(!settings.contains_key("context"), "{settings:?}");
+        assert!(!settings.contains_key("captured_optimizer"), "{settings:?}");
     }
 
     #[test]

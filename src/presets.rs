@@ -39,6 +39,32 @@ pub enum Arch {
     Blackwell,
 }
 
+/// Where a GPU model is sold, to group GPUs for people choosing one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Segment {
+    /// Server GPUs (Tesla, A/H/B/L-series data-centre parts).
+    DataCentre,
+    /// Professional workstation cards (RTX A/Ada professional line).
+    Workstation,
+    /// GeForce cards.
+    Consumer,
+}
+
+impl Segment {
+    /// Every segment, in the order the page lists them.
+    pub const ALL: [Segment; 3] = [Segment::DataCentre, Segment::Workstation, Segment::Consumer];
+
+    /// The segment's name as people say it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Segment::DataCentre => "data centre",
+            Segment::Workstation => "workstation",
+            Segment::Consumer => "consumer",
+        }
+    }
+}
+
 /// One GPU model as a CUDA process sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuPreset {
@@ -47,6 +73,8 @@ pub struct GpuPreset {
     /// The name `nvidia-smi` prints.
     pub name: &'static str,
     pub arch: Arch,
+    /// Where it is sold (groups the page's GPU chooser).
+    pub segment: Segment,
     /// Compute capability, major and minor.
     pub compute_capability: (u8, u8),
     /// `nvidia-smi` total memory.
@@ -67,6 +95,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "rtx-3060",
         name: "NVIDIA GeForce RTX 3060 12GB",
         arch: Arch::Ampere,
+        segment: Segment::Consumer,
         compute_capability: (8, 6),
         nvidia_smi_total: Bytes(12_288 * MIB),
         cuda_visible: Bytes(12_884_377_600),
@@ -76,6 +105,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "t4",
         name: "Tesla T4",
         arch: Arch::Turing,
+        segment: Segment::DataCentre,
         compute_capability: (7, 5),
         nvidia_smi_total: Bytes(15_360 * MIB),
         cuda_visible: Bytes(15_843_721_216),
@@ -85,6 +115,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "rtx-4060-ti-16gb",
         name: "NVIDIA GeForce RTX 4060 Ti 16GB",
         arch: Arch::Ada,
+        segment: Segment::Consumer,
         compute_capability: (8, 9),
         nvidia_smi_total: Bytes(16_380 * MIB),
         cuda_visible: Bytes(16_857_038_848),
@@ -94,6 +125,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "v100-16gb",
         name: "Tesla V100-SXM2-16GB",
         arch: Arch::Volta,
+        segment: Segment::DataCentre,
         compute_capability: (7, 0),
         nvidia_smi_total: Bytes(16_160 * MIB),
         cuda_visible: Bytes(16_928_342_016),
@@ -103,6 +135,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "l4",
         name: "NVIDIA L4",
         arch: Arch::Ada,
+        segment: Segment::DataCentre,
         compute_capability: (8, 9),
         nvidia_smi_total: Bytes(23_034 * MIB),
         cuda_visible: Bytes(23_570_219_008),
@@ -112,6 +145,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "a10",
         name: "NVIDIA A10",
         arch: Arch::Ampere,
+        segment: Segment::DataCentre,
         compute_capability: (8, 6),
         nvidia_smi_total: Bytes(23_028 * MIB),
         cuda_visible: Bytes(23_609_475_072),
@@ -121,6 +155,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "a10g",
         name: "NVIDIA A10G",
         arch: Arch::Ampere,
+        segment: Segment::DataCentre,
         compute_capability: (8, 6),
         nvidia_smi_total: Bytes(23_028 * MIB),
         cuda_visible: Bytes(22_587 * MIB),
@@ -130,6 +165,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "rtx-3090",
         name: "NVIDIA GeForce RTX 3090",
         arch: Arch::Ampere,
+        segment: Segment::Consumer,
         compute_capability: (8, 6),
         nvidia_smi_total: Bytes(24_576 * MIB),
         cuda_visible: Bytes(25_327_697_920),
@@ -139,6 +175,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "rtx-4090",
         name: "NVIDIA GeForce RTX 4090",
         arch: Arch::Ada,
+        segment: Segment::Consumer,
         compute_capability: (8, 9),
         nvidia_smi_total: Bytes(24_564 * MIB),
         cuda_visible: Bytes(25_386_352_640),
@@ -148,6 +185,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "rtx-5090",
         name: "NVIDIA GeForce RTX 5090",
         arch: Arch::Blackwell,
+        segment: Segment::Consumer,
         compute_capability: (12, 0),
         nvidia_smi_total: Bytes(32_607 * MIB),
         cuda_visible: Bytes(33_660_534_784),
@@ -157,6 +195,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "v100-32gb",
         name: "Tesla V100-SXM2-32GB",
         arch: Arch::Volta,
+        segment: Segment::DataCentre,
         compute_capability: (7, 0),
         nvidia_smi_total: Bytes(32_510 * MIB),
         cuda_visible: Bytes(34_089_730_048),
@@ -166,6 +205,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "a100-40gb",
         name: "NVIDIA A100-SXM4-40GB",
         arch: Arch::Ampere,
+        segment: Segment::DataCentre,
         compute_capability: (8, 0),
         nvidia_smi_total: Bytes(40_960 * MIB),
         cuda_visible: Bytes(42_298_834_944),
@@ -175,6 +215,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "a40",
         name: "NVIDIA A40",
         arch: Arch::Ampere,
+        segment: Segment::DataCentre,
         compute_capability: (8, 6),
         nvidia_smi_total: Bytes(46_068 * MIB),
         cuda_visible: Bytes(47_608_692_736),
@@ -184,6 +225,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "l40s",
         name: "NVIDIA L40S",
         arch: Arch::Ada,
+        segment: Segment::DataCentre,
         compute_capability: (8, 9),
         nvidia_smi_total: Bytes(46_068 * MIB),
         cuda_visible: Bytes(47_803_596_800),
@@ -193,6 +235,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "rtx-6000-ada",
         name: "NVIDIA RTX 6000 Ada Generation",
         arch: Arch::Ada,
+        segment: Segment::Workstation,
         compute_capability: (8, 9),
         nvidia_smi_total: Bytes(49_140 * MIB),
         cuda_visible: Bytes(51_002_867_712),
@@ -202,6 +245,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "h100-pcie",
         name: "NVIDIA H100 PCIe",
         arch: Arch::Hopper,
+        segment: Segment::DataCentre,
         compute_capability: (9, 0),
         nvidia_smi_total: Bytes(81_559 * MIB),
         cuda_visible: Bytes(81_008 * MIB),
@@ -211,6 +255,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "a100-80gb-pcie",
         name: "NVIDIA A100 80GB PCIe",
         arch: Arch::Ampere,
+        segment: Segment::DataCentre,
         compute_capability: (8, 0),
         nvidia_smi_total: Bytes(81_920 * MIB),
         cuda_visible: Bytes(81_049 * MIB),
@@ -220,6 +265,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "h100-80gb",
         name: "NVIDIA H100 80GB HBM3",
         arch: Arch::Hopper,
+        segment: Segment::DataCentre,
         compute_capability: (9, 0),
         nvidia_smi_total: Bytes(85_520_809_984),
         cuda_visible: Bytes(85_045_477_376),
@@ -229,6 +275,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "a100-80gb",
         name: "NVIDIA A100-SXM4-80GB",
         arch: Arch::Ampere,
+        segment: Segment::DataCentre,
         compute_capability: (8, 0),
         nvidia_smi_total: Bytes(81_920 * MIB),
         cuda_visible: Bytes(85_100_068_864),
@@ -238,6 +285,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "h100-nvl",
         name: "NVIDIA H100 NVL",
         arch: Arch::Hopper,
+        segment: Segment::DataCentre,
         compute_capability: (9, 0),
         nvidia_smi_total: Bytes(95_830 * MIB),
         cuda_visible: Bytes(99_861_594_112),
@@ -247,6 +295,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "h200",
         name: "NVIDIA H200",
         arch: Arch::Hopper,
+        segment: Segment::DataCentre,
         compute_capability: (9, 0),
         nvidia_smi_total: Bytes(143_771 * MIB),
         cuda_visible: Bytes(143_156 * MIB),
@@ -256,6 +305,7 @@ pub const PRESETS: &[GpuPreset] = &[
         slug: "b200",
         name: "NVIDIA B200",
         arch: Arch::Blackwell,
+        segment: Segment::DataCentre,
         compute_capability: (10, 0),
         nvidia_smi_total: Bytes(183_359 * MIB),
         cuda_visible: Bytes(182_631 * MIB),

@@ -17,10 +17,12 @@
 
 mod config;
 mod runs;
+mod settings;
 mod simulate;
 
 pub use config::{Config, DEFAULT_TARGET};
 pub use runs::{InTurn, Parallel, SimulationJob};
+pub use settings::Settings;
 pub use simulate::{schedule_ops, simulate_schedule};
 
 use serde::{Deserialize, Serialize};

@@ -1,18 +1,26 @@
-//! The page: input (drop zone, file picker, demo), GPU selection, progress
-//! and cancel, and the estimate with its charts, tables and permalink.
+//! The page: input (drop zone, file picker, demo), the target GPU and the
+//! GPUs to compare, progress and cancel, and the estimate: the answer first
+//! (the target's verdict, the peak, where it fits), then its charts, tables
+//! and permalink.
+//!
+//! Nothing the user gives is lost while the worker starts (or restarts after
+//! a Cancel): a request made before the worker has said "ready" waits in a
+//! one-place queue and is sent when it does; the status line says so.
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 use web_sys::{Blob, File, HtmlCanvasElement, Worker};
 
+use super::answer::Answer;
 use super::bridge;
 use super::charts::{self, Band};
-use super::controls::{GpuSettings, Status, StatusLine, TraceInput, WhatIfSection};
-use super::format::{exact, gib, seconds, short, thousands};
+use super::controls::{Status, StatusLine, TraceInput, WhatIfSection};
+use super::format::{exact, gib, open_state, seconds, short, thousands};
+use super::gpus::{Choice, GpuChooser};
 use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
-use crate::pipeline::{Config, DEFAULT_TARGET};
+use crate::pipeline::{Config, Settings};
 use crate::protocol::{Request, Response};
 use crate::report::{Breakdown, LayerKey, Report};
 use crate::whatif::{WhatIfKind, WhatIfResult};
@@ -20,21 +28,13 @@ use crate::whatif::{WhatIfKind, WhatIfResult};
 /// The demo trace, a real fixture shipped with the site (`www/demo/`).
 const DEMO_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
 const DEMO_NAME: &str = "resnet18_sgd_bs16_pos1.json.gz";
-/// The GPUs selected on a first visit.
-const DEFAULT_GPUS: [&str; 6] = [
-    "t4",
-    "l4",
-    "rtx-4090",
-    "a100-40gb",
-    "a100-80gb",
-    "h100-80gb",
-];
 
 /// An estimate on screen.
 #[derive(Debug, Clone, PartialEq)]
 struct Shown {
     trace: TraceIdentity,
-    gpus: Vec<String>,
+    /// What it was computed with.
+    settings: Settings,
     report: Report,
     /// Opened from a permalink (no trace in this browser).
     shared: bool,
@@ -47,6 +47,37 @@ struct Input {
     name: String,
 }
 
+/// A request made before the worker was ready.
+#[derive(Clone)]
+enum Queued {
+    Run(Input),
+    Resimulate,
+    WhatIf(WhatIfKind),
+}
+
+impl Queued {
+    /// What the status line says is waiting.
+    fn label(&self) -> String {
+        match self {
+            Queued::Run(input) => input.name.clone(),
+            Queued::Resimulate => "the new settings".into(),
+            Queued::WhatIf(_) => "the what-if".into(),
+        }
+    }
+
+    /// A new request replaces the waiting one unless the waiting one is a
+    /// file and the new one is not (settings are read when a request is
+    /// sent, so a file run also applies them).
+    fn merge(waiting: Option<Queued>, new: Queued) -> Queued {
+        match (waiting, new) {
+            (Some(Queued::Run(input)), Queued::Resimulate | Queued::WhatIf(_)) => {
+                Queued::Run(input)
+            }
+            (_, new) => new,
+        }
+    }
+}
+
 /// Mounts the app on `<body>` and removes the static loading placeholder.
 pub fn mount() {
     console_error_panic_hook::set_once();
@@ -56,45 +87,54 @@ pub fn mount() {
     leptos::mount::mount_to_body(App);
 }
 
-fn location_hash() -> String {
-    window().location().hash().unwrap_or_default()
+/// The page's own address, without a fragment.
+fn page_url() -> String {
+    let href = window().location().href().unwrap_or_default();
+    href.split_once('#')
+        .map_or(href.as_str(), |(page, _)| page)
+        .to_owned()
 }
 
-fn set_location_hash(fragment: &str) {
-    let url = format!("#{fragment}");
+/// Puts `link` in the address bar without a navigation.
+fn show_link(link: &str) {
     if let Ok(history) = window().history() {
-        let _ = history.replace_state_with_url(&wasm_bindgen::JsValue::NULL, "", Some(&url));
+        let _ = history.replace_state_with_url(&wasm_bindgen::JsValue::NULL, "", Some(link));
     }
 }
 
 /// The root component.
 #[component]
 fn App() -> impl IntoView {
-    let status = RwSignal::new(Status::Starting);
+    let status = RwSignal::new(Status::Starting { waiting: None });
     let shown = RwSignal::new(None::<Shown>);
     let error = RwSignal::new(None::<String>);
-    let selected = RwSignal::new(
-        DEFAULT_GPUS
-            .iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>(),
-    );
-    let alloc_conf = RwSignal::new(String::new());
+    let choice = Choice::new();
+    // Settings the page has no control for (from a permalink made with
+    // other options); the page's choices override the GPUs and allocator.
+    let base = StoredValue::new(Settings::default());
     let whatif_result = RwSignal::new(None::<WhatIfResult>);
+    let link = RwSignal::new(String::new());
     let job = StoredValue::new(0u32);
+    // The settings the current job was sent with.
+    let job_settings = StoredValue::new(Settings::default());
     let worker = StoredValue::new_local(None::<Worker>);
+    let ready = StoredValue::new(false);
+    let queued = StoredValue::new_local(None::<Queued>);
     let input = StoredValue::new_local(None::<Input>);
 
-    // A permalink in the URL: show the shared estimate at once.
-    let hash = location_hash();
-    if hash.len() > 1 {
-        match permalink::decode(&hash) {
+    // A permalink in the URL: show the shared estimate at once (no worker
+    // needed) and restore the choices it was made with.
+    let href = window().location().href().unwrap_or_default();
+    if href.contains('#') && !href.ends_with('#') {
+        match permalink::decode(&href) {
             Ok(shared) => {
-                selected.set(shared.gpus.clone());
-                alloc_conf.set(shared.report.summary.alloc_conf.clone());
+                choice.restore(&shared.settings.gpus, &shared.settings.alloc_conf);
+                base.set_value(shared.settings.clone());
+                whatif_result.set(shared.whatif.clone());
+                link.set(href.clone());
                 shown.set(Some(Shown {
                     trace: shared.trace,
-                    gpus: shared.gpus,
+                    settings: shared.settings,
                     report: shared.report,
                     shared: true,
                 }));
@@ -103,16 +143,10 @@ fn App() -> impl IntoView {
         }
     }
 
-    let config = move || -> Result<Config, String> {
-        let specs = selected.get_untracked();
-        if specs.is_empty() {
-            return Err("select at least one GPU".into());
-        }
-        // The page estimates for the default target and compares the
-        // selected GPUs.
-        let mut config = Config::for_gpus(DEFAULT_TARGET, &specs).map_err(|err| err.to_string())?;
-        config.alloc_conf = alloc_conf.get_untracked();
-        Ok(config)
+    let settings = move || Settings {
+        gpus: choice.gpus(),
+        alloc_conf: choice.alloc_conf.get_untracked(),
+        ..base.get_value()
     };
     let next_job = move || {
         let next = job.get_value().wrapping_add(1);
@@ -129,13 +163,18 @@ fn App() -> impl IntoView {
     // Builds a request from the current settings and posts it; says whether it
     // went out (a failure is shown as the page's error).
     let post_request = move |build: &dyn Fn(u32, Config) -> Request, file: Option<&Blob>| -> bool {
-        let sent = config().and_then(|config| {
-            let request = build(next_job(), config);
-            worker.with_value(|worker| match worker {
-                Some(worker) => bridge::post(worker, &request, file),
-                None => Err("the worker is not running; reload the page".into()),
-            })
-        });
+        let chosen = settings();
+        let sent = chosen
+            .config()
+            .map_err(|err| err.to_string())
+            .and_then(|config| {
+                let request = build(next_job(), config);
+                job_settings.set_value(chosen);
+                worker.with_value(|worker| match worker {
+                    Some(worker) => bridge::post(worker, &request, file),
+                    None => Err("the worker is not running; reload the page".into()),
+                })
+            });
         match sent {
             Ok(()) => true,
             Err(message) => {
@@ -144,48 +183,85 @@ fn App() -> impl IntoView {
             }
         }
     };
-    let send_run = move |file: Input| {
-        let build = |job, config| Request::Run {
-            job,
-            name: file.name.clone(),
-            config,
-        };
-        if post_request(&build, Some(&file.blob)) {
-            input.set_value(Some(file));
-            working("Sending the file");
+    let dispatch = move |request: Queued| match request {
+        Queued::Run(file) => {
+            let build = |job, config| Request::Run {
+                job,
+                name: file.name.clone(),
+                config,
+            };
+            if post_request(&build, Some(&file.blob)) {
+                input.set_value(Some(file));
+                working("Sending the file");
+            }
+        }
+        Queued::Resimulate => {
+            if post_request(&|job, config| Request::Resimulate { job, config }, None) {
+                working("Simulating");
+            }
+        }
+        Queued::WhatIf(what) => {
+            if post_request(&|job, config| Request::WhatIf { job, what, config }, None) {
+                working("Simulating the what-if");
+            }
         }
     };
-    let resimulate = move || {
-        if status.get_untracked() == Status::Starting {
+    // Sends a request now, or keeps it until the worker is ready.
+    let submit = move |request: Queued| {
+        if ready.get_value() {
+            dispatch(request);
             return;
         }
+        let waiting = Queued::merge(queued.get_value(), request);
+        status.set(Status::Starting {
+            waiting: Some(waiting.label()),
+        });
+        queued.set_value(Some(waiting));
+    };
+    let resimulate = move || {
         if shown.with_untracked(|s| s.is_none()) {
             return;
         }
-        if post_request(&|job, config| Request::Resimulate { job, config }, None) {
-            working("Simulating");
-        }
+        submit(Queued::Resimulate);
     };
-
     let run_whatif = move |what: WhatIfKind| {
-        if status.get_untracked() == Status::Starting {
-            return;
-        }
         if shown.with_untracked(|s| s.as_ref().is_none_or(|s| s.shared)) {
             error.set(Some(
                 "what-ifs need the trace: drop it (or try the demo) first".into(),
             ));
             return;
         }
-        if post_request(&|job, config| Request::WhatIf { job, what, config }, None) {
-            working("Simulating the what-if");
-        }
+        submit(Queued::WhatIf(what));
+    };
+    // The permalink of what is on screen, in the address bar and the share box.
+    let relink = move || {
+        let Some(current) = shown.get_untracked() else {
+            return;
+        };
+        let shared = Shared::new(current.trace, current.settings, &current.report)
+            .with_whatif(whatif_result.get_untracked());
+        let url = permalink::link(&page_url(), &shared);
+        show_link(&url);
+        link.set(url);
     };
 
     let on_response = move |response: Response| {
         let current = job.get_value();
         match response {
-            Response::Ready => status.set(Status::Idle),
+            Response::Ready => {
+                ready.set_value(true);
+                match queued.get_value() {
+                    Some(request) => {
+                        queued.set_value(None);
+                        dispatch(request);
+                    }
+                    None => {
+                        if matches!(status.get_untracked(), Status::Starting { .. }) {
+                            status.set(Status::Idle);
+                        }
+                    }
+                }
+            }
             Response::Progress {
                 job: of,
                 stage,
@@ -201,26 +277,25 @@ fn App() -> impl IntoView {
                 trace,
                 report,
             } if of == current => {
-                let gpus = selected.get_untracked();
-                let shared = Shared::new(trace.clone(), gpus.clone(), &report);
-                set_location_hash(&permalink::encode(&shared));
                 status.set(Status::Idle);
                 error.set(None);
                 whatif_result.set(None);
                 shown.set(Some(Shown {
                     trace,
-                    gpus,
+                    settings: job_settings.get_value(),
                     report: *report,
                     shared: false,
                 }));
+                relink();
             }
             Response::WhatIf { job: of, result } if of == current => {
                 status.set(Status::Idle);
                 error.set(None);
                 whatif_result.set(Some(*result));
+                relink();
             }
             Response::NeedTrace { job: of } if of == current => match input.get_value() {
-                Some(file) => send_run(file),
+                Some(file) => submit(Queued::Run(file)),
                 None => {
                     status.set(Status::Idle);
                     error.set(Some(
@@ -230,62 +305,71 @@ fn App() -> impl IntoView {
                 }
             },
             Response::Failed { job: of, message } if of == current || of == 0 => {
-                status.set(Status::Idle);
+                if ready.get_value() {
+                    status.set(Status::Idle);
+                }
                 error.set(Some(message));
             }
             // A stale answer to a cancelled job.
             _ => {}
         }
     };
-    let start_worker = move || match bridge::spawn(on_response) {
-        Ok(started) => worker.set_value(Some(started)),
-        Err(message) => error.set(Some(message)),
+    let start_worker = move || {
+        ready.set_value(false);
+        match bridge::spawn(on_response) {
+            Ok(started) => worker.set_value(Some(started)),
+            Err(message) => error.set(Some(message)),
+        }
     };
     start_worker();
 
     let cancel = move |()| {
+        error.set(Some("cancelled; the previous estimate is kept".into()));
+        if !ready.get_value() {
+            // Nothing runs yet: forget what waits, let the worker start.
+            queued.set_value(None);
+            status.set(Status::Starting { waiting: None });
+            return;
+        }
         worker.update_value(|worker| {
             if let Some(worker) = worker.take() {
                 worker.terminate();
             }
         });
         next_job();
-        status.set(Status::Starting);
-        error.set(Some("cancelled; the previous estimate is kept".into()));
+        status.set(Status::Starting { waiting: None });
         start_worker();
     };
 
     let submit_file = move |file: File| {
-        if status.get_untracked() == Status::Starting {
-            error.set(Some(
-                "the worker is still loading; try again in a moment".into(),
-            ));
-            return;
-        }
         let name = file.name();
-        send_run(Input {
+        submit(Queued::Run(Input {
             blob: file.into(),
             name,
-        });
+        }));
     };
     let demo = move |_| {
-        if status.get_untracked() == Status::Starting {
-            return;
+        let starting = matches!(status.get_untracked(), Status::Starting { .. });
+        if !starting {
+            working("Loading the demo trace");
         }
-        working("Loading the demo trace");
         leptos::task::spawn_local(async move {
             match fetch_blob(DEMO_URL).await {
-                Ok(blob) => send_run(Input {
+                Ok(blob) => submit(Queued::Run(Input {
                     blob,
                     name: DEMO_NAME.into(),
-                }),
+                })),
                 Err(message) => {
-                    status.set(Status::Idle);
+                    if ready.get_value() {
+                        status.set(Status::Idle);
+                    }
                     error.set(Some(message));
                 }
             }
         });
     };
+    let changed = Callback::new(move |()| resimulate());
+    let failed = Callback::new(move |message: String| error.set(Some(message)));
 
     view! {
         <header>
@@ -295,7 +379,7 @@ fn App() -> impl IntoView {
             </p>
         </header>
         <main>
-            <section class="input">
+            <section class="input" class:compact=move || shown.with(Option::is_some)>
                 <TraceInput on_file=Callback::new(submit_file) />
                 <div class="actions">
                     <button id="demo" type="button" on:click=demo>"Try the demo"</button>
@@ -305,13 +389,19 @@ fn App() -> impl IntoView {
                 {move || error.get().map(|message| view! { <p id="error" class="error" role="alert">{message}</p> })}
             </section>
 
-            <GpuSettings selected=selected alloc_conf=alloc_conf error=error on_change=Callback::new(move |()| resimulate()) />
+            {move || shown.get().map(|shown| view! { <Verdict shown=shown /> })}
 
-            {move || shown.get().map(|shown| view! { <Results shown=shown /> })}
+            <GpuChooser choice=choice changed=changed failed=failed />
 
-            {move || shown.with(|s| s.as_ref().is_some_and(|s| !s.shared)).then(|| view! {
-                <WhatIfSection result=whatif_result error=error on_run=Callback::new(run_whatif) />
-            })}
+            {move || shown.get().map(|shown| view! { <Results shown=shown link=link /> })}
+
+            {move || {
+                let computed = shown.with(|s| s.as_ref().is_some_and(|s| !s.shared));
+                let target = shown.with(|s| s.as_ref().map(|s| s.report.reference_gpu.clone()).unwrap_or_default());
+                (computed || whatif_result.with(Option::is_some)).then(|| view! {
+                    <WhatIfSection result=whatif_result target=target can_ask=computed error=error on_run=Callback::new(run_whatif) />
+                })
+            }}
         </main>
         <footer>
             <p>"memcast runs entirely in this page: your trace is read by a Web Worker on this device and never uploaded. A shared link carries only the estimate."</p>
@@ -433,11 +523,33 @@ fn draw_on(
     });
 }
 
-/// The estimate: summary, charts with their tables, layers, warnings, link.
+/// The first screen's answer, marked when it was opened from a permalink.
+#[component]
+fn Verdict(
+    /// The estimate to answer for.
+    shown: Shown,
+) -> impl IntoView {
+    view! {
+        <section class="result first">
+            {shown.shared.then(|| view! {
+                <p id="shared-banner" class="shared-banner">
+                    "Shared estimate — computed elsewhere from "<strong>{shown.trace.name.clone()}</strong>
+                    " (SHA-256 "<code>{shown.trace.sha256.chars().take(16).collect::<String>()}"…"</code>"). No trace is loaded in this browser."
+                </p>
+            })}
+            <Answer report=shown.report.clone() />
+        </section>
+    }
+}
+
+/// The estimate's details: summary, charts with their tables, layers,
+/// warnings, JSON, link.
 #[component]
 fn Results(
     /// The estimate to show.
     shown: Shown,
+    /// Its permalink (with the what-if asked on it, if any).
+    link: RwSignal<String>,
 ) -> impl IntoView {
     let report = shown.report.clone();
     let peak = report.peak.clone();
@@ -461,23 +573,19 @@ fn Results(
         charts::breakdown(canvas, &parts)
     });
 
-    // The address bar already carries this estimate's permalink: a computed
-    // estimate wrote it (`set_location_hash`), a shared one was opened from it.
-    let link = window().location().href().unwrap_or_default();
     let copied = RwSignal::new(false);
-    let timeline_open = RwSignal::new(false);
-    let json_open = RwSignal::new(false);
+    let timeline_details = NodeRef::<leptos::html::Details>::new();
+    let (timeline_open, timeline_toggled) = open_state(timeline_details);
+    let json_details = NodeRef::<leptos::html::Details>::new();
+    let (json_open, json_toggled) = open_state(json_details);
     let timeline = std::sync::Arc::new(report.timeline.clone());
     let json_report = std::sync::Arc::new(report.clone());
-    let copy_link = {
-        let link = link.clone();
-        move |_| {
-            let clipboard = window().navigator().clipboard();
-            let promise = clipboard.write_text(&link);
-            leptos::task::spawn_local(async move {
-                copied.set(JsFuture::from(promise).await.is_ok());
-            });
-        }
+    let copy_link = move |_| {
+        let clipboard = window().navigator().clipboard();
+        let promise = clipboard.write_text(&link.get_untracked());
+        leptos::task::spawn_local(async move {
+            copied.set(JsFuture::from(promise).await.is_ok());
+        });
     };
     let where_peak = {
         let at = &peak.at;
@@ -497,29 +605,20 @@ fn Results(
 
     view! {
         <section id="results" class="result">
-            {shown.shared.then(|| view! {
-                <p id="shared-banner" class="shared-banner">
-                    "Shared estimate — computed elsewhere from "<strong>{shown.trace.name.clone()}</strong>
-                    " (SHA-256 "<code>{shown.trace.sha256.chars().take(16).collect::<String>()}"…"</code>"). No trace is loaded in this browser."
-                </p>
-            })}
-            <h2>"Peak GPU memory"</h2>
-            <p class="headline">
-                <span id="peak-total-gib" class="big">{gib(peak.total_bytes)}</span>
-                " "<span id="peak-total-bytes" class="exact">{exact(peak.total_bytes)}</span>
-            </p>
+            <h2>"Details"</h2>
             <dl class="summary">
                 <dt>"Trace"</dt><dd id="trace-name">{shown.trace.name.clone()}" ("{exact(shown.trace.size_bytes)}")"</dd>
                 <dt>"Reserved by PyTorch"</dt><dd id="peak-reserved">{format!("{} — {}", gib(peak.reserved_bytes), exact(peak.reserved_bytes))}</dd>
                 <dt>"Allocated (live tensors)"</dt><dd id="peak-allocated">{format!("{} — {}", gib(peak.allocated_bytes), exact(peak.allocated_bytes))}</dd>
                 <dt>"CUDA context"</dt><dd>{format!("{} — {}", gib(peak.context_bytes), exact(peak.context_bytes))}</dd>
                 <dt>"Where"</dt><dd id="peak-where">{where_peak}</dd>
-                <dt>"Run"</dt><dd>{format!("{} iterations simulated ({} captured), optimizer {}{}, {} parameters ({}), reference GPU {}",
+                <dt>"Run"</dt><dd>{format!("{} iterations simulated ({} captured), optimizer {}{}, {} parameters ({}), target GPU {}",
                     report.summary.iterations_simulated, report.summary.iterations_captured,
                     report.summary.optimizer.clone().unwrap_or_else(|| "unknown".into()),
                     if report.summary.foreach_modelled { " (foreach)" } else { "" },
                     thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
                     report.reference_gpu)}</dd>
+                <dt>"GPUs"</dt><dd>{shown.settings.gpus.join(", ")}{(!shown.settings.alloc_conf.is_empty()).then(|| format!(" — PYTORCH_CUDA_ALLOC_CONF={}", shown.settings.alloc_conf))}</dd>
             </dl>
 
             <h3>"Timeline"</h3>
@@ -542,7 +641,7 @@ fn Results(
                     }).collect_view()}
                 </tbody>
             </table>
-            <details class="numbers" on:toggle=move |_| timeline_open.update(|open| *open = !*open)>
+            <details class="numbers" node_ref=timeline_details on:toggle=timeline_toggled>
                 <summary>"Timeline numbers ("{report.timeline.len()}" points)"</summary>
                 <table id="timeline-table">
                     <thead><tr><th>"time"</th><th>"allocated (B)"</th><th>"reserved (B)"</th></tr></thead>
@@ -618,7 +717,7 @@ fn Results(
                 }).collect_view()}
             </ul>
 
-            <details id="report-json-details" class="numbers" on:toggle=move |_| json_open.update(|open| *open = !*open)>
+            <details id="report-json-details" class="numbers" node_ref=json_details on:toggle=json_toggled>
                 <summary>"Report JSON (the same as "<code>"memcast estimate --json"</code>")"</summary>
                 {move || json_open.get().then(|| view! {
                     <textarea id="report-json" readonly rows="12">{serde_json::to_string_pretty(&*json_report).unwrap_or_default()}</textarea>
@@ -627,7 +726,7 @@ fn Results(
 
             <h3>"Share"</h3>
             <div class="share">
-                <input id="permalink" type="text" readonly value=link.clone() />
+                <input id="permalink" type="text" readonly prop:value=move || link.get() />
                 <button id="copy-link" type="button" on:click=copy_link>"Copy link"</button>
                 {move || copied.get().then(|| view! { <span class="copied">"Copied"</span> })}
             </div>

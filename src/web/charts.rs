@@ -67,6 +67,46 @@ fn gib(bytes: Bytes) -> f64 {
     bytes.get() as f64 / Bytes::GIB as f64
 }
 
+/// An axis from zero: its end, rounded up to a whole number of "nice" steps
+/// (1, 2 or 5 times a power of ten) with about `ticks` of them, and the step.
+fn nice_axis(max: f64, ticks: usize) -> (f64, f64) {
+    let max = if max.is_finite() && max > 0.0 {
+        max
+    } else {
+        1.0
+    };
+    let raw = max / ticks.max(1) as f64;
+    let power = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * power)
+        .find(|step| *step >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * power);
+    ((max / step - 1e-9).ceil().max(1.0) * step, step)
+}
+
+/// A tick label with as many decimals as the axis's step needs: `80`, not
+/// `80.0`; `0.05` and `0.10`, not `0.05` and `0.1`.
+fn tick(value: f64, step: f64) -> String {
+    let decimals = if step >= 1.0 {
+        0
+    } else {
+        (-step.log10().floor()).clamp(0.0, 6.0) as usize
+    };
+    // No "-0".
+    let value = if value.abs() < step * 1e-6 {
+        0.0
+    } else {
+        value
+    };
+    format!("{value:.decimals$}")
+}
+
+/// The number of labels plotters needs to put one at every `step` over `0..end`.
+fn label_count(end: f64, step: f64) -> usize {
+    (end / step).round() as usize + 1
+}
+
 fn area(canvas: &HtmlCanvasElement) -> Result<DrawingArea<CanvasBackend, Shift>, String> {
     let backend = CanvasBackend::with_canvas_object(canvas.clone())
         .ok_or_else(|| "this browser gave no 2D canvas to draw on".to_string())?;
@@ -85,23 +125,31 @@ pub fn timeline(canvas: &HtmlCanvasElement, report: &Report, bands: &[Band]) -> 
     let t0 = first.time_ns.get();
     let secs = |t: i64| (t - t0) as f64 / 1e9;
     let x_max = secs(last.time_ns.get()).max(1e-9);
-    let y_max = points
-        .iter()
-        .map(|p| gib(p.reserved_bytes).max(gib(p.allocated_bytes)))
-        .fold(0.0, f64::max)
-        .max(1e-6)
-        * 1.12;
+    let (x_end, x_step) = nice_axis(x_max, 8);
+    let (y_max, y_step) = nice_axis(
+        points
+            .iter()
+            .map(|p| gib(p.reserved_bytes).max(gib(p.allocated_bytes)))
+            .fold(0.0, f64::max)
+            * 1.08,
+        5,
+    );
     let mut chart = ChartBuilder::on(&root)
         .margin(12)
+        .margin_right(24)
         .x_label_area_size(36)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .build_cartesian_2d(0.0..x_end, 0.0..y_max)
         .map_err(|err| err.to_string())?;
     chart
         .configure_mesh()
-        .light_line_style(GRID.mix(0.3))
+        .light_line_style(GRID.mix(0.15))
         .x_desc("trace time (s)")
         .y_desc("GiB")
+        .x_labels(label_count(x_end, x_step))
+        .y_labels(label_count(y_max, y_step))
+        .x_label_formatter(&|x| tick(*x, x_step))
+        .y_label_formatter(&|y| tick(*y, y_step))
         .label_style((FONT, 13))
         .draw()
         .map_err(|err| err.to_string())?;
@@ -144,7 +192,7 @@ pub fn timeline(canvas: &HtmlCanvasElement, report: &Report, bands: &[Band]) -> 
             PEAK.filled(),
         )))
         .map_err(|err| err.to_string())?
-        .label(format!("peak reserved {:.2} GiB", peak_y))
+        .label(format!("peak reserved {peak_y:.2} GiB"))
         .legend(|(x, y)| Circle::new((x + 7, y), 4, PEAK.filled()));
     chart
         .configure_series_labels()
@@ -162,24 +210,28 @@ pub fn timeline(canvas: &HtmlCanvasElement, report: &Report, bands: &[Band]) -> 
 pub fn gpus(canvas: &HtmlCanvasElement, report: &Report) -> Result<(), String> {
     let root = area(canvas)?;
     let n = report.gpus.len().max(1);
-    let x_max = report
-        .gpus
-        .iter()
-        .map(|g| gib(g.capacity_bytes).max(gib(g.peak_total_bytes)))
-        .fold(gib(report.peak.total_bytes), f64::max)
-        * 1.05;
+    let (x_max, x_step) = nice_axis(
+        report
+            .gpus
+            .iter()
+            .map(|g| gib(g.capacity_bytes).max(gib(g.peak_total_bytes)))
+            .fold(gib(report.peak.total_bytes), f64::max),
+        6,
+    );
     let names: Vec<String> = report.gpus.iter().map(|g| g.preset.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(130)
-        .build_cartesian_2d(0.0..x_max.max(1e-6), 0.0..n as f64)
+        .build_cartesian_2d(0.0..x_max, 0.0..n as f64)
         .map_err(|err| err.to_string())?;
     chart
         .configure_mesh()
         .disable_y_mesh()
-        .light_line_style(GRID.mix(0.3))
-        .x_desc("GiB")
+        .light_line_style(GRID.mix(0.15))
+        .x_desc("GiB (bar: peak needed; grey: capacity)")
+        .x_labels(label_count(x_max, x_step))
+        .x_label_formatter(&|x| tick(*x, x_step))
         .y_labels(n * 2 + 1)
         .y_label_formatter(&|y| row_label(&names, *y))
         .label_style((FONT, 13))
@@ -216,18 +268,21 @@ pub fn gpus(canvas: &HtmlCanvasElement, report: &Report) -> Result<(), String> {
 /// One stacked bar: the breakdown at the peak by category.
 pub fn breakdown(canvas: &HtmlCanvasElement, parts: &[(&str, Bytes)]) -> Result<(), String> {
     let root = area(canvas)?;
-    let total: f64 = parts.iter().map(|(_, b)| gib(*b)).sum::<f64>().max(1e-9);
+    let total: f64 = parts.iter().map(|(_, b)| gib(*b)).sum::<f64>();
+    let (x_max, x_step) = nice_axis(total, 5);
     let mut chart = ChartBuilder::on(&root)
         .margin(12)
         .x_label_area_size(36)
-        .build_cartesian_2d(0.0..total * 1.02, 0.0..1.0)
+        .build_cartesian_2d(0.0..x_max, 0.0..1.0)
         .map_err(|err| err.to_string())?;
     chart
         .configure_mesh()
         .disable_y_mesh()
         .disable_y_axis()
-        .light_line_style(GRID.mix(0.3))
+        .light_line_style(GRID.mix(0.15))
         .x_desc("GiB at the peak")
+        .x_labels(label_count(x_max, x_step))
+        .x_label_formatter(&|x| tick(*x, x_step))
         .label_style((FONT, 13))
         .draw()
         .map_err(|err| err.to_string())?;
@@ -254,12 +309,7 @@ pub fn bars(canvas: &HtmlCanvasElement, rows: &[(String, Bytes, bool)]) -> Resul
     let root = area(canvas)?;
     let n = rows.len().max(1);
     let names: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
-    let x_max = rows
-        .iter()
-        .map(|(_, b, _)| gib(*b))
-        .fold(0.0, f64::max)
-        .max(1e-6)
-        * 1.05;
+    let (x_max, x_step) = nice_axis(rows.iter().map(|(_, b, _)| gib(*b)).fold(0.0, f64::max), 6);
     let mut chart = ChartBuilder::on(&root)
         .margin(12)
         .x_label_area_size(36)
@@ -269,8 +319,10 @@ pub fn bars(canvas: &HtmlCanvasElement, rows: &[(String, Bytes, bool)]) -> Resul
     chart
         .configure_mesh()
         .disable_y_mesh()
-        .light_line_style(GRID.mix(0.3))
+        .light_line_style(GRID.mix(0.15))
         .x_desc("peak total, GiB")
+        .x_labels(label_count(x_max, x_step))
+        .x_label_formatter(&|x| tick(*x, x_step))
         .y_labels(n * 2 + 1)
         .y_label_formatter(&|y| row_label(&names, *y))
         .label_style((FONT, 12))
@@ -289,69 +341,82 @@ pub fn bars(canvas: &HtmlCanvasElement, rows: &[(String, Bytes, bool)]) -> Resul
     root.present().map_err(|err| err.to_string())
 }
 
-/// Peak total against batch size, with a capacity line per GPU and a mark
-/// at the largest batch that fits it.
+/// Peak total against batch size (whole batches on the x axis), with a
+/// capacity line per GPU and a mark at the largest batch that fits it. GPUs
+/// whose lines would overlap share one label.
 pub fn batch(
     canvas: &HtmlCanvasElement,
     points: &[(u32, Bytes)],
     capacities: &[(String, Bytes, u32)],
 ) -> Result<(), String> {
     let root = area(canvas)?;
-    let x_max = points
+    let largest = points
         .iter()
         .map(|p| p.0)
         .chain(capacities.iter().map(|c| c.2))
         .max()
         .unwrap_or(1)
-        .max(1) as f64
-        * 1.05;
-    let y_max = points
-        .iter()
-        .map(|p| gib(p.1))
-        .chain(capacities.iter().map(|c| gib(c.1)))
-        .fold(0.0, f64::max)
-        .max(1e-6)
-        * 1.08;
+        .max(1);
+    let (x_end, x_step) = nice_axis(f64::from(largest) * 1.04, 8);
+    // Whole batches: the step is at least 1.
+    let x_step = x_step.max(1.0);
+    let x_end = x_end.max(x_step) as u32;
+    let (y_max, y_step) = nice_axis(
+        points
+            .iter()
+            .map(|p| gib(p.1))
+            .chain(capacities.iter().map(|c| gib(c.1)))
+            .fold(0.0, f64::max)
+            * 1.05,
+        6,
+    );
     let mut chart = ChartBuilder::on(&root)
         .margin(12)
+        .margin_right(32)
         .x_label_area_size(36)
         .y_label_area_size(64)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .build_cartesian_2d(0..x_end, 0.0..y_max)
         .map_err(|err| err.to_string())?;
     chart
         .configure_mesh()
-        .light_line_style(GRID.mix(0.3))
-        .x_desc("batch size (red dot: largest batch that fits)")
+        .light_line_style(GRID.mix(0.15))
+        .x_desc("batch size (red dot: the largest batch that fits)")
         .y_desc("peak total, GiB")
+        .x_labels(label_count(f64::from(x_end), x_step))
+        .y_labels(label_count(y_max, y_step))
+        .x_label_formatter(&|x| x.to_string())
+        .y_label_formatter(&|y| tick(*y, y_step))
         .label_style((FONT, 13))
         .draw()
         .map_err(|err| err.to_string())?;
-    for (name, capacity, max_batch) in capacities {
+    for (_, capacity, max_batch) in capacities {
         let y = gib(*capacity);
         chart
+            .draw_series(std::iter::once(PathElement::new(
+                [(0, y), (x_end, y)],
+                OOM.mix(0.5).stroke_width(1),
+            )))
+            .map_err(|err| err.to_string())?;
+        chart
             .draw_series(std::iter::once(Circle::new(
-                (f64::from(*max_batch), y),
+                (*max_batch, y),
                 4,
                 OOM.filled(),
             )))
             .map_err(|err| err.to_string())?;
-        chart
-            .draw_series(std::iter::once(PathElement::new(
-                [(0.0, y), (x_max, y)],
-                OOM.mix(0.6).stroke_width(1),
-            )))
-            .map_err(|err| err.to_string())?;
+    }
+    for (label, y) in capacity_labels(capacities, y_max) {
         chart
             .draw_series(std::iter::once(Text::new(
-                name.clone(),
-                (x_max * 0.02, y),
+                label,
+                (x_end / 50, y),
                 (FONT, 12),
             )))
             .map_err(|err| err.to_string())?;
     }
     chart
         .draw_series(LineSeries::new(
-            points.iter().map(|p| (f64::from(p.0), gib(p.1))),
+            points.iter().map(|p| (p.0, gib(p.1))),
             RESERVED.stroke_width(2),
         ))
         .map_err(|err| err.to_string())?;
@@ -359,8 +424,32 @@ pub fn batch(
         .draw_series(
             points
                 .iter()
-                .map(|p| Circle::new((f64::from(p.0), gib(p.1)), 3, RESERVED.filled())),
+                .map(|p| Circle::new((p.0, gib(p.1)), 3, RESERVED.filled())),
         )
         .map_err(|err| err.to_string())?;
     root.present().map_err(|err| err.to_string())
+}
+
+/// One label per group of capacity lines closer than 6 % of the axis, with
+/// the group's names, at its highest line (text hangs below its anchor).
+fn capacity_labels(capacities: &[(String, Bytes, u32)], y_max: f64) -> Vec<(String, f64)> {
+    let mut sorted: Vec<(&str, f64)> = capacities
+        .iter()
+        .map(|(name, capacity, _)| (name.as_str(), gib(*capacity)))
+        .collect();
+    sorted.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut labels: Vec<(Vec<&str>, f64, f64)> = Vec::new();
+    for (name, y) in sorted {
+        match labels.last_mut() {
+            Some((names, _, lowest)) if *lowest - y < y_max * 0.06 => {
+                names.push(name);
+                *lowest = y;
+            }
+            _ => labels.push((vec![name], y, y)),
+        }
+    }
+    labels
+        .into_iter()
+        .map(|(names, top, _)| (names.join(", "), top))
+        .collect()
 }

@@ -1,21 +1,22 @@
-//! The page's controls: the trace input, the worker's status line, the GPU
-//! and allocator settings, and the what-if buttons. Each is a component that
-//! owns its own transient state and reports what the user did through a
-//! callback; the estimate's state lives in the page (`app.rs`).
+//! The page's controls: the trace input, the worker's status line and the
+//! what-if buttons (the GPU and allocator choices are in `gpus.rs`). Each
+//! is a component that owns its own transient state and reports what the
+//! user did through a callback; the estimate's state lives in the page
+//! (`app.rs`).
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::{File, HtmlInputElement};
 
 use super::whatif::WhatIfPanel;
-use crate::presets::{self, PRESETS};
 use crate::whatif::{WhatIfKind, WhatIfResult};
 
 /// What the worker is doing, as the status line shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Status {
-    /// The worker has not said "ready" yet.
-    Starting,
+    /// The worker has not said "ready" yet; `waiting` names what runs as
+    /// soon as it has.
+    Starting { waiting: Option<String> },
     /// Waiting for input.
     Idle,
     /// The worker is busy.
@@ -75,8 +76,8 @@ pub(super) fn TraceInput(
     }
 }
 
-/// The worker's state: starting, ready, or working with its progress and a
-/// cancel button.
+/// The worker's state: starting (and what waits for it, which can be
+/// cancelled), ready, or working with its progress and a cancel button.
 #[component]
 pub(super) fn StatusLine(
     /// What the worker is doing.
@@ -88,7 +89,12 @@ pub(super) fn StatusLine(
     view! {
         <div class="progress-line">
             {move || match status.get() {
-                Status::Starting => view! { <p id="status" class="status">"Starting the worker…"</p> }.into_any(),
+                Status::Starting { waiting: None } => view! { <p id="status" class="status">"Starting the worker…"</p> }.into_any(),
+                Status::Starting { waiting: Some(name) } => view! {
+                    <p id="status" class="status">{format!("Starting the worker… {name} runs as soon as it is ready.")}</p>
+                    <progress id="progress"></progress>
+                    <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
+                }.into_any(),
                 Status::Idle => view! { <p id="status" class="status">"Ready."</p> }.into_any(),
                 Status::Working { label, done, total } => {
                     let percent = done.saturating_mul(100).checked_div(total).unwrap_or(0);
@@ -103,98 +109,16 @@ pub(super) fn StatusLine(
     }
 }
 
-/// The GPUs to compare (presets and custom capacities) and the allocator
-/// settings; a change re-runs the simulation.
-#[component]
-pub(super) fn GpuSettings(
-    /// The selected GPU specs (preset slugs or capacities), in order.
-    selected: RwSignal<Vec<String>>,
-    /// The `PYTORCH_CUDA_ALLOC_CONF` string.
-    alloc_conf: RwSignal<String>,
-    /// Where a bad custom capacity is reported.
-    error: RwSignal<Option<String>>,
-    /// Called after the GPUs or the allocator settings changed.
-    on_change: Callback<()>,
-) -> impl IntoView {
-    let resimulate = move || on_change.run(());
-    let toggle_gpu = move |slug: String, on: bool| {
-        selected.update(|list| {
-            list.retain(|s| s != &slug);
-            if on {
-                list.push(slug);
-            }
-        });
-        resimulate();
-    };
-    let custom = RwSignal::new(String::new());
-    let add_custom = move || {
-        let text = custom.get_untracked().trim().to_string();
-        if text.is_empty() {
-            return;
-        }
-        match presets::parse_gpu(&text) {
-            Ok(_) => {
-                selected.update(|list| {
-                    if !list.contains(&text) {
-                        list.push(text.clone());
-                    }
-                });
-                custom.set(String::new());
-                resimulate();
-            }
-            Err(err) => error.set(Some(err.to_string())),
-        }
-    };
-    view! {
-    <section class="settings">
-        <h2>"GPUs"</h2>
-        <div id="gpu-list" class="gpu-list">
-            {PRESETS.iter().map(|preset| {
-                let slug = preset.slug.to_string();
-                let checked_slug = slug.clone();
-                let toggled_slug = slug.clone();
-                view! {
-                    <label class="gpu">
-                        <input type="checkbox" value=slug.clone()
-                            prop:checked=move || selected.with(|list| list.contains(&checked_slug))
-                            on:change=move |ev| toggle_gpu(toggled_slug.clone(), event_target_checked(&ev)) />
-                        {format!("{} ({:.1} GiB)", preset.slug, preset.cuda_visible.get() as f64 / crate::Bytes::GIB as f64)}
-                    </label>
-                }
-            }).collect_view()}
-            {move || selected.get().into_iter().filter(|spec| presets::find(spec).is_none()).map(|spec| {
-                let toggled = spec.clone();
-                view! {
-                    <label class="gpu custom">
-                        <input type="checkbox" checked=true on:change=move |ev| toggle_gpu(toggled.clone(), event_target_checked(&ev)) />
-                        {spec}
-                    </label>
-                }
-            }).collect_view()}
-        </div>
-        <form class="custom-gpu" on:submit=move |ev| { ev.prevent_default(); add_custom(); }>
-            <label>"Custom capacity "
-                <input id="custom-gpu" type="text" placeholder="e.g. 24GiB or 12884377600" prop:value=move || custom.get()
-                    on:input=move |ev| custom.set(event_target_value(&ev)) />
-            </label>
-            <button type="submit">"Add"</button>
-        </form>
-        <form class="alloc-conf" on:submit=move |ev| { ev.prevent_default(); resimulate(); }>
-            <label><code>"PYTORCH_CUDA_ALLOC_CONF"</code>" "
-                <input id="alloc-conf" type="text" placeholder="default" prop:value=move || alloc_conf.get()
-                    on:input=move |ev| alloc_conf.set(event_target_value(&ev)) />
-            </label>
-            <button type="submit">"Apply"</button>
-        </form>
-    </section>
-    }
-}
-
-/// The what-if buttons and the last answer.
+/// The what-if buttons (when the trace is in this browser) and the last
+/// answer.
 #[component]
 pub(super) fn WhatIfSection(
     /// The last what-if answer, if any.
     result: RwSignal<Option<WhatIfResult>>,
+    /// The target GPU, whose overheads every answer uses.
+    target: String,
+    /// Whether the buttons are offered (not for a shared estimate).
+    can_ask: bool,
     /// Where a bad number of GPUs is reported.
     error: RwSignal<Option<String>>,
     /// Called with the what-if the user asked for.
@@ -205,7 +129,8 @@ pub(super) fn WhatIfSection(
     view! {
         <section id="whatifs" class="result">
             <h2>"What if…"</h2>
-            <p class="hint">"Each answer re-runs the orchestrated allocation sequence through the simulated allocator, on the first selected GPU's overheads."</p>
+            <p class="hint">{format!("Each answer re-runs the orchestrated allocation sequence through the simulated allocator, with the target GPU's ({target}) CUDA context and cuBLAS workspaces.")}</p>
+            {can_ask.then(|| view! {
             <div class="whatif-buttons">
                 <button id="whatif-alloc" type="button" on:click=move |_| run_whatif(WhatIfKind::Alloc)>"Allocator settings"</button>
                 <button id="whatif-zero-grad" type="button" on:click=move |_| run_whatif(WhatIfKind::ZeroGrad)>"zero_grad placement"</button>
@@ -223,6 +148,7 @@ pub(super) fn WhatIfSection(
                         on:input=move |ev| world_size.set(event_target_value(&ev)) />" GPUs"
                 </span>
             </div>
+            })}
             {move || result.get().map(|result| view! { <WhatIfPanel result=result /> })}
         </section>
     }

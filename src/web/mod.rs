@@ -5,11 +5,13 @@
 //! which reads it in chunks and answers with [`crate::protocol::Response`]s.
 //! Domain data stays out of the reactive runtime: signals hold plain values.
 
+mod answer;
 mod app;
 mod bridge;
 mod charts;
 mod controls;
 mod format;
+mod gpus;
 mod whatif;
 pub mod worker;
 

@@ -4,7 +4,7 @@
 use leptos::prelude::*;
 
 use super::charts;
-use super::format::{exact, gib, short};
+use super::format::{exact, gib, open_state, short};
 use crate::whatif::planned::Planner;
 use crate::whatif::zero_grad::Placement;
 use crate::whatif::WhatIfResult;
@@ -314,6 +314,9 @@ pub fn WhatIfPanel(
     result: WhatIfResult,
 ) -> impl IntoView {
     let layout = layout(&result);
+    let json_details = NodeRef::<leptos::html::Details>::new();
+    let (json_open, json_toggled) = open_state(json_details);
+    let json = result.to_json_pretty();
     let canvas = NodeRef::<leptos::html::Canvas>::new();
     let bars = layout.bars.clone();
     let batch = layout.batch.clone();
@@ -362,6 +365,12 @@ pub fn WhatIfPanel(
                 </details>
             })}
             <ul class="notes">{layout.notes.into_iter().map(|n| view! { <li>{n}</li> }).collect_view()}</ul>
+            <details id="whatif-json-details" class="numbers" node_ref=json_details on:toggle=json_toggled>
+                <summary>"JSON (the same as the CLI's "<code>"--json"</code>")"</summary>
+                {move || json_open.get().then(|| view! {
+                    <textarea id="whatif-json" readonly rows="12">{json.clone()}</textarea>
+                })}
+            </details>
         </div>
     }
 }

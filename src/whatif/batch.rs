@@ -395,6 +395,28 @@ pub fn default_points(model: &BatchModel) -> Vec<u32> {
     points
 }
 
+/// [`sweep`] at the default batch sizes, extended up to the largest batch
+/// that fits any of the config's GPUs, so that a chart shows the whole range
+/// up to the capacity lines (what `memcast batch` without `--at` and the
+/// page's batch what-if both show).
+pub fn sweep_to_capacity(
+    inputs: &[BatchInput<'_>],
+    config: &Config,
+) -> Result<BatchSweep, WhatIfError> {
+    let first = sweep(inputs, &[], config)?;
+    let largest = first.max_batch.iter().map(|m| m.batch).max().unwrap_or(0);
+    let mut at: Vec<u32> = first.points.iter().map(|p| p.batch).collect();
+    if largest <= at.last().copied().unwrap_or(0) {
+        return Ok(first);
+    }
+    at.extend(
+        (1..=16u32)
+            .map(|k| u32::try_from(u64::from(largest) * u64::from(k) / 16).unwrap_or(largest))
+            .filter(|&b| b > 0),
+    );
+    sweep(inputs, &at, config)
+}
+
 /// Fits the model on `inputs`, simulates it at each of `at` (the
 /// [`default_points`] when empty) on the reference GPU, and searches the
 /// largest batch that fits each GPU of `config`.

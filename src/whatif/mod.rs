@@ -266,6 +266,22 @@ pub enum WhatIfResult {
     Batch(batch::BatchSweep),
 }
 
+impl WhatIfResult {
+    /// The result as `memcast whatif … --json` (`memcast batch --json` for
+    /// the batch sweep) prints it: the inner result, pretty-printed.
+    pub fn to_json_pretty(&self) -> String {
+        let json = match self {
+            WhatIfResult::Alloc(c) => serde_json::to_string_pretty(c),
+            WhatIfResult::ZeroGrad(c) => serde_json::to_string_pretty(c),
+            WhatIfResult::Plan(p) => serde_json::to_string_pretty(p),
+            WhatIfResult::Distributed(c) => serde_json::to_string_pretty(c),
+            WhatIfResult::Precision(c) => serde_json::to_string_pretty(c),
+            WhatIfResult::Batch(s) => serde_json::to_string_pretty(s),
+        };
+        json.unwrap_or_default()
+    }
+}
+
 /// Runs one what-if on a prepared trace ([`WhatIfKind::Batch`] needs the
 /// trace's batch size, [`Prepared::batch_size`]).
 pub fn run(
@@ -288,23 +304,7 @@ pub fn run(
                 .batch_size
                 .ok_or_else(|| WhatIfError::UnknownBatch("this trace".into()))?;
             let inputs = [batch::BatchInput { batch, prepared }];
-            let first = batch::sweep(&inputs, &[], config)?;
-            // Extend the curve to the largest batch found, so a chart shows
-            // the whole range up to the capacity lines.
-            let largest = first.max_batch.iter().map(|m| m.batch).max().unwrap_or(0);
-            let mut at: Vec<u32> = first.points.iter().map(|p| p.batch).collect();
-            if largest > at.last().copied().unwrap_or(0) {
-                at.extend(
-                    (1..=16u32)
-                        .map(|k| {
-                            u32::try_from(u64::from(largest) * u64::from(k) / 16).unwrap_or(largest)
-                        })
-                        .filter(|&b| b > 0),
-                );
-                WhatIfResult::Batch(batch::sweep(&inputs, &at, config)?)
-            } else {
-                WhatIfResult::Batch(first)
-            }
+            WhatIfResult::Batch(batch::sweep_to_capacity(&inputs, config)?)
         }
     })
 }

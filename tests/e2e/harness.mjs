@@ -36,8 +36,19 @@ export function fixture(name) {
   return file;
 }
 
-/** Serves dist/ under SUB_PATH on 127.0.0.1 and a free port; returns { origin, url, close }. */
-export async function serveDist() {
+/** The file the worker runs to warm up before it says "ready" (the demo). */
+export const WARM_UP_PATH = "demo/resnet18_sgd_bs16_pos1.json.gz";
+
+/**
+ * Serves dist/ under SUB_PATH on 127.0.0.1 and a free port; returns { origin, url, close }.
+ *
+ * `slowWarmUpMs` holds the worker's request for its warm-up trace that long,
+ * so the worker is not ready for that long after the page has loaded — a
+ * slow or busy laptop, on purpose. Only the workers' requests are held (their
+ * referrer is the worker's script): the page's own "Try the demo" fetch of
+ * the same file is served at once. Nothing in the product changes.
+ */
+export async function serveDist({ slowWarmUpMs = 0 } = {}) {
   if (!existsSync(path.join(DIST, "index.html"))) {
     throw new Error(`no ${DIST}/index.html: run \`trunk build --release\` first`);
   }
@@ -48,6 +59,9 @@ export async function serveDist() {
       return;
     }
     let relative = decodeURIComponent(url.pathname.slice(SUB_PATH.length)) || "index.html";
+    if (slowWarmUpMs > 0 && relative === WARM_UP_PATH && /worker_loader\.js$/.test(req.headers.referer ?? "")) {
+      await new Promise((resolve) => setTimeout(resolve, slowWarmUpMs));
+    }
     const file = path.join(DIST, relative);
     if (!file.startsWith(DIST)) {
       res.writeHead(403).end();
@@ -128,9 +142,10 @@ export function cli() {
   return bin;
 }
 
-/** `memcast estimate --json` on a file, parsed. */
-export function cliEstimate(file) {
-  return JSON.parse(execFileSync(cli(), ["estimate", "--json", file], { encoding: "utf8", maxBuffer: 64 << 20 }));
+/** `memcast estimate --json` on a file (with `--gpu` for each of `gpus`, if given), parsed. */
+export function cliEstimate(file, gpus = []) {
+  const args = ["estimate", "--json", file, ...gpus.flatMap((g) => ["--gpu", g])];
+  return JSON.parse(execFileSync(cli(), args, { encoding: "utf8", maxBuffer: 64 << 20 }));
 }
 
 /** Opens the app and waits until its worker has said "ready". */
@@ -147,4 +162,59 @@ export async function openApp(browser, url) {
 /** The digits of a "1,234 B" text as a number. */
 export function bytesOf(text) {
   return Number(text.replace(/[^0-9]/g, ""));
+}
+
+/** `memcast ARGS...` (the CLI above), its standard output as text. */
+export function cliRun(args) {
+  return execFileSync(cli(), args, { encoding: "utf8", maxBuffer: 64 << 20 });
+}
+
+/** Drops `file` (a path) on the drop zone as a user would: dragover, then drop. */
+export async function dropFile(page, file, name = path.basename(file)) {
+  const base64 = (await readFile(file)).toString("base64");
+  const transfer = await page.evaluateHandle(
+    ({ base64, name }) => {
+      const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+      const dt = new DataTransfer();
+      dt.items.add(new File([bytes], name));
+      return dt;
+    },
+    { base64, name },
+  );
+  await page.dispatchEvent("#drop-zone", "dragover", { dataTransfer: transfer });
+  await page.dispatchEvent("#drop-zone", "drop", { dataTransfer: transfer });
+}
+
+/**
+ * Records, from the first script on every page of `page`, each text the
+ * status line shows and when each worker said "ready" (performance.now()
+ * times), in `window.__startup`; `startupLog(page)` reads it back.
+ */
+export async function recordStartup(page) {
+  await page.addInitScript(() => {
+    const log = (window.__startup = { status: [], ready: [], workers: 0 });
+    const Original = window.Worker;
+    window.Worker = class extends Original {
+      constructor(...args) {
+        super(...args);
+        log.workers += 1;
+        this.addEventListener("message", (event) => {
+          if (event.data === '{"kind":"ready"}') log.ready.push(performance.now());
+        });
+      }
+    };
+    const seen = () => {
+      const text = document.querySelector("#status")?.textContent ?? null;
+      if (text !== log.last) {
+        log.last = text;
+        log.status.push([performance.now(), text]);
+      }
+    };
+    new MutationObserver(seen).observe(document, { subtree: true, childList: true, characterData: true });
+  });
+}
+
+/** What `recordStartup` saw so far, plus the page's clock now. */
+export function startupLog(page) {
+  return page.evaluate(() => ({ ...window.__startup, now: performance.now() }));
 }

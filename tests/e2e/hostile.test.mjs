@@ -162,7 +162,7 @@ test("a whole session sends nothing outside the origin and no trace bytes anywhe
   await page.setInputFiles("#file-input", traceFile);
   await page.locator("#trace-name", { hasText: "resnet18_sgd_bs32_pos1" }).waitFor({ timeout: 60_000 });
   const link = await page.inputValue("#permalink");
-  assert.ok(link.includes("#e=v1."), link);
+  assert.ok(link.includes("#e=v2."), link);
   await page.goto("about:blank");
   await page.goto(link);
   await page.locator("#shared-banner").waitFor({ timeout: 30_000 });

@@ -66,13 +66,12 @@ fn estimate_json_has_the_versioned_contract_and_equals_the_library_report() {
     assert_eq!(gpus[1]["capacity_bytes"], 24u64 << 30);
     assert!(gpus.iter().all(|g| g["fits"].is_boolean()));
 
-    // The CLI prints exactly what the library returns, its warnings asking
-    // for the CLI's flags.
+    // The CLI's JSON is exactly what the library returns (and what the
+    // page shows): the warnings in the core's words, with their setting.
     let config =
         Config::for_gpus("a100-80gb", &["a100-80gb".to_owned(), "24GiB".to_owned()]).unwrap();
     let bytes = common::read_shared(TRACE);
-    let mut report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
-    crate::cli_terms::report(&mut report);
+    let report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
     assert_eq!(json, serde_json::to_value(&report).unwrap());
 }
 
@@ -190,9 +189,9 @@ fn threaded_reading_and_simulation_give_the_library_report() {
     let plain_path = dir.join("t5-small.json");
     std::fs::write(&plain_path, &plain).unwrap();
 
-    let config = Config::standard();
-    let mut library = memcast::run(&gz, &config, &mut |_| {}).unwrap().value;
-    crate::cli_terms::report(&mut library);
+    // The CLI's default: the default target, then every other preset.
+    let config = memcast::Settings::default().config().unwrap();
+    let library = memcast::run(&gz, &config, &mut |_| {}).unwrap().value;
     let expected = serde_json::to_value(&library).unwrap();
     for path in [common::shared_file(name), plain_path.clone()] {
         let output = memcast(&["estimate", "--json", path.to_str().unwrap()]);
@@ -201,4 +200,129 @@ fn threaded_reading_and_simulation_give_the_library_report() {
         assert_eq!(shown, expected, "{path:?}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The permalink a command prints with `--link`, decoded.
+fn link_of(args: &[&str]) -> (String, memcast::permalink::Shared) {
+    let output = memcast(args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "--link prints the link alone: {text:?}");
+    let link = lines[0].to_owned();
+    let shared = memcast::permalink::decode(&link).unwrap();
+    (link, shared)
+}
+
+#[test]
+fn estimate_link_carries_the_json_report_the_settings_and_the_file_identity() {
+    let path = common::shared_file(TRACE);
+    let path = path.to_str().unwrap();
+    let settings = [
+        "--gpu",
+        "t4",
+        "--gpu",
+        "16000MiB",
+        "--alloc-conf",
+        "expandable_segments:True",
+    ];
+    let base = "https://example.test/tools/memcast/";
+    let (link, shared) = link_of(&[&["estimate", path, "--link", base][..], &settings].concat());
+    assert!(link.starts_with(&format!("{base}#e=v2.")), "{link}");
+    // The same estimate as --json, its timeline downsampled as the page does.
+    let json = memcast(&[&["estimate", "--json", path][..], &settings].concat());
+    let report: memcast::report::Report = serde_json::from_slice(&json.stdout).unwrap();
+    let identity = memcast::permalink::TraceIdentity::of(
+        "resnet18_sgd_bs16_pos1.json.gz",
+        &common::read_shared(TRACE),
+    );
+    let expected = memcast::permalink::Shared::new(
+        identity,
+        memcast::Settings {
+            gpus: vec!["t4".into(), "16000MiB".into()],
+            alloc_conf: "expandable_segments:True".into(),
+            ..memcast::Settings::default()
+        },
+        &report,
+    );
+    assert_eq!(shared, expected);
+    assert_eq!(link, memcast::permalink::link(base, &expected));
+    // A base with a fragment of its own: the fragment is replaced.
+    let (again, _) = link_of(
+        &[
+            &[
+                "estimate",
+                path,
+                "--link",
+                "https://example.test/tools/memcast/#old",
+            ][..],
+            &settings,
+        ]
+        .concat(),
+    );
+    assert_eq!(again, link);
+}
+
+#[test]
+fn whatif_and_batch_links_carry_the_estimate_and_the_answer() {
+    let path = common::shared_file(TRACE);
+    let path = path.to_str().unwrap();
+    let base = "https://example.test/memcast/";
+    let (_, estimate) = link_of(&["estimate", path, "--gpu", "l4", "--link", base]);
+    for command in [
+        &["whatif", "alloc"][..],
+        &["whatif", "zero-grad"],
+        &["whatif", "plan"],
+        &["whatif", "precision"],
+        &["whatif", "distributed"],
+        &["batch"],
+    ] {
+        let (_, shared) = link_of(&[command, &[path, "--gpu", "l4", "--link", base]].concat());
+        assert_eq!(shared.report, estimate.report, "{command:?}");
+        assert_eq!(shared.settings, estimate.settings, "{command:?}");
+        let whatif = shared
+            .whatif
+            .unwrap_or_else(|| panic!("{command:?}: no what-if"));
+        let json = memcast(&[command, &[path, "--gpu", "l4", "--json"]].concat());
+        let printed: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        let carried: serde_json::Value = serde_json::from_str(&whatif.to_json_pretty()).unwrap();
+        assert_eq!(carried, printed, "{command:?}");
+    }
+}
+
+#[test]
+fn without_gpus_the_default_target_comes_first_then_every_other_preset() {
+    let path = common::shared_file(TRACE);
+    let output = memcast(&["estimate", "--json", path.to_str().unwrap()]);
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let gpus: Vec<&str> = json["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["preset"].as_str().unwrap())
+        .collect();
+    assert_eq!(json["reference_gpu"], "a100-80gb");
+    assert_eq!(gpus[0], "a100-80gb");
+    assert_eq!(gpus.len(), memcast::presets::PRESETS.len());
+    let mut rest: Vec<&str> = memcast::presets::PRESETS.iter().map(|p| p.slug).collect();
+    rest.retain(|s| *s != "a100-80gb");
+    assert_eq!(gpus[1..], rest[..]);
+}
+
+#[test]
+fn links_refuse_what_the_page_cannot_show() {
+    let path = common::shared_file(TRACE);
+    let path = path.to_str().unwrap();
+    let both = memcast(&[
+        "estimate",
+        path,
+        "--json",
+        "--link",
+        "https://example.test/",
+    ]);
+    assert!(!both.status.success());
+    assert!(stderr(&both).contains("--json"), "{}", stderr(&both));
+    let two = memcast(&["batch", path, path, "--link", "https://example.test/"]);
+    assert!(!two.status.success());
+    assert!(stderr(&two).contains("one trace"), "{}", stderr(&two));
 }

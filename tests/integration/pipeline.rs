@@ -131,7 +131,8 @@ fn live_at(schedule: &Schedule, time: Nanos, category: Category) -> Bytes {
 fn every_fixture_report_matches_its_snapshot() {
     for (name, report) in reports() {
         let stem = name.trim_end_matches(".json.gz");
-        // As `memcast estimate --json` prints it: its warnings name the flags.
+        // Its warnings in the CLI's words (the flags), as `memcast estimate`
+        // prints them in its table; the JSON keeps the core's words.
         let mut printed = report.clone();
         crate::cli_terms::report(&mut printed);
         insta::assert_json_snapshot!(format!("estimate_{stem}"), printed);

@@ -8,6 +8,7 @@ use anyhow::Context;
 use memcast::whatif::batch::{self, BatchInput, BatchSweep};
 use memcast::Prepared;
 
+use crate::settings::{LinkArgs, SettingsArgs};
 use crate::whatif::mib;
 
 /// Options of `memcast batch`.
@@ -18,24 +19,21 @@ pub struct Args {
     #[arg(required = true, num_args = 1..)]
     traces: Vec<PathBuf>,
     /// A batch size to simulate; repeat for several. Default: powers of two
-    /// up to four times the largest input batch.
+    /// up to four times the largest input batch, and on up to the largest
+    /// batch that fits any of the GPUs (as the page's chart).
     #[arg(long = "at", value_name = "N")]
     at: Vec<u32>,
-    /// A GPU preset (see `memcast presets`) or a capacity such as 24GiB;
-    /// repeat for several. The first one's overheads are used for the peaks.
-    /// Default: every preset.
-    #[arg(long = "gpu", value_name = "NAME|SIZE")]
-    gpus: Vec<String>,
     /// The batch size of each trace, in order; default: read from the data
     /// loader's collate op in each trace.
     #[arg(long = "batch", value_name = "N")]
     batches: Vec<u32>,
-    /// Training iterations to simulate.
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    iterations: u32,
+    #[command(flatten)]
+    settings: SettingsArgs,
     /// Print JSON (schema `memcast.batch/1`).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    link: LinkArgs,
 }
 
 /// Runs the batch what-if and prints it.
@@ -47,8 +45,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             args.batches
         );
     }
-    let mut config = crate::config_for(&args.gpus)?;
-    config.orchestrator.iterations = args.iterations;
+    if args.link.link.is_some() && args.traces.len() != 1 {
+        anyhow::bail!(
+            "a link shows one trace's estimate and its batch curve: pass one trace with --link, got {}",
+            args.traces.len()
+        );
+    }
+    let settings = args.settings.settings();
+    let config = settings.config()?;
     let mut prepared: Vec<Prepared> = Vec::with_capacity(args.traces.len());
     let mut known: Vec<Option<u32>> = Vec::with_capacity(args.traces.len());
     for (index, path) in args.traces.iter().enumerate() {
@@ -73,10 +77,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             prepared,
         })
         .collect();
-    let result =
-        batch::sweep(&inputs, &args.at, &config).context("failed to model the batch size")?;
+    let result = if args.at.is_empty() {
+        batch::sweep_to_capacity(&inputs, &config)
+    } else {
+        batch::sweep(&inputs, &args.at, &config)
+    }
+    .context("failed to model the batch size")?;
     let mut out = String::new();
-    if args.json {
+    if let (Some(base), [path], [(_, prepared)]) =
+        (&args.link.link, args.traces.as_slice(), prepared.as_slice())
+    {
+        let report = memcast::estimate(prepared, &config, &mut |_| {})?.value;
+        let trace = crate::settings::identify(path)?;
+        let whatif = Some(memcast::whatif::WhatIfResult::Batch(result));
+        out = crate::settings::link_line(base, trace, settings, &report, whatif);
+    } else if args.json {
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
     } else {
         print_table(&mut out, &result);

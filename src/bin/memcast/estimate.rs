@@ -5,68 +5,55 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::orchestrator::OptimizerPath;
 use memcast::report::Report;
 use memcast::Bytes;
 
 use crate::presets::gib;
+use crate::settings::{LinkArgs, SettingsArgs};
 
 /// Options of `memcast estimate`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The trace written by `prof.export_chrome_trace` (`.json` or `.json.gz`).
     trace: PathBuf,
-    /// A GPU preset (see `memcast presets`) or a capacity such as 24GiB,
-    /// 80000MiB or 12884377600; repeat for several. The first one's overheads
-    /// are used for the headline peak. Default: every preset, with the
-    /// a100-80gb overheads for the headline.
-    #[arg(long = "gpu", value_name = "NAME|SIZE")]
-    gpus: Vec<String>,
-    /// A `PYTORCH_CUDA_ALLOC_CONF` string, e.g. `expandable_segments:True`.
-    #[arg(long, value_name = "STR", default_value = "")]
-    alloc_conf: String,
-    /// CUDA context size to assume on every GPU instead of the sourced
-    /// per-architecture figure (e.g. 1GiB, as measured with
-    /// `nvidia-smi used − torch.cuda.memory_reserved()` after one step).
-    #[arg(long, value_name = "SIZE")]
-    context: Option<String>,
-    /// Training iterations to simulate.
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    iterations: u32,
-    /// Simulate the optimizer step as captured instead of CUDA's default
-    /// `foreach` implementation.
-    #[arg(long)]
-    captured_optimizer: bool,
+    #[command(flatten)]
+    settings: SettingsArgs,
     /// Print the report as JSON (schema `memcast.estimate/1`).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    link: LinkArgs,
 }
 
 /// Runs the estimate and prints it.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let mut source = crate::source::FileSource::open(&args.trace)?;
-    let mut config = crate::config_for(&args.gpus)?;
-    if let Some(context) = &args.context {
-        let bytes = if context.trim() == "0" {
-            Bytes::ZERO
-        } else {
-            memcast::presets::parse_size(context).context("invalid --context")?
-        };
-        config = config.with_context(bytes);
-    }
-    config.alloc_conf = args.alloc_conf.clone();
-    config.orchestrator.iterations = args.iterations;
-    if args.captured_optimizer {
-        config.orchestrator.optimizer_path = OptimizerPath::Captured;
-    }
-    let mut report = memcast::run_from(&mut source, &config, &mut |_| {}, &crate::source::Threads)
-        .with_context(|| format!("failed to estimate {:?}", args.trace))?
-        .value;
-    crate::terms::report(&mut report);
+    let settings = args.settings.settings();
+    let config = settings.config()?;
+    let estimate = || -> anyhow::Result<Report> {
+        let mut source = crate::source::FileSource::open(&args.trace)?;
+        Ok(
+            memcast::run_from(&mut source, &config, &mut |_| {}, &crate::source::Threads)
+                .with_context(|| format!("failed to estimate {:?}", args.trace))?
+                .value,
+        )
+    };
     let mut out = String::new();
-    if args.json {
-        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report)?);
+    if let Some(base) = &args.link.link {
+        // The page fingerprints the file while it estimates; so does this.
+        let (report, trace) = std::thread::scope(|scope| {
+            let trace = scope.spawn(|| crate::settings::identify(&args.trace));
+            let report = estimate();
+            (report, trace.join())
+        });
+        let trace = trace.map_err(|_| anyhow::anyhow!("the fingerprinting thread stopped"))??;
+        out = crate::settings::link_line(base, trace, settings, &report?, None);
+    } else if args.json {
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&estimate()?)?);
     } else {
+        // The table names the flags that give what a warning asks for; the
+        // JSON keeps the core's words and the setting, as the page does.
+        let mut report = estimate()?;
+        crate::terms::report(&mut report);
         print_table(&mut out, &report);
     }
     crate::write_stdout(&out);
@@ -82,18 +69,20 @@ fn row(out: &mut String, label: &str, bytes: Bytes) {
     );
 }
 
-/// Prints the estimate as tables: the peak, the summary, the breakdown at
-/// the peak, the verdict per GPU, the top layers and the warnings.
 fn print_table(out: &mut String, report: &Report) {
     let peak = &report.peak;
     let summary = &report.summary;
     let _ = writeln!(
         out,
-        "memcast estimate — {} iterations simulated ({} captured), optimizer {}{}, reference GPU {}",
+        "memcast estimate — {} iterations simulated ({} captured), optimizer {}{}, target {}",
         summary.iterations_simulated,
         summary.iterations_captured,
         summary.optimizer.as_deref().unwrap_or("unknown"),
-        if summary.foreach_modelled { " (foreach)" } else { "" },
+        if summary.foreach_modelled {
+            " (foreach)"
+        } else {
+            ""
+        },
         report.reference_gpu,
     );
     let recipe = &summary.recipe;

@@ -7,6 +7,7 @@ mod batch;
 mod estimate;
 mod presets;
 mod replay;
+mod settings;
 mod source;
 mod terms;
 mod whatif;
@@ -43,16 +44,6 @@ enum Command {
     /// What-if analyses of one trace: allocator settings, zero_grad placement.
     #[command(subcommand)]
     Whatif(whatif::WhatIf),
-}
-
-/// The estimate's settings for the `--gpu` list: the first is the target
-/// (the GPU whose overheads the headline peak uses), all are compared; none:
-/// the default target and every preset.
-pub(crate) fn config_for(gpus: &[String]) -> anyhow::Result<memcast::Config> {
-    let target = gpus
-        .first()
-        .map_or(memcast::pipeline::DEFAULT_TARGET, String::as_str);
-    Ok(memcast::Config::for_gpus(target, gpus)?)
 }
 
 /// Writes command output; a closed pipe is not an error.

@@ -6,8 +6,10 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::whatif::{alloc_settings, distributed, planned, precision, zero_grad};
+use memcast::whatif::{alloc_settings, distributed, planned, precision, zero_grad, WhatIfResult};
 use memcast::{Bytes, Config, Prepared};
+
+use crate::settings::{LinkArgs, SettingsArgs};
 
 /// The what-if to run.
 #[derive(Debug, clap::Subcommand)]
@@ -53,27 +55,54 @@ pub enum WhatIf {
 pub struct Common {
     /// The trace written by `prof.export_chrome_trace` (`.json` or `.json.gz`).
     trace: PathBuf,
-    /// A GPU preset (see `memcast presets`) or a capacity such as 24GiB;
-    /// repeat for several. The first one's overheads are used for the peaks.
-    /// Default: every preset.
-    #[arg(long = "gpu", value_name = "NAME|SIZE")]
-    gpus: Vec<String>,
-    /// Training iterations to simulate.
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    iterations: u32,
+    #[command(flatten)]
+    settings: SettingsArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    link: LinkArgs,
 }
 
 impl Common {
     fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
+        let config = self.settings.settings().config()?;
         let mut source = crate::source::FileSource::open(&self.trace)?;
-        let mut config = crate::config_for(&self.gpus)?;
-        config.orchestrator.iterations = self.iterations;
         let prepared = memcast::prepare_from(&mut source, &config, &mut |_| {})
             .with_context(|| format!("failed to prepare {:?}", self.trace))?;
         Ok((prepared, config))
+    }
+
+    /// Prints the result: the permalink of the estimate with it (`--link`),
+    /// its JSON (`--json`), or its table.
+    fn print(
+        &self,
+        out: &mut String,
+        prepared: &Prepared,
+        config: &Config,
+        result: WhatIfResult,
+    ) -> anyhow::Result<()> {
+        if let Some(base) = &self.link.link {
+            let report = memcast::estimate(prepared, config, &mut |_| {})
+                .with_context(|| format!("failed to estimate {:?}", self.trace))?
+                .value;
+            let trace = crate::settings::identify(&self.trace)?;
+            let settings = self.settings.settings();
+            *out = crate::settings::link_line(base, trace, settings, &report, Some(result));
+        } else if self.json {
+            let _ = writeln!(out, "{}", result.to_json_pretty());
+        } else {
+            match &result {
+                WhatIfResult::Alloc(r) => print_alloc(out, r),
+                WhatIfResult::ZeroGrad(r) => print_zero_grad(out, r),
+                WhatIfResult::Plan(r) => print_plan(out, r),
+                WhatIfResult::Distributed(r) => print_distributed(out, r),
+                WhatIfResult::Precision(r) => print_precision(out, r),
+                // `memcast batch` prints its own.
+                WhatIfResult::Batch(_) => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -85,31 +114,19 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
             let (prepared, config) = common.prepare()?;
             let result = alloc_settings::compare(&prepared, &config, confs)
                 .context("failed to compare allocator settings")?;
-            if common.json {
-                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
-            } else {
-                print_alloc(&mut out, &result);
-            }
+            common.print(&mut out, &prepared, &config, WhatIfResult::Alloc(result))?;
         }
         WhatIf::ZeroGrad { common } => {
             let (prepared, config) = common.prepare()?;
             let result = zero_grad::compare(&prepared, &config)
                 .context("failed to compare zero_grad placements")?;
-            if common.json {
-                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
-            } else {
-                print_zero_grad(&mut out, &result);
-            }
+            common.print(&mut out, &prepared, &config, WhatIfResult::ZeroGrad(result))?;
         }
         WhatIf::Plan { common } => {
             let (prepared, config) = common.prepare()?;
             let result =
                 planned::compare(&prepared, &config).context("failed to plan the allocation")?;
-            if common.json {
-                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
-            } else {
-                print_plan(&mut out, &result);
-            }
+            common.print(&mut out, &prepared, &config, WhatIfResult::Plan(result))?;
         }
         WhatIf::Distributed {
             common,
@@ -123,21 +140,23 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
             };
             let result = distributed::compare(&prepared, &config, options)
                 .context("failed to model distributed training")?;
-            if common.json {
-                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
-            } else {
-                print_distributed(&mut out, &result);
-            }
+            common.print(
+                &mut out,
+                &prepared,
+                &config,
+                WhatIfResult::Distributed(result),
+            )?;
         }
         WhatIf::Precision { common } => {
             let (prepared, config) = common.prepare()?;
             let result = precision::compare(&prepared, &config)
                 .context("failed to model mixed precision")?;
-            if common.json {
-                let _ = writeln!(out, "{}", serde_json::to_string_pretty(&result)?);
-            } else {
-                print_precision(&mut out, &result);
-            }
+            common.print(
+                &mut out,
+                &prepared,
+                &config,
+                WhatIfResult::Precision(result),
+            )?;
         }
     }
     crate::write_stdout(&out);

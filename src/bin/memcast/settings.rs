@@ -1,0 +1,101 @@
+//! The options every estimating command takes (GPUs, allocator settings,
+//! run options) as one [`memcast::Settings`], and `--link`: the permalink the
+//! page makes for the same estimate.
+
+use std::io::Read as _;
+use std::path::Path;
+
+use anyhow::Context as _;
+use memcast::permalink::{self, Fingerprint, Shared, TraceIdentity};
+use memcast::report::Report;
+use memcast::whatif::WhatIfResult;
+use memcast::Settings;
+
+/// GPUs, allocator settings and run options, as the page offers them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SettingsArgs {
+    /// The GPU you plan to run on, then GPUs to compare it with: a preset
+    /// (see `memcast presets`) or a capacity such as 24GiB, 80000MiB or
+    /// 12884377600; repeat for several. The first is the target: its CUDA
+    /// context and cuBLAS workspaces make the headline peak and every
+    /// what-if. Default: a100-80gb, then every other preset.
+    #[arg(long = "gpu", value_name = "NAME|SIZE")]
+    gpus: Vec<String>,
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string, e.g. `expandable_segments:True`.
+    #[arg(long, value_name = "STR", default_value = "")]
+    alloc_conf: String,
+    /// CUDA context size to assume on every GPU instead of the sourced
+    /// per-architecture figure (e.g. 1GiB, as measured with
+    /// `nvidia-smi used − torch.cuda.memory_reserved()` after one step).
+    #[arg(long, value_name = "SIZE")]
+    context: Option<String>,
+    /// Training iterations to simulate.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    iterations: u32,
+    /// Simulate the optimizer step as captured instead of CUDA's default
+    /// `foreach` implementation.
+    #[arg(long)]
+    captured_optimizer: bool,
+}
+
+impl SettingsArgs {
+    /// The choices as the core takes them, the GPU list written out (the
+    /// default target, then every other preset, when none was given), as
+    /// the page writes it.
+    pub fn settings(&self) -> Settings {
+        let mut settings = Settings {
+            gpus: self.gpus.clone(),
+            alloc_conf: self.alloc_conf.clone(),
+            context: self.context.clone(),
+            iterations: self.iterations,
+            captured_optimizer: self.captured_optimizer,
+        };
+        settings.gpus = settings.gpu_specs();
+        settings
+    }
+}
+
+/// `--link BASE_URL`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LinkArgs {
+    /// Print only the permalink the page at BASE_URL makes for this result
+    /// (the page's address, e.g. https://example.org/memcast/), to share it
+    /// from a terminal or a CI job; the link carries the numbers, never the
+    /// trace.
+    #[arg(long, value_name = "BASE_URL", conflicts_with = "json")]
+    pub link: Option<String>,
+}
+
+/// The identity the page gives a file: its name and the SHA-256 of its bytes.
+pub fn identify(path: &Path) -> anyhow::Result<TraceIdentity> {
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("failed to read trace {path:?}"))?;
+    let mut fingerprint = Fingerprint::default();
+    let mut buffer = vec![0_u8; 4 << 20];
+    loop {
+        let n = file
+            .read(&mut buffer)
+            .with_context(|| format!("failed to read trace {path:?}"))?;
+        if n == 0 {
+            break;
+        }
+        fingerprint.update(buffer.get(..n).unwrap_or_default());
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(fingerprint.finish(&name))
+}
+
+/// The permalink line for a result.
+pub fn link_line(
+    base: &str,
+    trace: TraceIdentity,
+    settings: Settings,
+    report: &Report,
+    whatif: Option<WhatIfResult>,
+) -> String {
+    let shared = Shared::new(trace, settings, report).with_whatif(whatif);
+    format!("{}\n", permalink::link(base, &shared))
+}

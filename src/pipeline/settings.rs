@@ -1,0 +1,177 @@
+//! What the user chose for an estimate, as every shell takes it: the GPUs
+//! (the target first), the allocator settings and the run options. The CLI
+//! reads them from its flags, the page from its form, a permalink carries
+//! them; [`Settings::config`] is the one rule that makes a [`Config`] of them,
+//! so the same choices give the same report in every shell.
+//!
+//! The first GPU is the **target**: the one the user plans to run on. Its
+//! CUDA context and cuBLAS workspaces make the headline peak and drive every
+//! what-if; the others are compared with it (each gets a verdict at its own
+//! capacity, target included).
+//!
+//! Invariants: plain serde data; every field has a default (`#[serde(default)]`)
+//! and options at their default are not serialized, so a field added later
+//! neither breaks old permalinks nor changes their bytes.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Config, Error, DEFAULT_TARGET};
+use crate::orchestrator::OptimizerPath;
+use crate::presets::{self, PRESETS};
+use crate::units::Bytes;
+
+/// The user's choices for an estimate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// GPU presets or capacities (`NAME|SIZE`), in order; the first is the
+    /// target. Empty: [`DEFAULT_TARGET`], then every other preset.
+    pub gpus: Vec<String>,
+    /// A `PYTORCH_CUDA_ALLOC_CONF` string; empty for PyTorch's defaults.
+    pub alloc_conf: String,
+    /// The CUDA context to assume on every GPU (a size such as `1GiB`, or
+    /// `0`) instead of the sourced per-architecture figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Training iterations to simulate.
+    pub iterations: u32,
+    /// Simulate the optimizer step as captured instead of CUDA's default
+    /// `foreach` implementation.
+    #[serde(skip_serializing_if = "is_false")]
+    pub captured_optimizer: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            gpus: Vec::new(),
+            alloc_conf: String::new(),
+            context: None,
+            iterations: 3,
+            captured_optimizer: false,
+        }
+    }
+}
+
+impl Settings {
+    /// The target GPU's spec.
+    pub fn target(&self) -> &str {
+        self.gpus.first().map_or(DEFAULT_TARGET, String::as_str)
+    }
+
+    /// The GPU specs an estimate runs on: the ones chosen, or the default
+    /// target followed by every other preset.
+    pub fn gpu_specs(&self) -> Vec<String> {
+        if !self.gpus.is_empty() {
+            return self.gpus.clone();
+        }
+        std::iter::once(DEFAULT_TARGET)
+            .chain(
+                PRESETS
+                    .iter()
+                    .map(|p| p.slug)
+                    .filter(|s| *s != DEFAULT_TARGET),
+            )
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The estimate's [`Config`]: the target GPU as the reference, a
+    /// verdict for every GPU in order, the allocator settings and options.
+    pub fn config(&self) -> Result<Config, Error> {
+        let mut config = Config::for_gpus(self.target(), &self.gpu_specs())?;
+        if let Some(context) = &self.context {
+            let bytes = if context.trim() == "0" {
+                Bytes::ZERO
+            } else {
+                presets::parse_size(context)?
+            };
+            config = config.with_context(bytes);
+        }
+        config.alloc_conf = self.alloc_conf.clone();
+        config.orchestrator.iterations = self.iterations;
+        if self.captured_optimizer {
+            config.orchestrator.optimizer_path = OptimizerPath::Captured;
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_gpu_is_the_target_and_the_reference() {
+        let settings = Settings {
+            gpus: vec!["t4".into(), "h100-80gb".into(), "24GiB".into()],
+            ..Settings::default()
+        };
+        let config = settings.config().unwrap();
+        assert_eq!(settings.target(), "t4");
+        assert_eq!(config.reference.name, "t4");
+        let names: Vec<&str> = config.gpus.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["t4", "h100-80gb", "24GiB"]);
+        // The reference's overheads are the target's, not the A100's.
+        assert_eq!(config.reference, config.gpus[0]);
+    }
+
+    #[test]
+    fn no_gpus_means_the_default_target_then_every_other_preset() {
+        let config = Settings::default().config().unwrap();
+        assert_eq!(config.reference.name, DEFAULT_TARGET);
+        assert_eq!(config.gpus.len(), PRESETS.len());
+        assert_eq!(config.gpus[0].name, DEFAULT_TARGET);
+        let rest: Vec<&str> = config.gpus[1..].iter().map(|g| g.name.as_str()).collect();
+        let expected: Vec<&str> = PRESETS
+            .iter()
+            .map(|p| p.slug)
+            .filter(|s| *s != DEFAULT_TARGET)
+            .collect();
+        assert_eq!(rest, expected);
+    }
+
+    #[test]
+    fn options_reach_the_config() {
+        let settings = Settings {
+            gpus: vec!["l4".into()],
+            alloc_conf: "expandable_segments:True".into(),
+            context: Some("1GiB".into()),
+            iterations: 5,
+            captured_optimizer: true,
+        };
+        let config = settings.config().unwrap();
+        assert_eq!(config.alloc_conf, "expandable_segments:True");
+        assert_eq!(config.reference.overheads.context_bytes, Bytes(Bytes::GIB));
+        assert_eq!(config.orchestrator.iterations, 5);
+        assert_eq!(config.orchestrator.optimizer_path, OptimizerPath::Captured);
+        let zero = Settings {
+            context: Some("0".into()),
+            ..Settings::default()
+        };
+        assert!(zero
+            .config()
+            .unwrap()
+            .gpus
+            .iter()
+            .all(|g| g.overheads.context_bytes == Bytes::ZERO));
+    }
+
+    #[test]
+    fn bad_choices_say_what_was_wrong() {
+        let unknown = Settings {
+            gpus: vec!["a100".into()],
+            ..Settings::default()
+        };
+        assert!(matches!(unknown.config(), Err(Error::Gpu(_))));
+        let context = Settings {
+            context: Some("lots".into()),
+            ..Settings::default()
+        };
+        assert!(matches!(context.config(), Err(Error::Gpu(_))));
+    }
+}
