@@ -27,6 +27,7 @@
 //! `src/bin`) is core — it does no I/O, reads no clock or environment, never
 //! prints and never panics on user data.
 
+pub mod autocast;
 pub mod analyzer;
 pub mod diag;
 pub mod orchestrator;

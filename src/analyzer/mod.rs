@@ -31,13 +31,16 @@
 //! - Layer: the `nn.Module` frames around the allocating op; in backward,
 //!   those of the forward op linked by `fwdbwd` flow or sequence number.
 
+mod autocast;
 mod evidence;
 mod lifecycle;
 mod phases;
 mod recipes;
+pub(crate) use phases::locate;
 mod spans;
 mod summary;
 
+pub use autocast::{AutocastRegion, GradMode};
 pub use summary::{
     summarize, AnalysisSummary, IterationSummary, LayerSummary, ParameterSummary, PhaseBytes,
     PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
@@ -50,7 +53,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::diag::{Warned, Warning};
-use crate::trace::{Device, NameId, Trace};
+use crate::trace::{Device, NameId, TensorInput, Trace};
 use crate::units::{Bytes, Nanos};
 
 /// The autograd node that accumulates a parameter's gradient: its input
@@ -291,6 +294,9 @@ pub struct OpSpan {
     pub forward_op: Option<usize>,
     /// The `nn.Module` path at the op's start (forward ops) or of its forward op.
     pub layer: Option<NameId>,
+    /// Its tensor arguments (element count and type), as the trace records them.
+    #[serde(default)]
+    pub inputs: Vec<TensorInput>,
 }
 
 /// One trainable parameter recovered from `AccumulateGrad` shapes.
@@ -404,6 +410,9 @@ pub struct Analysis {
     /// checkpointing, clipping, torch.compile, distributed, the loop).
     #[serde(default)]
     pub recipe: RunRecipe,
+    /// The `torch.autocast` regions, in time order.
+    #[serde(default)]
+    pub autocast: Vec<AutocastRegion>,
 }
 
 /// The batch size of a trace as its data loader made it: the number of
@@ -509,8 +518,10 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     let found = evidence::finish(found, &mut life, &index, &iterations, &names);
     let recipe = recipes::find(trace, &index, &iterations, &names, &mut warnings);
 
+    let regions = autocast::find_regions(&index, &names);
     let mut analysis = evidence::assemble(trace, life, index, iterations, found, names);
     analysis.recipe = recipe;
+    analysis.autocast = regions;
     Ok(Warned {
         value: analysis,
         warnings,

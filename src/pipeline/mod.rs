@@ -115,6 +115,10 @@ pub struct Prepared {
     pub recipe: analyzer::RunRecipe,
     /// Warnings of the trace, analyzer and orchestrator stages.
     pub warnings: Vec<Warning>,
+    /// The same job under CUDA autocast (bf16), for the mixed-precision
+    /// what-if: made for traces that ran no op in 16 bits.
+    #[serde(default)]
+    pub autocast: Option<Box<Orchestrated>>,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -181,6 +185,8 @@ pub fn prepare_from(
     progress(Progress::start(Stage::Orchestrating));
     let orchestrated = orchestrator::orchestrate(&analysis, &config.orchestrator)?;
     warnings.extend(orchestrated.warnings);
+    let autocast = orchestrator::orchestrate_under_autocast(&analysis, &config.orchestrator)
+        .map(|o| Box::new(o.value));
     Ok(Prepared {
         orchestrated: orchestrated.value,
         optimizer: analysis.optimizer.class_name.clone(),
@@ -189,6 +195,7 @@ pub fn prepare_from(
         batch_size: analysis.batch_size,
         recipe: analysis.recipe.clone(),
         warnings,
+        autocast,
     })
 }
 

@@ -18,8 +18,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::{
-    count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent,
-    Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
+    count_warning, AnnotationEvent, Device, Dtype, FlowEvent, MemoryEvent, NameId, OpEvent,
+    PythonEvent, TensorInput, Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
 };
 use crate::diag::{Warned, Warning};
 use crate::units::Nanos;
@@ -307,6 +307,7 @@ impl Builder {
         match ev.cat {
             Cat::CpuOp => {
                 let input_types = args.input_types.iter().map(|t| self.intern(t)).collect();
+                let tensor_args = args.tensor_args();
                 self.trace.ops.push(OpEvent {
                     name,
                     tid,
@@ -318,6 +319,7 @@ impl Builder {
                     input_dims: args.input_dims,
                     input_types,
                     tensor_list_len: args.tensor_list_len,
+                    tensor_args,
                 });
             }
             Cat::PythonFunction => self.trace.python.push(PythonEvent {
@@ -557,6 +559,35 @@ struct RawArgs<'de> {
     input_dims: Vec<Vec<i64>>,
     input_types: Vec<Cow<'de, str>>,
     tensor_list_len: Option<u32>,
+    /// Every op's tensor arguments: (element count, argument, in a list).
+    arg_numels: Vec<(u64, u16, bool)>,
+    /// Every op's argument types.
+    arg_types: Vec<Option<Dtype>>,
+}
+
+impl RawArgs<'_> {
+    /// The tensor arguments: `Input Dims` entries whose `Input type` names
+    /// a tensor, and the elements of tensor lists.
+    fn tensor_args(&self) -> Vec<TensorInput> {
+        self.arg_numels
+            .iter()
+            .filter_map(|&(numel, arg, in_list)| {
+                if in_list {
+                    return Some(TensorInput {
+                        numel,
+                        dtype: None,
+                        in_list,
+                    });
+                }
+                let dtype = self.arg_types.get(usize::from(arg)).copied().flatten()?;
+                Some(TensorInput {
+                    numel,
+                    dtype: Some(dtype),
+                    in_list,
+                })
+            })
+            .collect()
+    }
 }
 
 /// Reads `args` into the event's record; anything but an object is ignored.
@@ -596,21 +627,33 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
                 ArgKey::PythonId => &mut args.python_id,
                 ArgKey::PythonParentId => &mut args.python_parent_id,
                 ArgKey::PythonModuleId => &mut args.python_module_id,
-                ArgKey::InputDims if self.keep_shapes || self.keep_list_len => {
+                ArgKey::InputDims if self.keep_shapes => {
                     let shapes = map.next_value::<Shapes>()?;
-                    if self.keep_shapes {
-                        args.input_dims = shapes.0;
-                    }
+                    args.arg_numels = numels_of(&shapes.0);
+                    args.input_dims = shapes.0;
                     if self.keep_list_len {
                         args.tensor_list_len = shapes.1;
                     }
                     continue;
                 }
-                ArgKey::InputType if self.keep_shapes => {
-                    args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
+                ArgKey::InputDims => {
+                    let numels = map.next_value::<ArgNumels>()?;
+                    if self.keep_list_len {
+                        args.tensor_list_len = numels.first_list_len;
+                    }
+                    args.arg_numels = numels.args;
                     continue;
                 }
-                ArgKey::InputDims | ArgKey::InputType | ArgKey::Other => {
+                ArgKey::InputType if self.keep_shapes => {
+                    args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
+                    args.arg_types = args.input_types.iter().map(|t| Dtype::from_name(t)).collect();
+                    continue;
+                }
+                ArgKey::InputType => {
+                    args.arg_types = map.next_value::<ArgTypes>()?.0;
+                    continue;
+                }
+                ArgKey::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
                 }
@@ -1096,9 +1139,274 @@ impl<'de> de::Deserialize<'de> for Shape {
     }
 }
 
+/// The element count of each tensor shape (the `AccumulateGrad` path, whose
+/// shapes are kept whole).
+fn numels_of(shapes: &[Vec<i64>]) -> Vec<(u64, u16, bool)> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, dims)| (numel(dims.iter().copied()), u16::try_from(i).unwrap_or(u16::MAX), false))
+        .collect()
+}
+
+/// The product of dimensions (a negative one counts as 0).
+fn numel(dims: impl Iterator<Item = i64>) -> u64 {
+    dims.fold(1u64, |n, d| n.saturating_mul(u64::try_from(d).unwrap_or(0)))
+}
+
+/// `Input Dims` read for element counts only: one entry per tensor-shaped
+/// argument, one per element of a tensor list.
+#[derive(Default)]
+struct ArgNumels {
+    args: Vec<(u64, u16, bool)>,
+    first_list_len: Option<u32>,
+}
+
+/// One argument of `Input Dims` by element count.
+enum ArgNumel {
+    Tensor(u64),
+    List(Vec<u64>),
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for ArgNumels {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArgNumels;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of shapes")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgNumels, A::Error> {
+                let mut out = ArgNumels::default();
+                let mut index: u16 = 0;
+                while let Some(arg) = seq.next_element::<ArgNumel>()? {
+                    match arg {
+                        ArgNumel::Tensor(n) => out.args.push((n, index, false)),
+                        ArgNumel::List(ns) => {
+                            if index == 0 {
+                                out.first_list_len = u32::try_from(ns.len()).ok();
+                            }
+                            out.args.extend(ns.into_iter().map(|n| (n, index, true)));
+                        }
+                        ArgNumel::Other => {}
+                    }
+                    index = index.saturating_add(1);
+                }
+                Ok(out)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgNumels, A::Error> {
+                drain_map(map)?;
+                Ok(ArgNumels::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for ArgNumel {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArgNumel;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a shape")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgNumel, A::Error> {
+                // A shape (integers) or a tensor list (shapes); anything
+                // mixed is neither.
+                let mut product = 1u64;
+                let mut lists: Vec<u64> = Vec::new();
+                let (mut ints, mut other) = (0u32, false);
+                while let Some(item) = seq.next_element::<ListItem>()? {
+                    match item {
+                        ListItem::Int(d) => {
+                            ints += 1;
+                            product = product.saturating_mul(u64::try_from(d).unwrap_or(0));
+                        }
+                        ListItem::Shape(n) => lists.push(n),
+                        ListItem::Other => other = true,
+                    }
+                }
+                Ok(match (other, ints, lists.is_empty()) {
+                    (false, _, true) => ArgNumel::Tensor(product),
+                    (false, 0, false) => ArgNumel::List(lists),
+                    _ => ArgNumel::Other,
+                })
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgNumel, A::Error> {
+                drain_map(map)?;
+                Ok(ArgNumel::Other)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// An element of an `Input Dims` argument: a dimension, the element count
+/// of a whole shape (a tensor-list element), or something else.
+enum ListItem {
+    Int(i64),
+    Shape(u64),
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for ListItem {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ListItem;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a dimension or a shape")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ListItem, E> {
+                Ok(ListItem::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ListItem, E> {
+                Ok(i64::try_from(v).map_or(ListItem::Other, ListItem::Int))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ListItem, E> {
+                Ok(integral(v).map_or(ListItem::Other, ListItem::Int))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ListItem, E> {
+                Ok(ListItem::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ListItem, E> {
+                Ok(ListItem::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ListItem, E> {
+                Ok(ListItem::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ListItem, A::Error> {
+                let mut product = 1u64;
+                let mut ok = true;
+                while let Some(dim) = seq.next_element::<Dim>()? {
+                    match dim {
+                        Dim::Int(d) => product = product.saturating_mul(u64::try_from(d).unwrap_or(0)),
+                        Dim::List | Dim::Other => ok = false,
+                    }
+                }
+                Ok(if ok { ListItem::Shape(product) } else { ListItem::Other })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ListItem, A::Error> {
+                drain_map(map)?;
+                Ok(ListItem::Other)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `Input type` read as dtypes, without keeping the strings.
+#[derive(Default)]
+struct ArgTypes(Vec<Option<Dtype>>);
+
+impl<'de> de::Deserialize<'de> for ArgTypes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArgTypes;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of type names")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgTypes, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element::<LooseStr<'de>>()? {
+                    out.push(item.0.as_deref().and_then(Dtype::from_name));
+                }
+                Ok(ArgTypes(out))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgTypes, A::Error> {
+                drain_map(map)?;
+                Ok(ArgTypes::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensor_args_count_elements_and_keep_list_elements() {
+        let numels: ArgNumels = parse_one("[[2, 3], [], [[1, 4], [2]], 5, \"x\", [[1], 2]]");
+        assert_eq!(numels.args, [(6, 0, false), (1, 1, false), (4, 2, true), (2, 2, true)]);
+        assert_eq!(numels.first_list_len, None);
+        let types: ArgTypes = parse_one("[\"c10::BFloat16\", \"Scalar\", \"TensorList\", \"\", \"float\", 3]");
+        assert_eq!(types.0, [Some(Dtype::Bf16), None, None, None, Some(Dtype::F32), None]);
+        let args = RawArgs {
+            arg_numels: numels.args,
+            arg_types: types.0,
+            ..RawArgs::default()
+        };
+        // The scalar (`Scalar`, dims `[]`) is not a tensor; list elements have no dtype.
+        assert_eq!(
+            args.tensor_args(),
+            [
+                TensorInput { numel: 6, dtype: Some(Dtype::Bf16), in_list: false },
+                TensorInput { numel: 4, dtype: None, in_list: true },
+                TensorInput { numel: 2, dtype: None, in_list: true },
+            ]
+        );
+        let numels: ArgNumels = parse_one("[[[3, 4], [3, 4], [3, 4]], []]");
+        assert_eq!(numels.first_list_len, Some(3));
+    }
 
     fn parse_one<T: de::DeserializeOwned>(json: &str) -> T {
         serde_json::from_str(json).unwrap()

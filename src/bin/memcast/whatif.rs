@@ -398,7 +398,11 @@ fn print_distributed(out: &mut String, result: &distributed::DistributedComparis
 }
 
 fn print_precision(out: &mut String, result: &precision::PrecisionComparison) {
-    let _ = writeln!(out, "mixed precision (APPROXIMATION) — peaks (MiB)");
+    let _ = writeln!(
+        out,
+        "mixed precision — the forward under CUDA autocast (bf16; fp16 has the same sizes), PyTorch {} policy — peaks (MiB)",
+        result.policy
+    );
     let _ = writeln!(
         out,
         "  {:<22} {:>10} {:>10} {:>10}",
@@ -418,12 +422,19 @@ fn print_precision(out: &mut String, result: &precision::PrecisionComparison) {
     }
     let _ = writeln!(
         out,
-        "delta {} MiB; {} blocks halved; weight casts {} MiB per iteration",
+        "delta {} MiB (fp16 with a GradScaler: at most {} bytes more)",
         signed_mib(result.delta_total_bytes),
-        result.halved_blocks,
-        mib(result.weight_cast_bytes)
+        precision::GRAD_SCALER_BYTES.get()
     );
-    for rule in &result.rules {
-        let _ = writeln!(out, "rule: {rule}");
+    let _ = writeln!(out, "what changed (per captured iterations, MiB) and why:");
+    for change in &result.changes {
+        let _ = writeln!(
+            out,
+            "  {:<24} {:>6} blocks {:>10} MiB  {}",
+            change.rule.name(),
+            change.blocks,
+            signed_mib(change.bytes),
+            change.reason
+        );
     }
 }

@@ -110,6 +110,7 @@ impl Loop {
                 layers_at_peak: Vec::new(),
                 batch_size: None,
                 recipe: analyzer::RunRecipe::default(),
+                autocast: Vec::new(),
             },
             next_event: 0,
         }
@@ -429,6 +430,7 @@ fn gradients_live_until_the_next_zero_grad() {
         alloc: key(500),
         free: free.map(key),
         source: Some(0),
+        rule: None,
     };
     let zero_grad = |iteration, start, end| PhaseWindow {
         iteration,
@@ -507,6 +509,7 @@ fn a_batch_is_freed_after_the_next_load_at_the_latest() {
         alloc: Key::captured(Nanos(50), 0, 0),
         free: free.map(|t| Key::captured(Nanos(t), 0, 1)),
         source: Some(0),
+        rule: None,
     };
     let loads = [
         Handover {
