@@ -243,6 +243,7 @@ fn run(analysis: &Analysis, iterations: u32, path: OptimizerPath) -> (Schedule, 
     let config = OrchestratorConfig {
         iterations,
         optimizer_path: path,
+        autocast: Default::default(),
     };
     let out = orchestrate(analysis, &config).unwrap();
     out.value.schedule.check().unwrap();
@@ -765,6 +766,7 @@ proptest::proptest! {
         let config = OrchestratorConfig {
             iterations,
             optimizer_path: if foreach { OptimizerPath::CudaDefault } else { OptimizerPath::Captured },
+            autocast: Default::default(),
         };
         let first = orchestrate(&lp.analysis, &config).unwrap();
         proptest::prop_assert_eq!(first.value.schedule.check(), Ok(()));
@@ -782,6 +784,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
     let config = OrchestratorConfig {
         iterations: 0,
         optimizer_path: OptimizerPath::CudaDefault,
+        autocast: Default::default(),
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),
@@ -790,6 +793,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
     let config = OrchestratorConfig {
         iterations: u32::MAX,
         optimizer_path: OptimizerPath::CudaDefault,
+        autocast: Default::default(),
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),
