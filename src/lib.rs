@@ -27,8 +27,8 @@
 //! `src/bin`) is core — it does no I/O, reads no clock or environment, never
 //! prints and never panics on user data.
 
-pub mod autocast;
 pub mod analyzer;
+pub mod autocast;
 pub mod diag;
 pub mod orchestrator;
 pub mod permalink;

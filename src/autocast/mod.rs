@@ -6,5 +6,5 @@
 
 mod policy;
 
-pub use policy::{policy_of, CastPolicy, Device, PolicyVersion, Source, SOURCES, VERSIONS};
 pub use crate::trace::Dtype;
+pub use policy::{policy_of, CastPolicy, Device, PolicyVersion, Source, SOURCES, VERSIONS};

@@ -452,35 +452,63 @@ mod tests {
     fn cuda_and_cpu_differ_where_pytorch_lists_them_differently() {
         let v = PolicyVersion::latest();
         // CUDA runs these in fp32; CPU autocast does not list them.
-        for op in ["aten::exp", "aten::log", "aten::pow", "aten::rsqrt", "aten::layer_norm"] {
-            assert_eq!(policy_of(v, Device::Cuda, op), Some(CastPolicy::Fp32), "{op}");
+        for op in [
+            "aten::exp",
+            "aten::log",
+            "aten::pow",
+            "aten::rsqrt",
+            "aten::layer_norm",
+        ] {
+            assert_eq!(
+                policy_of(v, Device::Cuda, op),
+                Some(CastPolicy::Fp32),
+                "{op}"
+            );
             assert_eq!(policy_of(v, Device::Cpu, op), None, "{op}");
         }
         for op in ["softmax", "log_softmax", "sum", "cumsum"] {
-            assert_eq!(policy_of(v, Device::Cuda, op), Some(CastPolicy::Fp32SetOptDtype));
+            assert_eq!(
+                policy_of(v, Device::Cuda, op),
+                Some(CastPolicy::Fp32SetOptDtype)
+            );
         }
         // einsum is lower precision on CUDA only; bmm and linear on both.
-        assert_eq!(policy_of(v, Device::Cuda, "einsum"), Some(CastPolicy::Lower));
+        assert_eq!(
+            policy_of(v, Device::Cuda, "einsum"),
+            Some(CastPolicy::Lower)
+        );
         assert_eq!(policy_of(v, Device::Cpu, "einsum"), None);
         for op in ["bmm", "mm", "linear", "conv2d", "addmm", "matmul"] {
             assert_eq!(policy_of(v, Device::Cuda, op), Some(CastPolicy::Lower));
             assert_eq!(policy_of(v, Device::Cpu, op), Some(CastPolicy::Lower));
         }
         // CPU runs the cross-entropy loss and cat in fp32 / promoted; CUDA does not list them.
-        assert_eq!(policy_of(v, Device::Cpu, "cross_entropy_loss"), Some(CastPolicy::Fp32));
+        assert_eq!(
+            policy_of(v, Device::Cpu, "cross_entropy_loss"),
+            Some(CastPolicy::Fp32)
+        );
         assert_eq!(policy_of(v, Device::Cuda, "cross_entropy_loss"), None);
         assert_eq!(policy_of(v, Device::Cpu, "cat"), Some(CastPolicy::Promote));
         assert_eq!(policy_of(v, Device::Cuda, "cat"), None);
         assert_eq!(policy_of(v, Device::Cuda, "mean"), None);
-        assert_eq!(policy_of(v, Device::Cuda, "norm"), Some(CastPolicy::Fp32AppendDtype));
-        assert_eq!(policy_of(v, Device::Cuda, "binary_cross_entropy"), Some(CastPolicy::Banned));
+        assert_eq!(
+            policy_of(v, Device::Cuda, "norm"),
+            Some(CastPolicy::Fp32AppendDtype)
+        );
+        assert_eq!(
+            policy_of(v, Device::Cuda, "binary_cross_entropy"),
+            Some(CastPolicy::Banned)
+        );
     }
 
     #[test]
     fn rms_norm_is_fp32_on_cuda_from_2_12() {
         let new = PolicyVersion::named("2.12").unwrap();
         let old = PolicyVersion::named("2.9").unwrap();
-        assert_eq!(policy_of(new, Device::Cuda, "aten::rms_norm"), Some(CastPolicy::Fp32));
+        assert_eq!(
+            policy_of(new, Device::Cuda, "aten::rms_norm"),
+            Some(CastPolicy::Fp32)
+        );
         assert_eq!(policy_of(old, Device::Cuda, "aten::rms_norm"), None);
         assert!(old.caches_in_inference_mode && !new.caches_in_inference_mode);
         assert_eq!(PolicyVersion::latest().name, "2.12");

@@ -162,10 +162,22 @@ impl Dtype {
             "c10::BFloat16" => Dtype::Bf16,
             "c10::Half" => Dtype::F16,
             "double" => Dtype::F64,
-            "long int" | "int" | "short int" | "signed char" | "unsigned char" | "bool"
-            | "long long int" | "unsigned int" | "unsigned long" | "unsigned short"
-            | "c10::complex<float>" | "c10::complex<double>" | "c10::complex<c10::Half>"
-            | "c10::Float8_e4m3fn" | "c10::Float8_e5m2" | "c10::Float8_e4m3fnuz"
+            "long int"
+            | "int"
+            | "short int"
+            | "signed char"
+            | "unsigned char"
+            | "bool"
+            | "long long int"
+            | "unsigned int"
+            | "unsigned long"
+            | "unsigned short"
+            | "c10::complex<float>"
+            | "c10::complex<double>"
+            | "c10::complex<c10::Half>"
+            | "c10::Float8_e4m3fn"
+            | "c10::Float8_e5m2"
+            | "c10::Float8_e4m3fnuz"
             | "c10::Float8_e5m2fnuz" => Dtype::NonFloat,
             _ => return None,
         })

@@ -646,7 +646,11 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
                 }
                 ArgKey::InputType if self.keep_shapes => {
                     args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
-                    args.arg_types = args.input_types.iter().map(|t| Dtype::from_name(t)).collect();
+                    args.arg_types = args
+                        .input_types
+                        .iter()
+                        .map(|t| Dtype::from_name(t))
+                        .collect();
                     continue;
                 }
                 ArgKey::InputType => {
@@ -1145,7 +1149,13 @@ fn numels_of(shapes: &[Vec<i64>]) -> Vec<(u64, u16, bool)> {
     shapes
         .iter()
         .enumerate()
-        .map(|(i, dims)| (numel(dims.iter().copied()), u16::try_from(i).unwrap_or(u16::MAX), false))
+        .map(|(i, dims)| {
+            (
+                numel(dims.iter().copied()),
+                u16::try_from(i).unwrap_or(u16::MAX),
+                false,
+            )
+        })
         .collect()
 }
 
@@ -1318,11 +1328,17 @@ impl<'de> de::Deserialize<'de> for ListItem {
                 let mut ok = true;
                 while let Some(dim) = seq.next_element::<Dim>()? {
                     match dim {
-                        Dim::Int(d) => product = product.saturating_mul(u64::try_from(d).unwrap_or(0)),
+                        Dim::Int(d) => {
+                            product = product.saturating_mul(u64::try_from(d).unwrap_or(0))
+                        }
                         Dim::List | Dim::Other => ok = false,
                     }
                 }
-                Ok(if ok { ListItem::Shape(product) } else { ListItem::Other })
+                Ok(if ok {
+                    ListItem::Shape(product)
+                } else {
+                    ListItem::Other
+                })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ListItem, A::Error> {
                 drain_map(map)?;
@@ -1386,10 +1402,17 @@ mod tests {
     #[test]
     fn tensor_args_count_elements_and_keep_list_elements() {
         let numels: ArgNumels = parse_one("[[2, 3], [], [[1, 4], [2]], 5, \"x\", [[1], 2]]");
-        assert_eq!(numels.args, [(6, 0, false), (1, 1, false), (4, 2, true), (2, 2, true)]);
+        assert_eq!(
+            numels.args,
+            [(6, 0, false), (1, 1, false), (4, 2, true), (2, 2, true)]
+        );
         assert_eq!(numels.first_list_len, None);
-        let types: ArgTypes = parse_one("[\"c10::BFloat16\", \"Scalar\", \"TensorList\", \"\", \"float\", 3]");
-        assert_eq!(types.0, [Some(Dtype::Bf16), None, None, None, Some(Dtype::F32), None]);
+        let types: ArgTypes =
+            parse_one("[\"c10::BFloat16\", \"Scalar\", \"TensorList\", \"\", \"float\", 3]");
+        assert_eq!(
+            types.0,
+            [Some(Dtype::Bf16), None, None, None, Some(Dtype::F32), None]
+        );
         let args = RawArgs {
             arg_numels: numels.args,
             arg_types: types.0,
@@ -1399,9 +1422,21 @@ mod tests {
         assert_eq!(
             args.tensor_args(),
             [
-                TensorInput { numel: 6, dtype: Some(Dtype::Bf16), in_list: false },
-                TensorInput { numel: 4, dtype: None, in_list: true },
-                TensorInput { numel: 2, dtype: None, in_list: true },
+                TensorInput {
+                    numel: 6,
+                    dtype: Some(Dtype::Bf16),
+                    in_list: false
+                },
+                TensorInput {
+                    numel: 4,
+                    dtype: None,
+                    in_list: true
+                },
+                TensorInput {
+                    numel: 2,
+                    dtype: None,
+                    in_list: true
+                },
             ]
         );
         let numels: ArgNumels = parse_one("[[[3, 4], [3, 4], [3, 4]], []]");

@@ -258,7 +258,10 @@ fn layout(result: &WhatIfResult) -> Layout {
             notes: c.assumptions.clone(),
         },
         WhatIfResult::Precision(c) => Layout {
-            title: format!("Mixed precision (CUDA autocast, PyTorch {} policy)", c.policy),
+            title: format!(
+                "Mixed precision (CUDA autocast, PyTorch {} policy)",
+                c.policy
+            ),
             headline: Some(format!("{} with autocast", signed(c.delta_total_bytes))),
             headers: vec!["", "peak total", "peak reserved", "peak allocated"],
             rows: [
@@ -283,7 +286,15 @@ fn layout(result: &WhatIfResult) -> Layout {
             notes: c
                 .changes
                 .iter()
-                .map(|ch| format!("{}: {} blocks, {} — {}", ch.rule.name(), ch.blocks, signed(ch.bytes), ch.reason))
+                .map(|ch| {
+                    format!(
+                        "{}: {} blocks, {} — {}",
+                        ch.rule.name(),
+                        ch.blocks,
+                        signed(ch.bytes),
+                        ch.reason
+                    )
+                })
                 .collect(),
         },
         WhatIfResult::Batch(s) => Layout {

@@ -133,7 +133,15 @@ pub(super) fn captured_items(
             if iteration != Some(source) || plan.cut.is_some_and(|cut| added.alloc >= cut) {
                 continue;
             }
-            items.push(added_item(analysis, added, Some(sim), offset, copy_index, k, plan.cut));
+            items.push(added_item(
+                analysis,
+                added,
+                Some(sim),
+                offset,
+                copy_index,
+                k,
+                plan.cut,
+            ));
         }
     }
     // Blocks outside every iteration keep their captured times; when the last

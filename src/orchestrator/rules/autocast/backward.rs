@@ -43,6 +43,7 @@ pub(super) fn rule_backward_dtypes(
             continue;
         }
         let new = Bytes(block.size.get() / cpu * cuda);
-        plan.resized.insert(block.id, (new, RuleId::AutocastBackward));
+        plan.resized
+            .insert(block.id, (new, RuleId::AutocastBackward));
     }
 }

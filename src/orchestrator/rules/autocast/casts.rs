@@ -103,12 +103,6 @@ pub(super) fn input_casts(
             continue;
         }
         let free = copy_free(walk, index, policy, input);
-        #[allow(clippy::print_stderr)]
-        {
-            if std::env::var("ACDBG").is_ok() {
-                eprintln!("added cast in {} size {:?} policy {:?} input {:?}", analysis.name(op.name), size, policy, input);
-            }
-        }
         walk.plan.added.push(AddedBlock {
             size,
             alloc: op.start,
@@ -125,12 +119,6 @@ pub(super) fn input_casts(
             .get(b)
             .is_some_and(|b| b.free_ts.is_some_and(|f| f <= op.end));
         if internal {
-            #[allow(clippy::print_stderr)]
-            {
-                if std::env::var("ACDBG").is_ok() {
-                    eprintln!("cpu-only cast in {} size {:?} policy {:?} inputs {:?}", analysis.name(op.name), analysis.blocks.get(b).map(|b| b.size), policy, inputs);
-                }
-            }
             walk.plan.dropped.insert(b, RuleId::AutocastCpuOnlyCasts);
         }
     }
@@ -199,9 +187,18 @@ mod tests {
         let lower = Some(CastPolicy::Lower);
         assert_eq!(cuda_cast_to(lower, F32, &[F32], Bf16), Some(Bf16));
         assert_eq!(cuda_cast_to(lower, Bf16, &[Bf16], Bf16), None);
-        assert_eq!(cuda_cast_to(Some(CastPolicy::Fp32), Bf16, &[Bf16], Bf16), Some(F32));
-        assert_eq!(cuda_cast_to(Some(CastPolicy::Fp32SetOptDtype), Bf16, &[Bf16], Bf16), None);
-        assert_eq!(cuda_cast_to(Some(CastPolicy::Promote), Bf16, &[Bf16, F32], Bf16), Some(F32));
+        assert_eq!(
+            cuda_cast_to(Some(CastPolicy::Fp32), Bf16, &[Bf16], Bf16),
+            Some(F32)
+        );
+        assert_eq!(
+            cuda_cast_to(Some(CastPolicy::Fp32SetOptDtype), Bf16, &[Bf16], Bf16),
+            None
+        );
+        assert_eq!(
+            cuda_cast_to(Some(CastPolicy::Promote), Bf16, &[Bf16, F32], Bf16),
+            Some(F32)
+        );
         assert_eq!(cuda_cast_to(None, F32, &[F32], Bf16), None);
         assert_eq!(cuda_cast_to(lower, F64, &[F64], Bf16), None);
     }

@@ -189,7 +189,7 @@ pub(super) fn outputs(
             let new = Bytes(numel.saturating_mul(cuda_size));
             walk.plan.resized.insert(b, (new, rule));
         }
-        walk.track(index, b, numel, cpu_out, cuda_out);
+        walk.track(b, numel, cpu_out, cuda_out);
     }
 }
 
@@ -213,6 +213,9 @@ mod tests {
         // No floating input: no floating output; double is left alone.
         assert_eq!(output_dtype(lower, &[NonFloat], Bf16), None);
         assert_eq!(output_dtype(lower, &[F64], Bf16), Some(F64));
-        assert_eq!(output_dtype(Some(CastPolicy::Promote), &[F16, Bf16], F16), Some(F32));
+        assert_eq!(
+            output_dtype(Some(CastPolicy::Promote), &[F16, Bf16], F16),
+            Some(F32)
+        );
     }
 }

@@ -190,22 +190,6 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// How many blocks each rule resized, dropped, moved or added.
-    pub fn counts(&self) -> BTreeMap<RuleId, u32> {
-        let mut out: BTreeMap<RuleId, u32> = BTreeMap::new();
-        let rules = self
-            .resized
-            .values()
-            .map(|r| r.1)
-            .chain(self.dropped.values().copied())
-            .chain(self.freed.values().map(|f| f.1))
-            .chain(self.added.iter().map(|a| a.rule));
-        for rule in rules {
-            *out.entry(rule).or_default() += 1;
-        }
-        out
-    }
-
     /// The bytes each rule adds to the captured iterations (negative:
     /// removes): a resized block counts its change, a dropped block its
     /// size, an added block its size; moved frees count 0.
@@ -244,13 +228,10 @@ pub(crate) struct Setup<'a> {
 /// A tensor made inside a region, as the engine follows it.
 #[derive(Debug, Clone)]
 struct Tensor {
-    numel: u64,
     cpu: Dtype,
     cuda: Dtype,
     /// Its block (the output of the op that made it).
     block: usize,
-    /// The top-level op that made it.
-    maker: usize,
     /// Every op that read it made a CUDA cast copy of it.
     only_copied: bool,
     /// The end of the last op that read it.
@@ -309,7 +290,9 @@ pub(crate) fn plan(analysis: &Analysis, setup: &Setup) -> Plan {
             under: &under,
             factors: &mut factors,
         };
-        let first = analysis.ops.partition_point(|o| (o.tid, o.start) < (region.tid, region.start));
+        let first = analysis
+            .ops
+            .partition_point(|o| (o.tid, o.start) < (region.tid, region.start));
         let ops: Vec<usize> = analysis
             .ops
             .iter()
@@ -516,14 +499,12 @@ impl Walk<'_> {
     }
 
     /// Starts following an output of `maker`.
-    fn track(&mut self, maker: usize, block: usize, numel: u64, cpu: Dtype, cuda: Dtype) {
+    fn track(&mut self, block: usize, numel: u64, cpu: Dtype, cuda: Dtype) {
         let t = self.tensors.len();
         self.tensors.push(Tensor {
-            numel,
             cpu,
             cuda,
             block,
-            maker,
             only_copied: true,
             last_read: None,
         });
@@ -546,7 +527,11 @@ pub(crate) fn changes(
     let regions = match config.mode {
         AutocastMode::Off => return Plan::default(),
         AutocastMode::AsTraced => {
-            let disabled = analysis.autocast.iter().filter(|r| r.lower.is_none()).count();
+            let disabled = analysis
+                .autocast
+                .iter()
+                .filter(|r| r.lower.is_none())
+                .count();
             if disabled > 0 {
                 warnings.push(Warning::new(
                     "autocast_region_without_16_bit_ops",

@@ -18,7 +18,13 @@ pub(crate) fn grad_scaler_items(windows: &[PhaseWindow]) -> Vec<Item> {
         return out;
     };
     for (rank, name) in [(0, "GradScaler._scale"), (1, "GradScaler._growth_tracker")] {
-        out.push(item(name, 0, Key::before_trace(first, rank), None, Phase::Backward));
+        out.push(item(
+            name,
+            0,
+            Key::before_trace(first, rank),
+            None,
+            Phase::Backward,
+        ));
     }
     for (k, step) in windows_of(windows, Phase::OptimizerStep).enumerate() {
         for (rank, name) in [(0, "GradScaler inv_scale"), (1, "GradScaler found_inf")] {
