@@ -820,3 +820,31 @@ fn every_rule_is_listed_once_under_its_serde_name() {
     // The report lists counts in RuleId's order: it is ALL's.
     assert!(RuleId::ALL.windows(2).all(|pair| pair[0] < pair[1]));
 }
+
+#[test]
+fn a_grad_scaler_adds_its_scale_and_tracker_once_and_two_flags_per_step() {
+    let lp = Loop::training("Adam");
+    let mut config = OrchestratorConfig::standard();
+    config.iterations = 3;
+    let plain = orchestrate(&lp.analysis, &config).unwrap().value;
+    config.autocast.grad_scaler = true;
+    let scaled = orchestrate(&lp.analysis, &config).unwrap().value;
+    scaled.schedule.check().unwrap();
+    let scaler: Vec<&ScheduledBlock> = scaled
+        .schedule
+        .blocks
+        .iter()
+        .filter(|b| b.op.as_deref().is_some_and(|o| o.starts_with("GradScaler")))
+        .collect();
+    assert_eq!(scaler.len(), 2 + 2 * 3);
+    assert!(scaler.iter().all(|b| b.size == Bytes(4)));
+    let kept = scaler
+        .iter()
+        .filter(|b| b.category == Category::OptimizerState)
+        .count();
+    assert_eq!(kept, 2);
+    assert_eq!(
+        scaled.schedule.blocks.len(),
+        plain.schedule.blocks.len() + scaler.len()
+    );
+}

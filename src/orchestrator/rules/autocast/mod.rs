@@ -27,6 +27,8 @@ mod casts;
 mod cpu_copies;
 mod dtypes;
 mod scaler;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
