@@ -5,8 +5,13 @@
 //! `torch.cuda.amp`/`torch.cpu.amp` classes call it too) opens a region. The
 //! outermost `__exit__` calls `torch.clear_autocast_cache()`, which empties
 //! the cast cache: the region ends there (at the end of the `__exit__` when
-//! that call was not recorded). Inside, autograd records when forward ops
-//! carry a `Sequence number`. Otherwise the region runs under no grad: under
+//! that call was not recorded). Inside, autograd records when the forward
+//! ops' `Sequence number`s advance: the profiler records the counter's
+//! current value for every op that passes the autograd dispatch key (under
+//! `no_grad` too), and the creation of an autograd node increments it. The
+//! casts (`aten::to`, `aten::_to_copy`) are left out: under `no_grad` the
+//! traces show each autocast cast of a parameter advancing the counter
+//! (torch 2.15, seen, not explained from the source). Otherwise the region runs under no grad: under
 //! `torch.inference_mode()` when the `grad_mode.py` context entered last
 //! before the region entered the C++ inference-mode guard (its `__enter__`
 //! calls a `<built-in method __enter__ ...>`), under `torch.no_grad()` else.
@@ -119,7 +124,11 @@ pub(crate) fn find_regions(index: &SpanIndex, names: &Names) -> Vec<AutocastRegi
         }
     }
     for region in &mut regions {
-        let (recording, lower) = evidence_in(index.ops.of_thread(region.tid), region);
+        let is_cast = |op: &OpSpan| {
+            let name = names.get(op.name);
+            name == "aten::to" || name == "aten::_to_copy"
+        };
+        let (recording, lower) = evidence_in(index.ops.of_thread(region.tid), region, &is_cast);
         if recording {
             region.grad = GradMode::Enabled;
         }
@@ -129,10 +138,15 @@ pub(crate) fn find_regions(index: &SpanIndex, names: &Names) -> Vec<AutocastRegi
 }
 
 /// Whether forward ops inside the region (`ops`: its thread's, sorted by
-/// start) record autograd (carry a sequence number), and the lower-precision
-/// type of their tensors, if any.
-fn evidence_in(ops: &[OpSpan], region: &AutocastRegion) -> (bool, Option<Dtype>) {
+/// start) record autograd (their sequence numbers advance, casts aside), and the
+/// lower-precision type of their tensors, if any.
+fn evidence_in(
+    ops: &[OpSpan],
+    region: &AutocastRegion,
+    is_cast: &dyn Fn(&OpSpan) -> bool,
+) -> (bool, Option<Dtype>) {
     let mut recording = false;
+    let mut first_seq = None;
     let mut lower = None;
     let first = ops.partition_point(|o| o.start < region.start);
     let inside = ops
@@ -141,7 +155,9 @@ fn evidence_in(ops: &[OpSpan], region: &AutocastRegion) -> (bool, Option<Dtype>)
         .take_while(|o| o.start <= region.end)
         .filter(|o| !o.backward && o.end <= region.end);
     for op in inside {
-        recording |= op.sequence_number.is_some();
+        if let Some(seq) = op.sequence_number.filter(|_| !is_cast(op)) {
+            recording |= *first_seq.get_or_insert(seq) != seq;
+        }
         if lower.is_none() {
             lower = op
                 .inputs

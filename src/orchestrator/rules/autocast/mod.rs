@@ -146,11 +146,16 @@ pub(crate) fn forward_regions(analysis: &Analysis) -> Vec<Region> {
                 .iter()
                 .find(|o| o.start >= span.start && o.start <= span.end && !o.backward)
                 .map_or(0, |o| o.tid);
-            let recording = analysis
+            // Autograd records when the sequence numbers advance (see
+            // `analyzer::autocast`).
+            let mut seqs = analysis
                 .ops
                 .iter()
                 .filter(|o| o.tid == tid && o.start >= span.start && o.end <= span.end)
-                .any(|o| o.sequence_number.is_some());
+                .filter(|o| !matches!(analysis.name(o.name), "aten::to" | "aten::_to_copy"))
+                .filter_map(|o| o.sequence_number);
+            let first = seqs.next();
+            let recording = seqs.any(|s| Some(s) != first);
             out.push(Region {
                 tid,
                 start: span.start,
