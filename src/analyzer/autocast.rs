@@ -107,6 +107,20 @@ pub(crate) fn find_regions(index: &SpanIndex, names: &Names) -> Vec<AutocastRegi
                 open = Some((t, depth - 1, start));
                 continue;
             }
+            open = None;
+            // Entered during backward: activation checkpointing re-running a
+            // forward under the autocast state it saved (`enabled=False`
+            // when the forward ran without autocast). Not a region of the
+            // forward; a recompute under enabled autocast is left as traced
+            // too (a limitation).
+            let in_backward = index
+                .ops
+                .innermost(tid, start)
+                .and_then(|o| index.ops.spans.get(o))
+                .is_some_and(|o| o.backward);
+            if in_backward {
+                continue;
+            }
             let end = child_named(i, &|n| n == CLEAR_CACHE).unwrap_or(frame.end);
             let grad = if grad_at_open == Some(true) {
                 GradMode::InferenceMode
@@ -120,7 +134,6 @@ pub(crate) fn find_regions(index: &SpanIndex, names: &Names) -> Vec<AutocastRegi
                 grad,
                 lower: None,
             });
-            open = None;
         }
     }
     for region in &mut regions {

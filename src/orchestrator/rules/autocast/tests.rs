@@ -1,6 +1,7 @@
 //! One test per autocast rule, each on a small hand-written trace recorded
 //! "under CPU autocast" (bf16): the trace is read, analyzed and planned as a
 //! real one is.
+#![cfg(test)]
 
 use super::*;
 use crate::analyzer::{analyze, AnalyzerConfig};
@@ -466,4 +467,30 @@ fn an_unknown_policy_version_warns_and_uses_the_newest() {
         .iter()
         .any(|w| w.code == "autocast_version_unknown"));
     assert_eq!(plan, planned(&a, "2.12"));
+}
+
+#[test]
+fn a_region_entered_during_backward_is_not_a_forward_region() {
+    // Activation checkpointing re-enters the saved autocast state (here
+    // disabled) while the backward node runs.
+    let mut t = Tb::default();
+    t.op(
+        "autograd::engine::evaluate_function: CheckpointFunctionBackward",
+        0.0,
+        300.0,
+        &[],
+        Some(3),
+    );
+    t.region(10.0, 200.0);
+    t.op(
+        "aten::mm",
+        20.0,
+        10.0,
+        &[Arg::T(&[4, 64], F), Arg::T(&[64, 4], F)],
+        None,
+    );
+    t.block(21.0, 64, Some(250.0));
+    let a = t.analysis();
+    assert!(a.autocast.is_empty(), "{:?}", a.autocast);
+    assert_eq!(planned(&a, "2.12"), Plan::default());
 }
