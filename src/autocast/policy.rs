@@ -31,7 +31,8 @@
 //!   is the one their list implies; and the cache is hit for a parameter with
 //!   grad and under `no_grad`, missed for a frozen weight and under
 //!   `inference_mode`, and never involved in `einsum` on the CPU (not listed:
-//!   its inner `bmm` casts views). `docs/autocast.md` gives the numbers.
+//!   its inner `bmm` casts views). Of the 81 CUDA ops with a sample, 51 gave
+//!   fp32, 20 the lower type and 10 kept their input's type (promote), as listed.
 
 use serde::{Deserialize, Serialize};
 

@@ -17,7 +17,7 @@
 //! first (`Input Dims` of the reader; block size over element size for the
 //! maker); an input that matches none came from outside the region
 //! (parameters, the batch) and has the dtype the trace shows. This is a
-//! guess, checked against PyTorch itself (docs/autocast.md): on the CS336
+//! guess, checked against PyTorch itself in a Python prototype (not shipped): on the CS336
 //! model, GPT-2 and Llama the outputs it makes fp32 are those CUDA autocast
 //! makes fp32 on fake CUDA tensors.
 
