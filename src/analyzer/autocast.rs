@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::spans::{Frame, SpanIndex};
 use super::{Names, OpSpan};
-use crate::trace::Dtype;
+use crate::trace::{Dtype, TensorInput};
 use crate::units::Nanos;
 
 /// How autograd runs inside a region.
@@ -55,7 +55,12 @@ fn is_frame(name: &str, file: &str, function: &str) -> bool {
 }
 
 /// The autocast regions of every thread, in time order.
-pub(crate) fn find_regions(index: &SpanIndex, names: &Names) -> Vec<AutocastRegion> {
+/// `args`: the trace's tensor arguments, which the ops' ranges index.
+pub(crate) fn find_regions(
+    index: &SpanIndex,
+    names: &Names,
+    args: &[TensorInput],
+) -> Vec<AutocastRegion> {
     let frames = &index.frames.spans;
     let name = |f: &Frame| names.get(f.name);
     let child_named = |parent: usize, wanted: &dyn Fn(&str) -> bool| {
@@ -141,7 +146,8 @@ pub(crate) fn find_regions(index: &SpanIndex, names: &Names) -> Vec<AutocastRegi
             let name = names.get(op.name);
             name == "aten::to" || name == "aten::_to_copy"
         };
-        let (recording, lower) = evidence_in(index.ops.of_thread(region.tid), region, &is_cast);
+        let (recording, lower) =
+            evidence_in(index.ops.of_thread(region.tid), region, args, &is_cast);
         if recording {
             region.grad = GradMode::Enabled;
         }
@@ -156,6 +162,7 @@ pub(crate) fn find_regions(index: &SpanIndex, names: &Names) -> Vec<AutocastRegi
 fn evidence_in(
     ops: &[OpSpan],
     region: &AutocastRegion,
+    args: &[TensorInput],
     is_cast: &dyn Fn(&OpSpan) -> bool,
 ) -> (bool, Option<Dtype>) {
     let mut recording = false;
@@ -172,8 +179,10 @@ fn evidence_in(
             recording |= *first_seq.get_or_insert(seq) != seq;
         }
         if lower.is_none() {
-            lower = op
-                .inputs
+            let range = op.inputs.start as usize..op.inputs.end as usize;
+            lower = args
+                .get(range)
+                .unwrap_or(&[])
                 .iter()
                 .filter_map(|a| a.dtype)
                 .find(|d| d.is_lower());

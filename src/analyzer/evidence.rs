@@ -717,6 +717,7 @@ pub(crate) fn assemble(
         batch_size: super::loader_batch_size(trace),
         recipe: super::RunRecipe::default(),
         autocast: Vec::new(),
+        op_inputs: Vec::new(),
     }
 }
 

@@ -254,7 +254,7 @@ impl SpanIndex {
                 backward: own_backward,
                 forward_op: None,
                 layer: None,
-                inputs: op.map(|o| o.tensor_args.clone()).unwrap_or_default(),
+                inputs: op.map(|o| o.tensor_args.clone()).unwrap_or(0..0),
             }
         });
 
@@ -373,7 +373,7 @@ mod tests {
             backward: false,
             forward_op: None,
             layer: None,
-            inputs: Vec::new(),
+            inputs: 0..0,
         })
     }
 

@@ -120,10 +120,11 @@ pub struct OpEvent {
     /// loader's collate function stacks one tensor per sample.
     #[serde(default)]
     pub tensor_list_len: Option<u32>,
-    /// The tensor arguments of every op, from `Input Dims` and `Input type`
-    /// (the autocast rules follow dtypes from op to op with them).
+    /// Its tensor arguments, from `Input Dims` and `Input type` (the
+    /// autocast rules follow dtypes from op to op with them): a range of
+    /// [`Trace::tensor_args`] (one array for all ops, not one per op).
     #[serde(default)]
-    pub tensor_args: Vec<TensorInput>,
+    pub tensor_args: std::ops::Range<u32>,
 }
 
 /// One tensor argument of an op: its element count and element type. A
@@ -295,6 +296,10 @@ pub struct Trace {
     pub python: Vec<PythonEvent>,
     /// `fwdbwd` flow ends in file order.
     pub flows: Vec<FlowEvent>,
+    /// The tensor arguments of all ops, each op's a range
+    /// ([`OpEvent::tensor_args`]).
+    #[serde(default)]
+    pub tensor_args: Vec<TensorInput>,
     /// Number of GPU-side events (`kernel`, `gpu_memcpy`, `cuda_runtime`, ...).
     pub n_gpu_events: usize,
     /// Number of entries in `traceEvents`, kept or not.
@@ -302,6 +307,12 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// The tensor arguments of `op` (none for an op of another trace).
+    pub fn tensor_args_of(&self, op: &OpEvent) -> &[TensorInput] {
+        let range = op.tensor_args.start as usize..op.tensor_args.end as usize;
+        self.tensor_args.get(range).unwrap_or(&[])
+    }
+
     /// The name behind an id (empty for an id from another trace).
     pub fn name(&self, id: NameId) -> &str {
         self.names.get(id.index()).map_or("", String::as_str)

@@ -71,13 +71,18 @@ impl Builder {
             annotations,
             python,
             flows,
+            tensor_args,
             n_gpu_events,
             n_events,
         } = tail.trace;
         let mine = &mut self.trace;
         mine.memory.extend(memory);
+        let shift = u32::try_from(mine.tensor_args.len()).unwrap_or(u32::MAX);
+        mine.tensor_args.extend(tensor_args);
         mine.ops.extend(ops.into_iter().map(|mut op| {
             op.name = map(op.name);
+            op.tensor_args = op.tensor_args.start.saturating_add(shift)
+                ..op.tensor_args.end.saturating_add(shift);
             for t in &mut op.input_types {
                 *t = map(*t);
             }
@@ -307,7 +312,10 @@ impl Builder {
         match ev.cat {
             Cat::CpuOp => {
                 let input_types = args.input_types.iter().map(|t| self.intern(t)).collect();
-                let tensor_args = args.tensor_args();
+                let first = u32::try_from(self.trace.tensor_args.len()).unwrap_or(u32::MAX);
+                args.push_tensor_args(&mut self.trace.tensor_args);
+                let last = u32::try_from(self.trace.tensor_args.len()).unwrap_or(u32::MAX);
+                let tensor_args = first..last;
                 self.trace.ops.push(OpEvent {
                     name,
                     tid,
@@ -560,33 +568,30 @@ struct RawArgs<'de> {
     input_types: Vec<Cow<'de, str>>,
     tensor_list_len: Option<u32>,
     /// Every op's tensor arguments: (element count, argument, in a list).
-    arg_numels: Vec<(u64, u16, bool)>,
+    arg_numels: Few<(u64, u16, bool), 8>,
     /// Every op's argument types.
-    arg_types: Vec<Option<Dtype>>,
+    arg_types: Few<Option<Dtype>, 12>,
 }
 
 impl RawArgs<'_> {
-    /// The tensor arguments: `Input Dims` entries whose `Input type` names
-    /// a tensor, and the elements of tensor lists.
-    fn tensor_args(&self) -> Vec<TensorInput> {
-        self.arg_numels
-            .iter()
-            .filter_map(|&(numel, arg, in_list)| {
-                if in_list {
-                    return Some(TensorInput {
-                        numel,
-                        dtype: None,
-                        in_list,
-                    });
-                }
-                let dtype = self.arg_types.get(usize::from(arg)).copied().flatten()?;
-                Some(TensorInput {
+    /// Appends the tensor arguments to `out`: `Input Dims` entries whose
+    /// `Input type` names a tensor, and the elements of tensor lists.
+    fn push_tensor_args(&self, out: &mut Vec<TensorInput>) {
+        out.extend(self.arg_numels.iter().filter_map(|&(numel, arg, in_list)| {
+            if in_list {
+                return Some(TensorInput {
                     numel,
-                    dtype: Some(dtype),
+                    dtype: None,
                     in_list,
-                })
+                });
+            }
+            let dtype = self.arg_types.get(usize::from(arg)).flatten()?;
+            Some(TensorInput {
+                numel,
+                dtype: Some(dtype),
+                in_list,
             })
-            .collect()
+        }));
     }
 }
 
@@ -646,11 +651,9 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
                 }
                 ArgKey::InputType if self.keep_shapes => {
                     args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
-                    args.arg_types = args
-                        .input_types
-                        .iter()
-                        .map(|t| Dtype::from_name(t))
-                        .collect();
+                    for t in &args.input_types {
+                        args.arg_types.push(Dtype::from_name(t));
+                    }
                     continue;
                 }
                 ArgKey::InputType => {
@@ -1145,18 +1148,61 @@ impl<'de> de::Deserialize<'de> for Shape {
 
 /// The element count of each tensor shape (the `AccumulateGrad` path, whose
 /// shapes are kept whole).
-fn numels_of(shapes: &[Vec<i64>]) -> Vec<(u64, u16, bool)> {
-    shapes
-        .iter()
-        .enumerate()
-        .map(|(i, dims)| {
-            (
-                numel(dims.iter().copied()),
-                u16::try_from(i).unwrap_or(u16::MAX),
-                false,
-            )
-        })
-        .collect()
+fn numels_of(shapes: &[Vec<i64>]) -> Few<(u64, u16, bool), 8> {
+    let mut out = Few::default();
+    for (i, dims) in shapes.iter().enumerate() {
+        out.push((
+            numel(dims.iter().copied()),
+            u16::try_from(i).unwrap_or(u16::MAX),
+            false,
+        ));
+    }
+    out
+}
+
+/// A short list kept inline (no allocation for an op's few arguments),
+/// spilling to a `Vec` past `N` items: the reader makes one per op.
+#[derive(Debug, Clone)]
+pub(super) struct Few<T, const N: usize> {
+    inline: [T; N],
+    len: usize,
+    spill: Vec<T>,
+}
+
+impl<T: Copy + Default, const N: usize> Default for Few<T, N> {
+    fn default() -> Self {
+        Few {
+            inline: [T::default(); N],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> Few<T, N> {
+    fn push(&mut self, item: T) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = item,
+            None => self.spill.push(item),
+        }
+        self.len += 1;
+    }
+
+    fn get(&self, i: usize) -> Option<T> {
+        if i < N {
+            self.inline.get(i).copied().filter(|_| i < self.len)
+        } else {
+            self.spill.get(i - N).copied()
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        self.inline
+            .get(..self.len.min(N))
+            .unwrap_or(&[])
+            .iter()
+            .chain(self.spill.iter())
+    }
 }
 
 /// The product of dimensions (a negative one counts as 0).
@@ -1168,7 +1214,7 @@ fn numel(dims: impl Iterator<Item = i64>) -> u64 {
 /// argument, one per element of a tensor list.
 #[derive(Default)]
 struct ArgNumels {
-    args: Vec<(u64, u16, bool)>,
+    args: Few<(u64, u16, bool), 8>,
     first_list_len: Option<u32>,
 }
 
@@ -1197,7 +1243,9 @@ impl<'de> de::Deserialize<'de> for ArgNumels {
                             if index == 0 {
                                 out.first_list_len = u32::try_from(ns.len()).ok();
                             }
-                            out.args.extend(ns.into_iter().map(|n| (n, index, true)));
+                            for n in ns {
+                                out.args.push((n, index, true));
+                            }
                         }
                         ArgNumel::Other => {}
                     }
@@ -1351,7 +1399,7 @@ impl<'de> de::Deserialize<'de> for ListItem {
 
 /// `Input type` read as dtypes, without keeping the strings.
 #[derive(Default)]
-struct ArgTypes(Vec<Option<Dtype>>);
+struct ArgTypes(Few<Option<Dtype>, 12>);
 
 impl<'de> de::Deserialize<'de> for ArgTypes {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -1362,7 +1410,7 @@ impl<'de> de::Deserialize<'de> for ArgTypes {
                 f.write_str("a list of type names")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgTypes, A::Error> {
-                let mut out = Vec::new();
+                let mut out = Few::default();
                 while let Some(item) = seq.next_element::<LooseStr<'de>>()? {
                     out.push(item.0.as_deref().and_then(Dtype::from_name));
                 }
@@ -1400,17 +1448,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn few_keeps_its_items_in_order_past_its_inline_room() {
+        let mut few: Few<u32, 2> = Few::default();
+        assert_eq!(few.get(0), None);
+        for i in 0..5 {
+            few.push(i);
+        }
+        assert_eq!(few.iter().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+        assert_eq!(
+            (few.get(1), few.get(4), few.get(5)),
+            (Some(1), Some(4), None)
+        );
+    }
+
+    #[test]
     fn tensor_args_count_elements_and_keep_list_elements() {
         let numels: ArgNumels = parse_one("[[2, 3], [], [[1, 4], [2]], 5, \"x\", [[1], 2]]");
         assert_eq!(
-            numels.args,
+            numels.args.iter().copied().collect::<Vec<_>>(),
             [(6, 0, false), (1, 1, false), (4, 2, true), (2, 2, true)]
         );
         assert_eq!(numels.first_list_len, None);
         let types: ArgTypes =
             parse_one("[\"c10::BFloat16\", \"Scalar\", \"TensorList\", \"\", \"float\", 3]");
         assert_eq!(
-            types.0,
+            types.0.iter().copied().collect::<Vec<_>>(),
             [Some(Dtype::Bf16), None, None, None, Some(Dtype::F32), None]
         );
         let args = RawArgs {
@@ -1419,8 +1481,10 @@ mod tests {
             ..RawArgs::default()
         };
         // The scalar (`Scalar`, dims `[]`) is not a tensor; list elements have no dtype.
+        let mut pushed = Vec::new();
+        args.push_tensor_args(&mut pushed);
         assert_eq!(
-            args.tensor_args(),
+            pushed,
             [
                 TensorInput {
                     numel: 6,

@@ -386,7 +386,10 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
 /// hashed it, when the hasher answers otherwise).
 fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
-    let prepared = match pipeline::prepare_from(source, config, &mut progress) {
+    // The page offers the mixed-precision what-if: prepare its job too.
+    let mut config = config.clone();
+    config.orchestrator.autocast.what_if = true;
+    let prepared = match pipeline::prepare_from(source, &config, &mut progress) {
         Ok(prepared) => prepared,
         Err(err) => {
             post(Response::Failed {

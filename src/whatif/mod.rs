@@ -77,6 +77,8 @@ pub enum WhatIfError {
     UnknownBatch(String),
     #[error("this trace already ran under torch.autocast (its ops ran in bf16 or fp16), and its estimate already applies CUDA autocast's policy; to compare with fp32, profile the job without autocast")]
     AlreadyAutocast,
+    #[error("no forward pass of this trace could be run under autocast: none was found (profile with Python stacks so that forward passes are found), or the trace was prepared without the mixed-precision what-if")]
+    NoAutocastJob,
 }
 
 impl WhatIfError {
@@ -92,7 +94,8 @@ impl WhatIfError {
             | WhatIfError::SameBatch(_)
             | WhatIfError::Inconsistent(_)
             | WhatIfError::DifferentJobs(_)
-            | WhatIfError::AlreadyAutocast => None,
+            | WhatIfError::AlreadyAutocast
+            | WhatIfError::NoAutocastJob => None,
         }
     }
 }

@@ -63,7 +63,12 @@ pub struct PrecisionComparison {
 /// Simulates the fp32 job and its autocast variant.
 pub fn compare(prepared: &Prepared, config: &Config) -> Result<PrecisionComparison, WhatIfError> {
     let Some(autocast) = prepared.autocast.as_deref() else {
-        return Err(WhatIfError::AlreadyAutocast);
+        let translated = !prepared.orchestrated.facts.autocast_bytes.is_empty();
+        return Err(if translated {
+            WhatIfError::AlreadyAutocast
+        } else {
+            WhatIfError::NoAutocastJob
+        });
     };
     let fp32 = PeakFigures::of(&estimate_schedule(
         prepared,

@@ -139,12 +139,21 @@ fn fp16_has_bf16_sizes_and_a_grad_scaler_adds_its_state() {
 #[test]
 fn an_autocast_trace_has_no_precision_what_if_and_an_fp32_one_has() {
     let trace = data_trace("gpt2_bf16_nograd.json.gz");
-    let prepared = prepare(&trace, &Config::standard());
+    let mut config = Config::standard();
+    config.orchestrator.autocast.what_if = true;
+    let prepared = prepare(&trace, &config);
     assert!(prepared.autocast.is_none());
-    let err = memcast::whatif::precision::compare(&prepared, &Config::standard()).unwrap_err();
+    let err = memcast::whatif::precision::compare(&prepared, &config).unwrap_err();
     assert!(matches!(err, memcast::whatif::WhatIfError::AlreadyAutocast));
     let a = analysis(&trace);
     assert!(
         orchestrator::orchestrate_under_autocast(&a, &Config::standard().orchestrator).is_none()
     );
+    // An fp32 trace: its what-if job is made only when asked for.
+    let fp32 = data_trace("resnet18_lightning_sgd_bs4.json.gz");
+    assert!(prepare(&fp32, &config).autocast.is_some());
+    let plain = prepare(&fp32, &Config::standard());
+    assert!(plain.autocast.is_none());
+    let err = memcast::whatif::precision::compare(&plain, &config).unwrap_err();
+    assert!(matches!(err, memcast::whatif::WhatIfError::NoAutocastJob));
 }

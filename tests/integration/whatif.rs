@@ -25,7 +25,10 @@ fn config() -> Config {
         .iter()
         .map(|g| (*g).to_owned())
         .collect();
-    Config::for_gpus(&gpus[0], &gpus).unwrap()
+    let mut config = Config::for_gpus(&gpus[0], &gpus).unwrap();
+    // The shells that offer the mixed-precision what-if prepare its job.
+    config.orchestrator.autocast.what_if = true;
+    config
 }
 
 fn path(name: &str) -> String {

@@ -66,7 +66,8 @@ pub struct Common {
 
 impl Common {
     fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
-        let config = self.settings.settings().config()?;
+        let mut config = self.settings.settings().config()?;
+        config.orchestrator.autocast.what_if = true;
         let mut source = crate::source::FileSource::open(&self.trace)?;
         let prepared = memcast::prepare_from(&mut source, &config, &mut |_| {})
             .with_context(|| format!("failed to prepare {:?}", self.trace))?;

@@ -111,6 +111,7 @@ impl Loop {
                 batch_size: None,
                 recipe: analyzer::RunRecipe::default(),
                 autocast: Vec::new(),
+                op_inputs: Vec::new(),
             },
             next_event: 0,
         }

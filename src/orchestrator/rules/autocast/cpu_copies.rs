@@ -27,8 +27,8 @@ pub(super) fn rule_cpu_lowp_matmul_copies(analysis: &Analysis, plan: &mut Plan) 
             } else if name == "aten::_to_copy" {
                 break;
             } else if CPU_MATMULS.contains(&name) {
-                let lower = op
-                    .inputs
+                let lower = analysis
+                    .inputs_of(op)
                     .iter()
                     .any(|i| i.dtype.is_some_and(|d| d.is_lower()));
                 let inside = block.free_ts.is_some_and(|f| f <= op.end);

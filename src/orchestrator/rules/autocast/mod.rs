@@ -58,6 +58,11 @@ pub struct AutocastConfig {
     /// Which regions run under CUDA autocast.
     #[serde(default)]
     pub mode: AutocastMode,
+    /// Also prepare the mixed-precision what-if's job (an fp32 trace's
+    /// forward under CUDA autocast): one more orchestration, so only for the
+    /// shells that offer the what-if.
+    #[serde(default)]
+    pub what_if: bool,
 }
 
 /// Which parts of a trace run under CUDA autocast.
@@ -81,6 +86,7 @@ impl AutocastConfig {
             dtype: None,
             grad_scaler: false,
             mode: AutocastMode::AsTraced,
+            what_if: false,
         }
     }
 
@@ -417,7 +423,7 @@ impl Walk<'_> {
             .map(|b| b.size.get() / self.lower_cpu.size().unwrap_or(2))
             .collect();
         let mut out = Vec::new();
-        for arg in &op.inputs {
+        for arg in self.analysis.inputs_of(op) {
             if arg.dtype.is_some_and(|d| !d.is_castable()) {
                 continue;
             }
