@@ -28,6 +28,7 @@
 //! prints and never panics on user data.
 
 pub mod analyzer;
+pub mod autocast;
 pub mod diag;
 pub mod orchestrator;
 pub mod permalink;

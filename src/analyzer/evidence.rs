@@ -716,6 +716,8 @@ pub(crate) fn assemble(
         layers_at_peak,
         batch_size: super::loader_batch_size(trace),
         recipe: super::RunRecipe::default(),
+        autocast: Vec::new(),
+        op_inputs: Vec::new(),
     }
 }
 

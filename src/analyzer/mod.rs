@@ -31,13 +31,16 @@
 //! - Layer: the `nn.Module` frames around the allocating op; in backward,
 //!   those of the forward op linked by `fwdbwd` flow or sequence number.
 
+mod autocast;
 mod evidence;
 mod lifecycle;
 mod phases;
 mod recipes;
+pub(crate) use phases::locate;
 mod spans;
 mod summary;
 
+pub use autocast::{AutocastRegion, GradMode};
 pub use summary::{
     summarize, AnalysisSummary, IterationSummary, LayerSummary, ParameterSummary, PhaseBytes,
     PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
@@ -50,7 +53,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::diag::{Warned, Warning};
-use crate::trace::{Device, NameId, Trace};
+use crate::trace::{Device, NameId, TensorInput, Trace};
 use crate::units::{Bytes, Nanos};
 
 /// The autograd node that accumulates a parameter's gradient: its input
@@ -73,6 +76,11 @@ pub struct AnalyzerConfig {
     /// unknown and forward and backward are found from markers and ops.
     /// `false` analyzes GPU traces that way too (CUDA validation traces).
     pub require_python_frames: bool,
+    /// Keep every op's tensor arguments ([`Analysis::op_inputs`]) even when
+    /// the trace ran no autocast region: the mixed-precision what-if runs
+    /// an fp32 trace's forward through the autocast rules with them.
+    #[serde(default)]
+    pub keep_op_inputs: bool,
 }
 
 impl AnalyzerConfig {
@@ -86,6 +94,7 @@ impl AnalyzerConfig {
                 "mkldnn::".to_owned(),
             ],
             require_python_frames: true,
+            keep_op_inputs: false,
         }
     }
 }
@@ -291,6 +300,10 @@ pub struct OpSpan {
     pub forward_op: Option<usize>,
     /// The `nn.Module` path at the op's start (forward ops) or of its forward op.
     pub layer: Option<NameId>,
+    /// Its tensor arguments (element count and type), as the trace records
+    /// them: a range of [`Analysis::op_inputs`] ([`Analysis::inputs_of`]).
+    #[serde(default)]
+    pub inputs: std::ops::Range<u32>,
 }
 
 /// One trainable parameter recovered from `AccumulateGrad` shapes.
@@ -404,6 +417,13 @@ pub struct Analysis {
     /// checkpointing, clipping, torch.compile, distributed, the loop).
     #[serde(default)]
     pub recipe: RunRecipe,
+    /// The `torch.autocast` regions, in time order.
+    #[serde(default)]
+    pub autocast: Vec<AutocastRegion>,
+    /// The ops' tensor arguments ([`OpSpan::inputs`]): kept when the trace
+    /// has an autocast region or the config asks for them, empty otherwise.
+    #[serde(default)]
+    pub op_inputs: Vec<TensorInput>,
 }
 
 /// The batch size of a trace as its data loader made it: the number of
@@ -435,6 +455,12 @@ pub fn loader_batch_size(trace: &Trace) -> Option<u32> {
 
 impl Analysis {
     /// The name behind an id (empty for an unknown id).
+    /// The tensor arguments of `op` (none when they were not kept).
+    pub fn inputs_of(&self, op: &OpSpan) -> &[TensorInput] {
+        let range = op.inputs.start as usize..op.inputs.end as usize;
+        self.op_inputs.get(range).unwrap_or(&[])
+    }
+
     pub fn name(&self, id: NameId) -> &str {
         self.names.get(id.index()).map_or("", String::as_str)
     }
@@ -509,8 +535,16 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     let found = evidence::finish(found, &mut life, &index, &iterations, &names);
     let recipe = recipes::find(trace, &index, &iterations, &names, &mut warnings);
 
+    let regions = autocast::find_regions(&index, &names, &trace.tensor_args);
+    let op_inputs = if regions.is_empty() && !config.keep_op_inputs {
+        Vec::new()
+    } else {
+        trace.tensor_args.clone()
+    };
     let mut analysis = evidence::assemble(trace, life, index, iterations, found, names);
     analysis.recipe = recipe;
+    analysis.autocast = regions;
+    analysis.op_inputs = op_inputs;
     Ok(Warned {
         value: analysis,
         warnings,

@@ -92,6 +92,23 @@ impl<T: Interval> Forest<T> {
         }
     }
 
+    /// The thread of span `idx`.
+    pub fn tid_of(&self, idx: usize) -> i64 {
+        self.threads
+            .iter()
+            .find(|&&(_, lo, hi)| lo <= idx && idx < hi)
+            .map_or(-1, |&(tid, _, _)| tid)
+    }
+
+    /// The spans of thread `tid` (sorted by start, parents first).
+    pub fn of_thread(&self, tid: i64) -> &[T] {
+        self.threads
+            .iter()
+            .find(|(id, _, _)| *id == tid)
+            .and_then(|&(_, lo, hi)| self.spans.get(lo..hi))
+            .unwrap_or(&[])
+    }
+
     /// Ancestors of `idx`, itself first.
     pub fn chain(&self, idx: usize) -> impl Iterator<Item = usize> + '_ {
         std::iter::successors(Some(idx), move |&i| {
@@ -237,6 +254,7 @@ impl SpanIndex {
                 backward: own_backward,
                 forward_op: None,
                 layer: None,
+                inputs: op.map(|o| o.tensor_args.clone()).unwrap_or(0..0),
             }
         });
 
@@ -355,6 +373,7 @@ mod tests {
             backward: false,
             forward_op: None,
             layer: None,
+            inputs: 0..0,
         })
     }
 

@@ -21,6 +21,7 @@ mod schedule;
 
 use serde::{Deserialize, Serialize};
 
+pub use rules::autocast::{AutocastConfig, AutocastMode};
 pub use rules::{foreach_temporary_lists, RuleId, CUBLAS_OPS};
 pub use schedule::{
     BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
@@ -49,6 +50,9 @@ pub struct OrchestratorConfig {
     /// iteration is repeated when more are asked for than were captured.
     pub iterations: u32,
     pub optimizer_path: OptimizerPath,
+    /// How the trace's autocast regions run on CUDA.
+    #[serde(default)]
+    pub autocast: AutocastConfig,
 }
 
 impl OrchestratorConfig {
@@ -58,6 +62,7 @@ impl OrchestratorConfig {
         OrchestratorConfig {
             iterations: 3,
             optimizer_path: OptimizerPath::CudaDefault,
+            autocast: AutocastConfig::standard(),
         }
     }
 }
@@ -71,6 +76,19 @@ pub struct OrchestrationFacts {
     pub foreach_modelled: bool,
     /// How many blocks each rule added, dropped or moved, in rule order.
     pub rule_counts: Vec<RuleCount>,
+    /// What the autocast rules changed in the captured iterations, in bytes
+    /// per rule (negative: removed), in rule order; empty without autocast.
+    #[serde(default)]
+    pub autocast_bytes: Vec<RuleBytes>,
+}
+
+/// The bytes one rule added to (negative: removed from) the captured
+/// iterations: resized blocks count their change, dropped blocks their size,
+/// added blocks theirs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleBytes {
+    pub rule: RuleId,
+    pub bytes: i64,
 }
 
 /// How many blocks one rule added, dropped or moved.
@@ -116,6 +134,24 @@ impl OrchestrateError {
 /// The most iterations [`orchestrate`] simulates: memory is in steady state
 /// after the second, and each repeated iteration grows the schedule.
 pub const MAX_ITERATIONS: u32 = 64;
+
+/// The job of an fp32 trace as it runs with its forward under CUDA autocast
+/// (bf16; `config.autocast` gives the policy version), for the
+/// mixed-precision what-if. `None` for a trace that already ran under
+/// autocast (its estimate translates it) or has no forward to run under it.
+pub fn orchestrate_under_autocast(
+    analysis: &Analysis,
+    config: &OrchestratorConfig,
+) -> Option<Warned<Orchestrated>> {
+    let translated = !rules::autocast::trace_regions(analysis).is_empty();
+    if translated || rules::autocast::forward_regions(analysis).is_empty() {
+        return None;
+    }
+    let mut config = config.clone();
+    config.autocast.mode = AutocastMode::Forward;
+    config.autocast.dtype = Some(crate::autocast::Dtype::Bf16);
+    orchestrate(analysis, &config).ok()
+}
 
 /// Turns the analyzer's CPU lifetimes into a CUDA allocation sequence.
 pub fn orchestrate(

@@ -115,6 +115,11 @@ pub struct Prepared {
     pub recipe: analyzer::RunRecipe,
     /// Warnings of the trace, analyzer and orchestrator stages.
     pub warnings: Vec<Warning>,
+    /// The same job under CUDA autocast (bf16), for the mixed-precision
+    /// what-if: made for traces that ran no op in 16 bits, when the config
+    /// asks for it (`AutocastConfig::what_if`).
+    #[serde(default)]
+    pub autocast: Option<Box<Orchestrated>>,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -175,12 +180,20 @@ pub fn prepare_from(
     })?;
     let mut warnings = trace.warnings;
     progress(Progress::start(Stage::Analyzing));
-    let analysis = analyzer::analyze(&trace.value, &config.analyzer)?;
+    let mut analyzer_config = config.analyzer.clone();
+    analyzer_config.keep_op_inputs |= config.orchestrator.autocast.what_if;
+    let analysis = analyzer::analyze(&trace.value, &analyzer_config)?;
     warnings.extend(analysis.warnings);
     let analysis = analysis.value;
     progress(Progress::start(Stage::Orchestrating));
     let orchestrated = orchestrator::orchestrate(&analysis, &config.orchestrator)?;
     warnings.extend(orchestrated.warnings);
+    let autocast = if config.orchestrator.autocast.what_if {
+        orchestrator::orchestrate_under_autocast(&analysis, &config.orchestrator)
+            .map(|o| Box::new(o.value))
+    } else {
+        None
+    };
     Ok(Prepared {
         orchestrated: orchestrated.value,
         optimizer: analysis.optimizer.class_name.clone(),
@@ -189,6 +202,7 @@ pub fn prepare_from(
         batch_size: analysis.batch_size,
         recipe: analysis.recipe.clone(),
         warnings,
+        autocast,
     })
 }
 

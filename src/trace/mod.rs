@@ -120,6 +120,100 @@ pub struct OpEvent {
     /// loader's collate function stacks one tensor per sample.
     #[serde(default)]
     pub tensor_list_len: Option<u32>,
+    /// Its tensor arguments, from `Input Dims` and `Input type` (the
+    /// autocast rules follow dtypes from op to op with them): a range of
+    /// [`Trace::tensor_args`] (one array for all ops, not one per op).
+    #[serde(default)]
+    pub tensor_args: std::ops::Range<u32>,
+}
+
+/// One tensor argument of an op: its element count and element type. A
+/// tensor list gives one entry per element, with `in_list` set and no dtype
+/// (the profiler names the whole list `TensorList`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorInput {
+    pub numel: u64,
+    pub dtype: Option<Dtype>,
+    pub in_list: bool,
+}
+
+/// A tensor element type as `Input type` names it, coarsely: the floating
+/// types autocast deals with, and everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    /// `float`
+    F32,
+    /// `c10::BFloat16`
+    Bf16,
+    /// `c10::Half`
+    F16,
+    /// `double`
+    F64,
+    /// Integers, booleans, complex and 8-bit float types: autocast leaves them.
+    NonFloat,
+}
+
+impl Dtype {
+    /// The dtype of a tensor argument's `Input type`, `None` for what is not
+    /// a tensor (`Scalar`, `ScalarList`, `TensorList`, `""`, ...).
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        Some(match name {
+            "float" => Dtype::F32,
+            "c10::BFloat16" => Dtype::Bf16,
+            "c10::Half" => Dtype::F16,
+            "double" => Dtype::F64,
+            "long int"
+            | "int"
+            | "short int"
+            | "signed char"
+            | "unsigned char"
+            | "bool"
+            | "long long int"
+            | "unsigned int"
+            | "unsigned long"
+            | "unsigned short"
+            | "c10::complex<float>"
+            | "c10::complex<double>"
+            | "c10::complex<c10::Half>"
+            | "c10::Float8_e4m3fn"
+            | "c10::Float8_e5m2"
+            | "c10::Float8_e4m3fnuz"
+            | "c10::Float8_e5m2fnuz" => Dtype::NonFloat,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element of the floating types, `None` for the others.
+    pub const fn size(self) -> Option<u64> {
+        match self {
+            Dtype::F32 => Some(4),
+            Dtype::Bf16 | Dtype::F16 => Some(2),
+            Dtype::F64 => Some(8),
+            Dtype::NonFloat => None,
+        }
+    }
+
+    /// bf16 or fp16: the types autocast casts down to.
+    pub const fn is_lower(self) -> bool {
+        matches!(self, Dtype::Bf16 | Dtype::F16)
+    }
+
+    /// fp32, bf16 or fp16: what autocast casts (it leaves double alone).
+    pub const fn is_castable(self) -> bool {
+        matches!(self, Dtype::F32 | Dtype::Bf16 | Dtype::F16)
+    }
+
+    /// The floating type PyTorch's type promotion gives two: the wider;
+    /// fp32 for bf16 with fp16; a non-float type yields to the other.
+    pub fn promote(self, other: Dtype) -> Dtype {
+        match (self, other) {
+            (Dtype::NonFloat, x) | (x, Dtype::NonFloat) => x,
+            (a, b) if a == b => a,
+            (Dtype::F64, _) | (_, Dtype::F64) => Dtype::F64,
+            _ => Dtype::F32,
+        }
+    }
 }
 
 /// One `user_annotation` span (`record_function`): `ProfilerStep#N`, optimizer, DataLoader.
@@ -202,6 +296,10 @@ pub struct Trace {
     pub python: Vec<PythonEvent>,
     /// `fwdbwd` flow ends in file order.
     pub flows: Vec<FlowEvent>,
+    /// The tensor arguments of all ops, each op's a range
+    /// ([`OpEvent::tensor_args`]).
+    #[serde(default)]
+    pub tensor_args: Vec<TensorInput>,
     /// Number of GPU-side events (`kernel`, `gpu_memcpy`, `cuda_runtime`, ...).
     pub n_gpu_events: usize,
     /// Number of entries in `traceEvents`, kept or not.
@@ -209,6 +307,12 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// The tensor arguments of `op` (none for an op of another trace).
+    pub fn tensor_args_of(&self, op: &OpEvent) -> &[TensorInput] {
+        let range = op.tensor_args.start as usize..op.tensor_args.end as usize;
+        self.tensor_args.get(range).unwrap_or(&[])
+    }
+
     /// The name behind an id (empty for an id from another trace).
     pub fn name(&self, id: NameId) -> &str {
         self.names.get(id.index()).map_or("", String::as_str)

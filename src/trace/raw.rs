@@ -18,8 +18,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::{
-    count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent,
-    Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
+    count_warning, AnnotationEvent, Device, Dtype, FlowEvent, MemoryEvent, NameId, OpEvent,
+    PythonEvent, TensorInput, Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
 };
 use crate::diag::{Warned, Warning};
 use crate::units::Nanos;
@@ -71,13 +71,18 @@ impl Builder {
             annotations,
             python,
             flows,
+            tensor_args,
             n_gpu_events,
             n_events,
         } = tail.trace;
         let mine = &mut self.trace;
         mine.memory.extend(memory);
+        let shift = u32::try_from(mine.tensor_args.len()).unwrap_or(u32::MAX);
+        mine.tensor_args.extend(tensor_args);
         mine.ops.extend(ops.into_iter().map(|mut op| {
             op.name = map(op.name);
+            op.tensor_args = op.tensor_args.start.saturating_add(shift)
+                ..op.tensor_args.end.saturating_add(shift);
             for t in &mut op.input_types {
                 *t = map(*t);
             }
@@ -307,6 +312,10 @@ impl Builder {
         match ev.cat {
             Cat::CpuOp => {
                 let input_types = args.input_types.iter().map(|t| self.intern(t)).collect();
+                let first = u32::try_from(self.trace.tensor_args.len()).unwrap_or(u32::MAX);
+                args.push_tensor_args(&mut self.trace.tensor_args);
+                let last = u32::try_from(self.trace.tensor_args.len()).unwrap_or(u32::MAX);
+                let tensor_args = first..last;
                 self.trace.ops.push(OpEvent {
                     name,
                     tid,
@@ -318,6 +327,7 @@ impl Builder {
                     input_dims: args.input_dims,
                     input_types,
                     tensor_list_len: args.tensor_list_len,
+                    tensor_args,
                 });
             }
             Cat::PythonFunction => self.trace.python.push(PythonEvent {
@@ -557,6 +567,32 @@ struct RawArgs<'de> {
     input_dims: Vec<Vec<i64>>,
     input_types: Vec<Cow<'de, str>>,
     tensor_list_len: Option<u32>,
+    /// Every op's tensor arguments: (element count, argument, in a list).
+    arg_numels: Few<(u64, u16, bool), 8>,
+    /// Every op's argument types.
+    arg_types: Few<Option<Dtype>, 12>,
+}
+
+impl RawArgs<'_> {
+    /// Appends the tensor arguments to `out`: `Input Dims` entries whose
+    /// `Input type` names a tensor, and the elements of tensor lists.
+    fn push_tensor_args(&self, out: &mut Vec<TensorInput>) {
+        out.extend(self.arg_numels.iter().filter_map(|&(numel, arg, in_list)| {
+            if in_list {
+                return Some(TensorInput {
+                    numel,
+                    dtype: None,
+                    in_list,
+                });
+            }
+            let dtype = self.arg_types.get(usize::from(arg)).flatten()?;
+            Some(TensorInput {
+                numel,
+                dtype: Some(dtype),
+                in_list,
+            })
+        }));
+    }
 }
 
 /// Reads `args` into the event's record; anything but an object is ignored.
@@ -596,21 +632,35 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
                 ArgKey::PythonId => &mut args.python_id,
                 ArgKey::PythonParentId => &mut args.python_parent_id,
                 ArgKey::PythonModuleId => &mut args.python_module_id,
-                ArgKey::InputDims if self.keep_shapes || self.keep_list_len => {
+                ArgKey::InputDims if self.keep_shapes => {
                     let shapes = map.next_value::<Shapes>()?;
-                    if self.keep_shapes {
-                        args.input_dims = shapes.0;
-                    }
+                    args.arg_numels = numels_of(&shapes.0);
+                    args.input_dims = shapes.0;
                     if self.keep_list_len {
                         args.tensor_list_len = shapes.1;
                     }
                     continue;
                 }
-                ArgKey::InputType if self.keep_shapes => {
-                    args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
+                ArgKey::InputDims => {
+                    let numels = map.next_value::<ArgNumels>()?;
+                    if self.keep_list_len {
+                        args.tensor_list_len = numels.first_list_len;
+                    }
+                    args.arg_numels = numels.args;
                     continue;
                 }
-                ArgKey::InputDims | ArgKey::InputType | ArgKey::Other => {
+                ArgKey::InputType if self.keep_shapes => {
+                    args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
+                    for t in &args.input_types {
+                        args.arg_types.push(Dtype::from_name(t));
+                    }
+                    continue;
+                }
+                ArgKey::InputType => {
+                    args.arg_types = map.next_value::<ArgTypes>()?.0;
+                    continue;
+                }
+                ArgKey::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
                 }
@@ -1096,9 +1146,366 @@ impl<'de> de::Deserialize<'de> for Shape {
     }
 }
 
+/// The element count of each tensor shape (the `AccumulateGrad` path, whose
+/// shapes are kept whole).
+fn numels_of(shapes: &[Vec<i64>]) -> Few<(u64, u16, bool), 8> {
+    let mut out = Few::default();
+    for (i, dims) in shapes.iter().enumerate() {
+        out.push((
+            numel(dims.iter().copied()),
+            u16::try_from(i).unwrap_or(u16::MAX),
+            false,
+        ));
+    }
+    out
+}
+
+/// A short list kept inline (no allocation for an op's few arguments),
+/// spilling to a `Vec` past `N` items: the reader makes one per op.
+#[derive(Debug, Clone)]
+pub(super) struct Few<T, const N: usize> {
+    inline: [T; N],
+    len: usize,
+    spill: Vec<T>,
+}
+
+impl<T: Copy + Default, const N: usize> Default for Few<T, N> {
+    fn default() -> Self {
+        Few {
+            inline: [T::default(); N],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> Few<T, N> {
+    fn push(&mut self, item: T) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = item,
+            None => self.spill.push(item),
+        }
+        self.len += 1;
+    }
+
+    fn get(&self, i: usize) -> Option<T> {
+        if i < N {
+            self.inline.get(i).copied().filter(|_| i < self.len)
+        } else {
+            self.spill.get(i - N).copied()
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> + '_ {
+        self.inline
+            .get(..self.len.min(N))
+            .unwrap_or(&[])
+            .iter()
+            .chain(self.spill.iter())
+    }
+}
+
+/// The product of dimensions (a negative one counts as 0).
+fn numel(dims: impl Iterator<Item = i64>) -> u64 {
+    dims.fold(1u64, |n, d| n.saturating_mul(u64::try_from(d).unwrap_or(0)))
+}
+
+/// `Input Dims` read for element counts only: one entry per tensor-shaped
+/// argument, one per element of a tensor list.
+#[derive(Default)]
+struct ArgNumels {
+    args: Few<(u64, u16, bool), 8>,
+    first_list_len: Option<u32>,
+}
+
+/// One argument of `Input Dims` by element count.
+enum ArgNumel {
+    Tensor(u64),
+    List(Vec<u64>),
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for ArgNumels {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArgNumels;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of shapes")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgNumels, A::Error> {
+                let mut out = ArgNumels::default();
+                let mut index: u16 = 0;
+                while let Some(arg) = seq.next_element::<ArgNumel>()? {
+                    match arg {
+                        ArgNumel::Tensor(n) => out.args.push((n, index, false)),
+                        ArgNumel::List(ns) => {
+                            if index == 0 {
+                                out.first_list_len = u32::try_from(ns.len()).ok();
+                            }
+                            for n in ns {
+                                out.args.push((n, index, true));
+                            }
+                        }
+                        ArgNumel::Other => {}
+                    }
+                    index = index.saturating_add(1);
+                }
+                Ok(out)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ArgNumels, E> {
+                Ok(ArgNumels::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgNumels, A::Error> {
+                drain_map(map)?;
+                Ok(ArgNumels::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for ArgNumel {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArgNumel;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a shape")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgNumel, A::Error> {
+                // A shape (integers) or a tensor list (shapes); anything
+                // mixed is neither.
+                let mut product = 1u64;
+                let mut lists: Vec<u64> = Vec::new();
+                let (mut ints, mut other) = (0u32, false);
+                while let Some(item) = seq.next_element::<ListItem>()? {
+                    match item {
+                        ListItem::Int(d) => {
+                            ints += 1;
+                            product = product.saturating_mul(u64::try_from(d).unwrap_or(0));
+                        }
+                        ListItem::Shape(n) => lists.push(n),
+                        ListItem::Other => other = true,
+                    }
+                }
+                Ok(match (other, ints, lists.is_empty()) {
+                    (false, _, true) => ArgNumel::Tensor(product),
+                    (false, 0, false) => ArgNumel::List(lists),
+                    _ => ArgNumel::Other,
+                })
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ArgNumel, E> {
+                Ok(ArgNumel::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgNumel, A::Error> {
+                drain_map(map)?;
+                Ok(ArgNumel::Other)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// An element of an `Input Dims` argument: a dimension, the element count
+/// of a whole shape (a tensor-list element), or something else.
+enum ListItem {
+    Int(i64),
+    Shape(u64),
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for ListItem {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ListItem;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a dimension or a shape")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ListItem, E> {
+                Ok(ListItem::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ListItem, E> {
+                Ok(i64::try_from(v).map_or(ListItem::Other, ListItem::Int))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ListItem, E> {
+                Ok(integral(v).map_or(ListItem::Other, ListItem::Int))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ListItem, E> {
+                Ok(ListItem::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ListItem, E> {
+                Ok(ListItem::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ListItem, E> {
+                Ok(ListItem::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ListItem, A::Error> {
+                let mut product = 1u64;
+                let mut ok = true;
+                while let Some(dim) = seq.next_element::<Dim>()? {
+                    match dim {
+                        Dim::Int(d) => {
+                            product = product.saturating_mul(u64::try_from(d).unwrap_or(0))
+                        }
+                        Dim::List | Dim::Other => ok = false,
+                    }
+                }
+                Ok(if ok {
+                    ListItem::Shape(product)
+                } else {
+                    ListItem::Other
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ListItem, A::Error> {
+                drain_map(map)?;
+                Ok(ListItem::Other)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `Input type` read as dtypes, without keeping the strings.
+#[derive(Default)]
+struct ArgTypes(Few<Option<Dtype>, 12>);
+
+impl<'de> de::Deserialize<'de> for ArgTypes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArgTypes;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of type names")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgTypes, A::Error> {
+                let mut out = Few::default();
+                while let Some(item) = seq.next_element::<LooseStr<'de>>()? {
+                    out.push(item.0.as_deref().and_then(Dtype::from_name));
+                }
+                Ok(ArgTypes(out))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ArgTypes, E> {
+                Ok(ArgTypes::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgTypes, A::Error> {
+                drain_map(map)?;
+                Ok(ArgTypes::default())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn few_keeps_its_items_in_order_past_its_inline_room() {
+        let mut few: Few<u32, 2> = Few::default();
+        assert_eq!(few.get(0), None);
+        for i in 0..5 {
+            few.push(i);
+        }
+        assert_eq!(few.iter().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+        assert_eq!(
+            (few.get(1), few.get(4), few.get(5)),
+            (Some(1), Some(4), None)
+        );
+    }
+
+    #[test]
+    fn tensor_args_count_elements_and_keep_list_elements() {
+        let numels: ArgNumels = parse_one("[[2, 3], [], [[1, 4], [2]], 5, \"x\", [[1], 2]]");
+        assert_eq!(
+            numels.args.iter().copied().collect::<Vec<_>>(),
+            [(6, 0, false), (1, 1, false), (4, 2, true), (2, 2, true)]
+        );
+        assert_eq!(numels.first_list_len, None);
+        let types: ArgTypes =
+            parse_one("[\"c10::BFloat16\", \"Scalar\", \"TensorList\", \"\", \"float\", 3]");
+        assert_eq!(
+            types.0.iter().copied().collect::<Vec<_>>(),
+            [Some(Dtype::Bf16), None, None, None, Some(Dtype::F32), None]
+        );
+        let args = RawArgs {
+            arg_numels: numels.args,
+            arg_types: types.0,
+            ..RawArgs::default()
+        };
+        // The scalar (`Scalar`, dims `[]`) is not a tensor; list elements have no dtype.
+        let mut pushed = Vec::new();
+        args.push_tensor_args(&mut pushed);
+        assert_eq!(
+            pushed,
+            [
+                TensorInput {
+                    numel: 6,
+                    dtype: Some(Dtype::Bf16),
+                    in_list: false
+                },
+                TensorInput {
+                    numel: 4,
+                    dtype: None,
+                    in_list: true
+                },
+                TensorInput {
+                    numel: 2,
+                    dtype: None,
+                    in_list: true
+                },
+            ]
+        );
+        let numels: ArgNumels = parse_one("[[[3, 4], [3, 4], [3, 4]], []]");
+        assert_eq!(numels.first_list_len, Some(3));
+    }
 
     fn parse_one<T: de::DeserializeOwned>(json: &str) -> T {
         serde_json::from_str(json).unwrap()

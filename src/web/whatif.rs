@@ -258,7 +258,10 @@ fn layout(result: &WhatIfResult) -> Layout {
             notes: c.assumptions.clone(),
         },
         WhatIfResult::Precision(c) => Layout {
-            title: "Mixed precision (autocast to 16-bit) — an approximation".into(),
+            title: format!(
+                "Mixed precision (CUDA autocast, PyTorch {} policy)",
+                c.policy
+            ),
             headline: Some(format!("{} with autocast", signed(c.delta_total_bytes))),
             headers: vec!["", "peak total", "peak reserved", "peak allocated"],
             rows: [
@@ -280,7 +283,19 @@ fn layout(result: &WhatIfResult) -> Layout {
                 ("autocast".into(), c.autocast_16bit.total_bytes, true),
             ],
             batch: None,
-            notes: c.rules.clone(),
+            notes: c
+                .changes
+                .iter()
+                .map(|ch| {
+                    format!(
+                        "{}: {} blocks, {} — {}",
+                        ch.rule.name(),
+                        ch.blocks,
+                        signed(ch.bytes),
+                        ch.reason
+                    )
+                })
+                .collect(),
         },
         WhatIfResult::Batch(s) => Layout {
             title: format!("Batch size ({})", s.certainty.replace('_', " ")),

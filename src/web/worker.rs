@@ -241,7 +241,8 @@ fn warm_up() {
     // twice, as the second pass runs what the first one got optimized.
     for _ in 0..2 {
         let _ = TraceIdentity::of(WARM_UP_URL, &bytes);
-        let config = Config::standard();
+        let mut config = Config::standard();
+        config.orchestrator.autocast.what_if = true;
         if let Ok(prepared) = pipeline::prepare(&bytes, &config, &mut |_| {}) {
             let _ = pipeline::estimate(&prepared, &config, &mut |_| {});
         }
@@ -386,7 +387,10 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
 /// hashed it, when the hasher answers otherwise).
 fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
-    let prepared = match pipeline::prepare_from(source, config, &mut progress) {
+    // The page offers the mixed-precision what-if: prepare its job too.
+    let mut with_what_if = config.clone();
+    with_what_if.orchestrator.autocast.what_if = true;
+    let prepared = match pipeline::prepare_from(source, &with_what_if, &mut progress) {
         Ok(prepared) => prepared,
         Err(err) => {
             post(Response::Failed {

@@ -75,6 +75,10 @@ pub enum WhatIfError {
     ZeroBatch(u32),
     #[error("the batch size of a trace could not be identified from its data loader: give the batch size of each trace, trace {0:?}")]
     UnknownBatch(String),
+    #[error("this trace already ran under torch.autocast (its ops ran in bf16 or fp16), and its estimate already applies CUDA autocast's policy; to compare with fp32, profile the job without autocast")]
+    AlreadyAutocast,
+    #[error("no forward pass of this trace could be run under autocast: none was found (profile with Python stacks so that forward passes are found), or the trace was prepared without the mixed-precision what-if")]
+    NoAutocastJob,
 }
 
 impl WhatIfError {
@@ -89,7 +93,9 @@ impl WhatIfError {
             | WhatIfError::TooFewTraces(_)
             | WhatIfError::SameBatch(_)
             | WhatIfError::Inconsistent(_)
-            | WhatIfError::DifferentJobs(_) => None,
+            | WhatIfError::DifferentJobs(_)
+            | WhatIfError::AlreadyAutocast
+            | WhatIfError::NoAutocastJob => None,
         }
     }
 }
@@ -153,6 +159,7 @@ pub fn estimate_schedule(
         recipe: prepared.recipe.clone(),
         // The warnings of the trace stages belong to the input, not the variant.
         warnings: Vec::new(),
+        autocast: None,
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }

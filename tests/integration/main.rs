@@ -15,6 +15,8 @@ mod common;
 #[allow(dead_code)]
 mod cli_terms;
 
+// CPU-autocast traces estimated as CUDA autocast runs them (issue 16).
+mod autocast;
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
 // The memcast binary: estimate and presets output, JSON contract, error exits.

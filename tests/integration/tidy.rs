@@ -103,11 +103,12 @@ fn src_files() -> (PathBuf, Vec<PathBuf>) {
     (src, files)
 }
 
-/// The lines of a file before its test module, numbered from 1.
+/// The lines of a file before its test module, numbered from 1 (none in a
+/// file of tests, which says `#![cfg(test)]`).
 fn non_test_lines(text: &str) -> Vec<(usize, &str)> {
     text.lines()
         .enumerate()
-        .take_while(|(_, line)| line.trim() != "#[cfg(test)]")
+        .take_while(|(_, line)| !matches!(line.trim(), "#[cfg(test)]" | "#![cfg(test)]"))
         .map(|(index, line)| (index + 1, line))
         .collect()
 }

@@ -66,7 +66,8 @@ pub struct Common {
 
 impl Common {
     fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
-        let config = self.settings.settings().config()?;
+        let mut config = self.settings.settings().config()?;
+        config.orchestrator.autocast.what_if = true;
         let mut source = crate::source::FileSource::open(&self.trace)?;
         let prepared = memcast::prepare_from(&mut source, &config, &mut |_| {})
             .with_context(|| format!("failed to prepare {:?}", self.trace))?;
@@ -398,7 +399,11 @@ fn print_distributed(out: &mut String, result: &distributed::DistributedComparis
 }
 
 fn print_precision(out: &mut String, result: &precision::PrecisionComparison) {
-    let _ = writeln!(out, "mixed precision (APPROXIMATION) — peaks (MiB)");
+    let _ = writeln!(
+        out,
+        "mixed precision — the forward under CUDA autocast (bf16; fp16 has the same sizes), PyTorch {} policy — peaks (MiB)",
+        result.policy
+    );
     let _ = writeln!(
         out,
         "  {:<22} {:>10} {:>10} {:>10}",
@@ -418,12 +423,19 @@ fn print_precision(out: &mut String, result: &precision::PrecisionComparison) {
     }
     let _ = writeln!(
         out,
-        "delta {} MiB; {} blocks halved; weight casts {} MiB per iteration",
+        "delta {} MiB (fp16 with a GradScaler: at most {} bytes more)",
         signed_mib(result.delta_total_bytes),
-        result.halved_blocks,
-        mib(result.weight_cast_bytes)
+        precision::GRAD_SCALER_BYTES.get()
     );
-    for rule in &result.rules {
-        let _ = writeln!(out, "rule: {rule}");
+    let _ = writeln!(out, "what changed (per captured iterations, MiB) and why:");
+    for change in &result.changes {
+        let _ = writeln!(
+            out,
+            "  {:<24} {:>6} blocks {:>10} MiB  {}",
+            change.rule.name(),
+            change.blocks,
+            signed_mib(change.bytes),
+            change.reason
+        );
     }
 }

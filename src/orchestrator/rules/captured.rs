@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use super::autocast::{AddedBlock, Plan};
 use super::dropped::dropped_by;
 use super::iterations::{allocations_of, IterationPlan};
-use super::order::Key;
+use super::order::{captured_rank, Key};
 use super::{name_of, Item, RuleCounts};
 use crate::analyzer::{self, Analysis, Block, BlockRole};
 use crate::orchestrator::schedule::Category;
@@ -37,10 +38,18 @@ pub(super) fn category_of(block: &Block) -> Category {
 /// blocks of a repeated iteration are copied with their times shifted, and a
 /// block the repeated iteration leaves live is freed where its counterpart
 /// of the iteration before was freed, one period later. Blocks outside every
-/// iteration keep their times. Returns the items and per-rule drop counts.
-pub(super) fn captured_items(analysis: &Analysis, plan: &IterationPlan) -> (Vec<Item>, RuleCounts) {
+/// iteration keep their times. The autocast rules' `changes` apply to every
+/// copy: blocks dropped, resized or freed elsewhere, blocks added. Returns
+/// the items and how many each rule dropped, changed or added.
+pub(super) fn captured_items(
+    analysis: &Analysis,
+    plan: &IterationPlan,
+    changes: &Plan,
+) -> (Vec<Item>, RuleCounts) {
     let mut dropped = RuleCounts::new();
-    let mut keep = |block: &Block| match dropped_by(analysis, block) {
+    let mut keep = |block: &Block| match dropped_by(analysis, block)
+        .or_else(|| changes.dropped.get(&block.id).copied())
+    {
         Some(rule) => {
             *dropped.entry(rule).or_default() += 1;
             false
@@ -93,6 +102,9 @@ pub(super) fn captured_items(analysis: &Analysis, plan: &IterationPlan) -> (Vec<
             let own_free = block.free_ts.zip(block.free_event).and_then(|(ts, event)| {
                 if plan.cut.is_some_and(|cut| ts >= cut) {
                     None
+                } else if let Some(&(moved, _)) = changes.freed.get(&block.id) {
+                    let rank = captured_rank(copy_index, event);
+                    Some(Key::after_trace(moved.saturating_add(offset), rank))
                 } else {
                     Some(Key::captured(ts.saturating_add(offset), copy_index, event))
                 }
@@ -114,6 +126,21 @@ pub(super) fn captured_items(analysis: &Analysis, plan: &IterationPlan) -> (Vec<
                 offset,
                 copy_index,
                 free,
+            ));
+        }
+        for (k, added) in changes.added.iter().enumerate() {
+            let (iteration, _) = analyzer::locate(&analysis.iterations, added.alloc);
+            if iteration != Some(source) || plan.cut.is_some_and(|cut| added.alloc >= cut) {
+                continue;
+            }
+            items.push(added_item(
+                analysis,
+                added,
+                Some(sim),
+                offset,
+                copy_index,
+                k,
+                plan.cut,
             ));
         }
     }
@@ -138,7 +165,65 @@ pub(super) fn captured_items(analysis: &Analysis, plan: &IterationPlan) -> (Vec<
         });
         items.push(item_of(analysis, block, None, Nanos::ZERO, 0, free));
     }
+    // The new sizes, counted per simulated copy like the drops.
+    for item in &mut items {
+        let Some(b) = item.source else {
+            continue;
+        };
+        if let Some(&(size, rule)) = changes.resized.get(&b) {
+            item.size = size;
+            *dropped.entry(rule).or_default() += 1;
+        }
+        if let Some(&(_, rule)) = changes.freed.get(&b) {
+            *dropped.entry(rule).or_default() += 1;
+        }
+    }
+    for item in items.iter().filter(|i| i.source.is_none()) {
+        if let Some(rule) = item.rule {
+            *dropped.entry(rule).or_default() += 1;
+        }
+    }
     (items, dropped)
+}
+
+/// The item of an added block in `copy` of its iteration, shifted by
+/// `offset`: a temporary when freed by the time the op that made it
+/// returns, an activation otherwise.
+fn added_item(
+    analysis: &Analysis,
+    added: &AddedBlock,
+    iteration: Option<u32>,
+    offset: Nanos,
+    copy: u64,
+    k: usize,
+    cut: Option<Nanos>,
+) -> Item {
+    let op = analysis.ops.get(added.op);
+    let rank = captured_rank(copy, (1 << 31) | (k & 0x7fff_ffff));
+    let temporary = match (added.free, op) {
+        (Some(free), Some(op)) => free <= op.end,
+        _ => false,
+    };
+    let free = added
+        .free
+        .filter(|&f| cut.is_none_or(|cut| f < cut))
+        .map(|f| Key::after_trace(f.saturating_add(offset), rank));
+    Item {
+        size: added.size,
+        category: if temporary {
+            Category::Temporary
+        } else {
+            Category::Activation
+        },
+        iteration,
+        phase: analyzer::locate(&analysis.iterations, added.alloc).1,
+        op: op.and_then(|o| name_of(analysis, Some(o.name))),
+        layer: op.and_then(|o| name_of(analysis, o.layer)),
+        alloc: Key::after_trace(added.alloc.saturating_add(offset), rank),
+        free,
+        source: None,
+        rule: Some(added.rule),
+    }
 }
 
 /// The item of a captured block in copy `copy` of its iteration, shifted by
@@ -165,5 +250,6 @@ fn item_of(
         ),
         free,
         source: Some(block.id),
+        rule: None,
     }
 }

@@ -50,6 +50,15 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
         | RuleId::BatchnormBuffers
         | RuleId::ConstructorOptimizerState
         | RuleId::Activations
+        | RuleId::AutocastFp32Ops
+        | RuleId::AutocastLowerOps
+        | RuleId::AutocastPromotion
+        | RuleId::AutocastInputCasts
+        | RuleId::AutocastCpuOnlyCasts
+        | RuleId::AutocastCastCache
+        | RuleId::CpuLowpMatmulCopies
+        | RuleId::AutocastBackward
+        | RuleId::GradScalerState
         | RuleId::Gradients
         | RuleId::BatchHandover
         | RuleId::ForeachOptimizer

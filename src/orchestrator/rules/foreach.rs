@@ -134,6 +134,7 @@ fn rule_foreach(
                         FOREACH_FREE_RANK | rank,
                     )),
                     source: None,
+                    rule: None,
                 });
                 rank += 1;
                 added += 1;

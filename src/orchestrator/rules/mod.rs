@@ -23,6 +23,7 @@
 //! whether it drops captured blocks), write its function in the file of its
 //! kind, and call it from [`apply_all`], counting what it did.
 
+pub mod autocast;
 mod captured;
 mod dropped;
 mod foreach;
@@ -46,7 +47,7 @@ use super::schedule::{
     BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
     ScheduledBlock,
 };
-use super::{OrchestrationFacts, OrchestratorConfig, RuleCount};
+use super::{OrchestrationFacts, OrchestratorConfig, RuleBytes, RuleCount};
 use crate::analyzer::Analysis;
 use crate::diag::Warning;
 use crate::trace::NameId;
@@ -68,16 +69,25 @@ pub enum RuleId {
     HostDataLoading,
     HostStepCounters,
     Activations,
+    AutocastFp32Ops,
+    AutocastLowerOps,
+    AutocastPromotion,
+    AutocastInputCasts,
+    AutocastCpuOnlyCasts,
+    AutocastCastCache,
+    CpuLowpMatmulCopies,
+    AutocastBackward,
     Gradients,
     BatchHandover,
     ForeachOptimizer,
     Iterations,
     CublasWorkspaces,
+    GradScalerState,
 }
 
 impl RuleId {
     /// Every rule, in the order they apply (and the report lists them).
-    pub const ALL: [RuleId; 14] = [
+    pub const ALL: [RuleId; 23] = [
         RuleId::Parameters,
         RuleId::BatchnormBuffers,
         RuleId::ConstructorOptimizerState,
@@ -87,11 +97,32 @@ impl RuleId {
         RuleId::HostDataLoading,
         RuleId::HostStepCounters,
         RuleId::Activations,
+        RuleId::AutocastFp32Ops,
+        RuleId::AutocastLowerOps,
+        RuleId::AutocastPromotion,
+        RuleId::AutocastInputCasts,
+        RuleId::AutocastCpuOnlyCasts,
+        RuleId::AutocastCastCache,
+        RuleId::CpuLowpMatmulCopies,
+        RuleId::AutocastBackward,
         RuleId::Gradients,
         RuleId::BatchHandover,
         RuleId::ForeachOptimizer,
         RuleId::Iterations,
         RuleId::CublasWorkspaces,
+        RuleId::GradScalerState,
+    ];
+
+    /// The autocast rules ([`autocast`]).
+    pub const AUTOCAST: [RuleId; 8] = [
+        RuleId::AutocastFp32Ops,
+        RuleId::AutocastLowerOps,
+        RuleId::AutocastPromotion,
+        RuleId::AutocastInputCasts,
+        RuleId::AutocastCpuOnlyCasts,
+        RuleId::AutocastCastCache,
+        RuleId::CpuLowpMatmulCopies,
+        RuleId::AutocastBackward,
     ];
 
     /// The rule's name, as the report and the docs write it.
@@ -106,11 +137,20 @@ impl RuleId {
             RuleId::HostDataLoading => "host_data_loading",
             RuleId::HostStepCounters => "host_step_counters",
             RuleId::Activations => "activations",
+            RuleId::AutocastFp32Ops => "autocast_fp32_ops",
+            RuleId::AutocastLowerOps => "autocast_lower_ops",
+            RuleId::AutocastPromotion => "autocast_promotion",
+            RuleId::AutocastInputCasts => "autocast_input_casts",
+            RuleId::AutocastCpuOnlyCasts => "autocast_cpu_only_casts",
+            RuleId::AutocastCastCache => "autocast_cast_cache",
+            RuleId::CpuLowpMatmulCopies => "cpu_lowp_matmul_copies",
+            RuleId::AutocastBackward => "autocast_backward",
             RuleId::Gradients => "gradients",
             RuleId::BatchHandover => "batch_handover",
             RuleId::ForeachOptimizer => "foreach_optimizer",
             RuleId::Iterations => "iterations",
             RuleId::CublasWorkspaces => "cublas_workspaces",
+            RuleId::GradScalerState => "grad_scaler_state",
         }
     }
 
@@ -126,11 +166,20 @@ impl RuleId {
             RuleId::HostDataLoading => "blocks the DataLoader allocates and frees inside __next__ live in host memory on a CUDA run and are dropped; the batch tensors are kept",
             RuleId::HostStepCounters => "scalar optimizer step counters (at most 8 bytes) of torch.optim optimizers stay on the host unless capturable or fused, and are dropped",
             RuleId::Activations => "other forward and backward blocks keep their CPU lifetimes; blocks freed inside the op or optimizer step that made them are temporaries",
+            RuleId::AutocastFp32Ops => "in an autocast region, the outputs of ops CUDA autocast runs in fp32 (exp, log, pow, rsqrt, softmax, sum, norms, losses; CPU autocast lists none of them) take fp32's size",
+            RuleId::AutocastLowerOps => "in an autocast region, the outputs of ops CUDA autocast runs in 16 bits (matrix products, convolutions, einsum) take 16-bit size where the trace ran them in fp32",
+            RuleId::AutocastPromotion => "in an autocast region, an op autocast does not list runs on the types it is given: its outputs take their promoted type (fp32 when an input is fp32, 16 bits when all are), as PyTorch's type promotion does",
+            RuleId::AutocastInputCasts => "the input copies CUDA autocast makes (16-bit copies for matrix products, fp32 copies for fp32 ops, widest-type copies for promote ops) and the CPU did not, alive while the op runs or, with autograd, as long as backward keeps them",
+            RuleId::AutocastCpuOnlyCasts => "input copies CPU autocast made and CUDA autocast does not (the CPU's fp32 loss and promote lists: cross_entropy_loss, cat, stack) are dropped",
+            RuleId::AutocastCastCache => "CUDA autocast caches the 16-bit copy of each parameter once per region until the outermost autocast exits (not under inference_mode from PyTorch 2.10); the CPU's per-call copies of a parameter (einsum's bmm) follow it",
+            RuleId::CpuLowpMatmulCopies => "the contiguous copies CPU bf16/fp16 matrix-product kernels make of a transposed operand are dropped: cuBLAS reads it in place",
+            RuleId::AutocastBackward => "blocks a backward node makes change type with the outputs of its forward op (a gradient has its tensor's type); a guess at the block level",
             RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
             RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
             RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",
             RuleId::Iterations => "simulate the requested number of iterations (default 3): later iterations repeat the last captured one, which is in steady state",
             RuleId::CublasWorkspaces => "one cuBLAS workspace per thread and stream, allocated through the caching allocator at the first forward (main thread) and backward (autograd thread) of the run",
+            RuleId::GradScalerState => "with fp16 and a GradScaler: its scale and growth tracker (kept from the first backward) and each step's inverse scale and found-inf flag",
         }
     }
 }
@@ -151,6 +200,8 @@ pub(crate) struct Item {
     pub free: Option<Key>,
     /// The analyzer block it comes from, if any.
     pub source: Option<usize>,
+    /// The rule that added it, for blocks no trace block stands for.
+    pub rule: Option<RuleId>,
 }
 
 /// A name of the analysis, `None` when absent or empty.
@@ -177,9 +228,10 @@ pub(crate) fn apply_all(
     let mut counts = RuleCounts::new();
     let mut items = setup::setup_items(analysis, &mut counts, warnings);
 
-    // Captured blocks over the planned iterations.
+    // Captured blocks over the planned iterations, as CUDA autocast runs them.
+    let changes = autocast::changes(analysis, &config.autocast, warnings);
     let plan = iterations::plan_iterations(analysis, config.iterations, warnings);
-    let (captured, dropped) = captured::captured_items(analysis, &plan);
+    let (captured, dropped) = captured::captured_items(analysis, &plan, &changes);
     counts.extend(dropped);
     items.extend(captured);
     let windows = iterations::phase_windows(analysis, &plan);
@@ -213,6 +265,11 @@ pub(crate) fn apply_all(
     let workspaces = workspaces::rule_cublas_workspaces(&items, &windows, start_of_first_iteration);
     counts.insert(RuleId::CublasWorkspaces, count(workspaces.len()));
     items.extend(workspaces);
+    if config.autocast.grad_scaler {
+        let scaler = autocast::grad_scaler_items(&windows);
+        counts.insert(RuleId::GradScalerState, count(scaler.len()));
+        items.extend(scaler);
+    }
     warnings.push(Warning::new(
         "cudnn_workspace_not_modelled",
         "cuDNN convolution workspaces are transient and depend on the algorithm cuDNN picks on the GPU; they are not in a CPU trace and are not modelled",
@@ -226,6 +283,11 @@ pub(crate) fn apply_all(
         rule_counts: counts
             .into_iter()
             .map(|(rule, blocks)| RuleCount { rule, blocks })
+            .collect(),
+        autocast_bytes: changes
+            .bytes(analysis)
+            .into_iter()
+            .map(|(rule, bytes)| RuleBytes { rule, bytes })
             .collect(),
     };
     let mut schedule = into_schedule(items, iterations::iteration_spans(analysis, &plan));

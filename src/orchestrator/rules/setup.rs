@@ -98,6 +98,7 @@ fn rule_parameters(analysis: &Analysis) -> Vec<Item> {
             alloc: Key::setup(items.len() as u64),
             free: None,
             source: None,
+            rule: None,
         });
         if let Some(after) = buffers.get(&position) {
             for buffer in after {
@@ -147,6 +148,7 @@ fn rule_batchnorm_buffers(analysis: &Analysis) -> BTreeMap<usize, Vec<Item>> {
                 alloc: Key::setup(0),
                 free: None,
                 source: None,
+                rule: None,
             });
         }
     }
@@ -177,6 +179,7 @@ pub(super) fn rule_constructor_state(analysis: &Analysis, first_rank: u64) -> Ve
             alloc: Key::setup(first_rank + i as u64),
             free: None,
             source: None,
+            rule: None,
         })
         .collect()
 }

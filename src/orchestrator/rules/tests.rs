@@ -110,6 +110,8 @@ impl Loop {
                 layers_at_peak: Vec::new(),
                 batch_size: None,
                 recipe: analyzer::RunRecipe::default(),
+                autocast: Vec::new(),
+                op_inputs: Vec::new(),
             },
             next_event: 0,
         }
@@ -242,6 +244,7 @@ fn run(analysis: &Analysis, iterations: u32, path: OptimizerPath) -> (Schedule, 
     let config = OrchestratorConfig {
         iterations,
         optimizer_path: path,
+        autocast: Default::default(),
     };
     let out = orchestrate(analysis, &config).unwrap();
     out.value.schedule.check().unwrap();
@@ -429,6 +432,7 @@ fn gradients_live_until_the_next_zero_grad() {
         alloc: key(500),
         free: free.map(key),
         source: Some(0),
+        rule: None,
     };
     let zero_grad = |iteration, start, end| PhaseWindow {
         iteration,
@@ -507,6 +511,7 @@ fn a_batch_is_freed_after_the_next_load_at_the_latest() {
         alloc: Key::captured(Nanos(50), 0, 0),
         free: free.map(|t| Key::captured(Nanos(t), 0, 1)),
         source: Some(0),
+        rule: None,
     };
     let loads = [
         Handover {
@@ -762,6 +767,7 @@ proptest::proptest! {
         let config = OrchestratorConfig {
             iterations,
             optimizer_path: if foreach { OptimizerPath::CudaDefault } else { OptimizerPath::Captured },
+            autocast: Default::default(),
         };
         let first = orchestrate(&lp.analysis, &config).unwrap();
         proptest::prop_assert_eq!(first.value.schedule.check(), Ok(()));
@@ -779,6 +785,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
     let config = OrchestratorConfig {
         iterations: 0,
         optimizer_path: OptimizerPath::CudaDefault,
+        autocast: Default::default(),
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),
@@ -787,6 +794,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
     let config = OrchestratorConfig {
         iterations: u32::MAX,
         optimizer_path: OptimizerPath::CudaDefault,
+        autocast: Default::default(),
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),
@@ -812,4 +820,32 @@ fn every_rule_is_listed_once_under_its_serde_name() {
     }
     // The report lists counts in RuleId's order: it is ALL's.
     assert!(RuleId::ALL.windows(2).all(|pair| pair[0] < pair[1]));
+}
+
+#[test]
+fn a_grad_scaler_adds_its_scale_and_tracker_once_and_two_flags_per_step() {
+    let lp = Loop::training("Adam");
+    let mut config = OrchestratorConfig::standard();
+    config.iterations = 3;
+    let plain = orchestrate(&lp.analysis, &config).unwrap().value;
+    config.autocast.grad_scaler = true;
+    let scaled = orchestrate(&lp.analysis, &config).unwrap().value;
+    scaled.schedule.check().unwrap();
+    let scaler: Vec<&ScheduledBlock> = scaled
+        .schedule
+        .blocks
+        .iter()
+        .filter(|b| b.op.as_deref().is_some_and(|o| o.starts_with("GradScaler")))
+        .collect();
+    assert_eq!(scaler.len(), 2 + 2 * 3);
+    assert!(scaler.iter().all(|b| b.size == Bytes(4)));
+    let kept = scaler
+        .iter()
+        .filter(|b| b.category == Category::OptimizerState)
+        .count();
+    assert_eq!(kept, 2);
+    assert_eq!(
+        scaled.schedule.blocks.len(),
+        plain.schedule.blocks.len() + scaler.len()
+    );
 }

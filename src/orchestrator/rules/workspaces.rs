@@ -66,6 +66,7 @@ pub(super) fn rule_cublas_workspaces(
             alloc,
             free: None,
             source: None,
+            rule: None,
         });
     }
     out
