@@ -30,6 +30,7 @@ pub use schedule::{
 
 use crate::analyzer::Analysis;
 use crate::diag::{Setting, Warned, Warning};
+use crate::units::Bytes;
 
 /// Which optimizer implementation the simulated CUDA run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +54,29 @@ pub struct OrchestratorConfig {
     /// How the trace's autocast regions run on CUDA.
     #[serde(default)]
     pub autocast: AutocastConfig,
+    /// The user's figures for the parameters, in place of what the trace
+    /// shows (a model with weights the forward never reads, quantized
+    /// storage, a trace without shapes).
+    #[serde(default)]
+    pub parameters: ParameterOverride,
+}
+
+/// Parameter bytes the user gives. `total` is every parameter, `frozen` the
+/// part that gets no gradient; either may be given alone (the other part
+/// then comes from the trace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParameterOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<Bytes>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<Bytes>,
+}
+
+impl ParameterOverride {
+    /// Whether the user gave any figure.
+    pub fn is_set(&self) -> bool {
+        self.total.is_some() || self.frozen.is_some()
+    }
 }
 
 impl OrchestratorConfig {
@@ -63,6 +87,7 @@ impl OrchestratorConfig {
             iterations: 3,
             optimizer_path: OptimizerPath::CudaDefault,
             autocast: AutocastConfig::standard(),
+            parameters: ParameterOverride::default(),
         }
     }
 }
@@ -117,6 +142,10 @@ pub enum OrchestrateError {
     TooManyIterations(u32),
     #[error("the orchestrated schedule is inconsistent, which is a bug in memcast: please report it with the trace, details {0:?}")]
     Inconsistent(String),
+    #[error("the model's parameters cannot be recovered from this trace: it was recorded without shapes (record_shapes=False) and no backward pass sized them by their gradients, so the estimate would leave out every weight; profile with torch.profiler.profile(record_shapes=True), or give the parameter bytes yourself")]
+    ParametersUnknown,
+    #[error("the frozen parameter bytes ({frozen} B) cannot exceed the parameter bytes ({total} B): give every parameter's bytes as the parameter bytes and the part without gradients as the frozen parameter bytes")]
+    ParameterOverrideInconsistent { total: u64, frozen: u64 },
 }
 
 impl OrchestrateError {
@@ -125,6 +154,10 @@ impl OrchestrateError {
         match self {
             OrchestrateError::NoIterations(_) | OrchestrateError::TooManyIterations(_) => {
                 Some(Setting::Iterations)
+            }
+            OrchestrateError::ParametersUnknown
+            | OrchestrateError::ParameterOverrideInconsistent { .. } => {
+                Some(Setting::ParameterBytes)
             }
             OrchestrateError::NoBlocks | OrchestrateError::Inconsistent(_) => None,
         }
@@ -168,7 +201,7 @@ pub fn orchestrate(
         return Err(OrchestrateError::NoBlocks);
     }
     let mut warnings: Vec<Warning> = Vec::new();
-    let (schedule, facts) = rules::apply_all(analysis, config, &mut warnings);
+    let (schedule, facts) = rules::apply_all(analysis, config, &mut warnings)?;
     schedule.check().map_err(OrchestrateError::Inconsistent)?;
     Ok(Warned {
         value: Orchestrated { schedule, facts },

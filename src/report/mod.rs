@@ -105,6 +105,9 @@ pub struct Breakdown {
     pub buffers: Bytes,
     pub gradients: Bytes,
     pub optimizer_state: Bytes,
+    /// DistributedDataParallel's gradient buckets (absent when none).
+    #[serde(default, skip_serializing_if = "Bytes::is_zero")]
+    pub buckets: Bytes,
     pub activations: Bytes,
     pub batch: Bytes,
     pub temporaries: Bytes,
@@ -122,6 +125,7 @@ impl Breakdown {
             + self.buffers
             + self.gradients
             + self.optimizer_state
+            + self.buckets
             + self.activations
             + self.batch
             + self.temporaries
@@ -139,6 +143,7 @@ impl Breakdown {
             Category::Batch => &mut self.batch,
             Category::Temporary => &mut self.temporaries,
             Category::Workspace => &mut self.overheads,
+            Category::Bucket => &mut self.buckets,
         };
         *slot += size;
     }

@@ -20,6 +20,9 @@ pub(super) fn category_of(block: &Block) -> Category {
         BlockRole::Gradient { .. } => Category::Gradient,
         BlockRole::OptimizerState => Category::OptimizerState,
         BlockRole::Batch => Category::Batch,
+        BlockRole::Parameter => Category::Parameter,
+        BlockRole::Buffer => Category::Buffer,
+        BlockRole::Bucket => Category::Bucket,
         BlockRole::Other => {
             let step_temporary = block.alloc_phase == analyzer::Phase::OptimizerStep
                 && block.free_phase == Some(analyzer::Phase::OptimizerStep)
