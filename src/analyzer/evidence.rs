@@ -108,24 +108,6 @@ fn is_scratch(name: &str, config: &AnalyzerConfig) -> bool {
         .any(|p| name.starts_with(p.as_str()))
 }
 
-/// Bytes per element of a dtype name as `record_shapes` writes it.
-pub(crate) fn dtype_size(dtype: &str) -> Option<u64> {
-    Some(match dtype {
-        "float" | "int" | "unsigned int" | "c10::complex<c10::Half>" => 4,
-        "double" | "long int" | "long long int" | "unsigned long" | "c10::complex<float>" => 8,
-        "c10::Half" | "c10::BFloat16" | "short int" | "unsigned short" => 2,
-        "bool"
-        | "signed char"
-        | "unsigned char"
-        | "c10::Float8_e4m3fn"
-        | "c10::Float8_e5m2"
-        | "c10::Float8_e4m3fnuz"
-        | "c10::Float8_e5m2fnuz" => 1,
-        "c10::complex<double>" => 16,
-        _ => return None,
-    })
-}
-
 /// What [`evidence`] found.
 #[derive(Debug)]
 pub(crate) struct Evidence {
@@ -215,8 +197,10 @@ pub(crate) fn evidence(
                 .try_fold(1_u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
                 .unwrap_or(0)
         });
-        let dtype = first.and_then(|a| a.dtype).map(|t| trace.name(t).to_owned());
-        let elem = match dtype.as_deref().and_then(dtype_size) {
+        let dtype = first
+            .and_then(|a| a.dtype)
+            .map(|t| trace.name(t).to_owned());
+        let elem = match dtype.as_deref().and_then(crate::trace::dtype_size) {
             Some(size) => size,
             None => {
                 if shape.is_some() {
@@ -779,13 +763,13 @@ mod tests {
 
     #[test]
     fn dtype_sizes_follow_record_shapes_names() {
-        assert_eq!(dtype_size("float"), Some(4));
-        assert_eq!(dtype_size("c10::BFloat16"), Some(2));
-        assert_eq!(dtype_size("c10::Half"), Some(2));
-        assert_eq!(dtype_size("double"), Some(8));
-        assert_eq!(dtype_size("long int"), Some(8));
-        assert_eq!(dtype_size("bool"), Some(1));
-        assert_eq!(dtype_size("Scalar"), None);
+        assert_eq!(crate::trace::dtype_size("float"), Some(4));
+        assert_eq!(crate::trace::dtype_size("c10::BFloat16"), Some(2));
+        assert_eq!(crate::trace::dtype_size("c10::Half"), Some(2));
+        assert_eq!(crate::trace::dtype_size("double"), Some(8));
+        assert_eq!(crate::trace::dtype_size("long int"), Some(8));
+        assert_eq!(crate::trace::dtype_size("bool"), Some(1));
+        assert_eq!(crate::trace::dtype_size("Scalar"), None);
     }
 
     #[test]

@@ -43,12 +43,12 @@ mod summary;
 
 pub use autocast::{AutocastRegion, GradMode};
 pub use summary::{
-    summarize, AnalysisSummary, BeforeTraceSummary, BufferSummary, IterationSummary,
-    LayerSummary, ParameterSummary, PhaseBytes, PhaseTime, RoleTotals, SUMMARY_SCHEMA,
-    SUMMARY_TOP_LAYERS,
+    summarize, AnalysisSummary, BeforeTraceSummary, BufferSummary, IterationSummary, LayerSummary,
+    ParameterSummary, PhaseBytes, PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
 };
 
 pub use recipes::{Checkpointing, Distributed, RunRecipe, TrainingLoop};
+pub use resident::{ModelState, RunKind, StateKind};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -655,10 +655,25 @@ mod tests {
         assert!(kept.keeps_shapes(ACCUMULATE_GRAD));
         assert!(COLLATE_OPS.iter().all(|op| kept.keeps_shapes(op)));
         // the resident state reads the known layer ops and every view op's dims
-        for op in ["aten::linear", "aten::conv2d", "aten::embedding", "aten::layer_norm", "aten::batch_norm", "aten::addmm", "aten::mul", "aten::einsum", "aten::cat", "c10d::allreduce_", "aten::lerp_", "aten::_foreach_mul_"] {
+        for op in [
+            "aten::linear",
+            "aten::conv2d",
+            "aten::embedding",
+            "aten::layer_norm",
+            "aten::batch_norm",
+            "aten::addmm",
+            "aten::mul",
+            "aten::einsum",
+            "aten::cat",
+            "c10d::allreduce_",
+            "aten::lerp_",
+            "aten::_foreach_mul_",
+        ] {
             assert!(kept.keeps_shapes(op), "{op}");
         }
-        assert!(resident::VIEW_OPS.iter().all(|op| kept.keeps_shapes(op) && kept.keeps_concrete(op)));
+        assert!(resident::VIEW_OPS
+            .iter()
+            .all(|op| kept.keeps_shapes(op) && kept.keeps_concrete(op)));
     }
 
     #[test]

@@ -32,6 +32,11 @@ use crate::analyzer::Analysis;
 use crate::diag::{Setting, Warned, Warning};
 use crate::units::Bytes;
 
+/// The op name of DistributedDataParallel's gradient-bucket blocks in a
+/// schedule (made before the trace or rebuilt inside it); the distributed
+/// what-if finds them by it.
+pub const BUCKET_OP: &str = "ddp_gradient_bucket";
+
 /// Which optimizer implementation the simulated CUDA run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -105,6 +110,23 @@ pub struct OrchestrationFacts {
     /// per rule (negative: removed), in rule order; empty without autocast.
     #[serde(default)]
     pub autocast_bytes: Vec<RuleBytes>,
+    /// The model's state as scheduled (the trace's, or the user's figures).
+    #[serde(default)]
+    pub state: StateFacts,
+}
+
+/// The parameters and buffers the schedule holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateFacts {
+    pub n_parameters: u32,
+    /// Every parameter, with or without a gradient.
+    pub parameter_bytes: Bytes,
+    /// The parameters that get a gradient.
+    pub trainable_bytes: Bytes,
+    /// The parameters that get none.
+    pub frozen_bytes: Bytes,
+    /// The model's buffers.
+    pub buffer_bytes: Bytes,
 }
 
 /// The bytes one rule added to (negative: removed from) the captured

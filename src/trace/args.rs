@@ -386,11 +386,34 @@ pub(super) fn read_op_args(
     read
 }
 
+/// Bytes per element of a dtype name as `record_shapes` writes it.
+pub fn dtype_size(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "float" | "int" | "unsigned int" | "c10::complex<c10::Half>" => 4,
+        "double" | "long int" | "long long int" | "unsigned long" | "c10::complex<float>" => 8,
+        "c10::Half" | "c10::BFloat16" | "short int" | "unsigned short" => 2,
+        "bool"
+        | "signed char"
+        | "unsigned char"
+        | "c10::Float8_e4m3fn"
+        | "c10::Float8_e5m2"
+        | "c10::Float8_e4m3fnuz"
+        | "c10::Float8_e5m2fnuz" => 1,
+        "c10::complex<double>" => 16,
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn read(dims: &str, types: &str, strides: &str, concrete: &str) -> (OpArgs, ReadArgs, Vec<String>) {
+    fn read(
+        dims: &str,
+        types: &str,
+        strides: &str,
+        concrete: &str,
+    ) -> (OpArgs, ReadArgs, Vec<String>) {
         let mut args = OpArgs::default();
         let mut names: Vec<String> = Vec::new();
         let mut intern = |s: &str| {
@@ -426,7 +449,15 @@ mod tests {
             .iter()
             .map(|c| (c.position, args.slice(c.values).to_vec(), c.list))
             .collect();
-        assert_eq!(c, vec![(3, vec![2, 2], true), (4, vec![3, 3], true), (5, vec![1, 1], true), (6, vec![1], false)]);
+        assert_eq!(
+            c,
+            vec![
+                (3, vec![2, 2], true),
+                (4, vec![3, 3], true),
+                (5, vec![1, 1], true),
+                (6, vec![1], false)
+            ]
+        );
     }
 
     #[test]
@@ -447,13 +478,29 @@ mod tests {
         assert_eq!(r.first_list_len, None);
         assert_eq!(args.concrete.len(), 1);
         assert_eq!(args.slice(args.concrete[0].values), &[i64::MAX]);
-        let (_, r, _) = read("[[[3], [3], [3]], []]", r#"["TensorList", "Scalar"]"#, "", "");
+        let (_, r, _) = read(
+            "[[[3], [3], [3]], []]",
+            r#"["TensorList", "Scalar"]"#,
+            "",
+            "",
+        );
         assert_eq!(r.first_list_len, Some(3));
     }
 
     #[test]
     fn garbage_never_panics() {
-        for text in ["", "[", "]", "[[[", "[1,", "[\"a\\", "{}", "[[1, [2]], 3]", "[[-], [--1]]", "[,]"] {
+        for text in [
+            "",
+            "[",
+            "]",
+            "[[[",
+            "[1,",
+            "[\"a\\",
+            "{}",
+            "[[1, [2]], 3]",
+            "[[-], [--1]]",
+            "[,]",
+        ] {
             let _ = read(text, text, text, text);
         }
     }

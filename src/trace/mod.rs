@@ -17,6 +17,7 @@
 //!   [`TraceError`] whose message names the capture setting to fix.
 
 mod args;
+pub use args::dtype_size;
 mod raw;
 mod stream;
 
@@ -285,7 +286,9 @@ pub struct DistributedInfo {
 }
 
 /// A range of an arena: `len` items from `start`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Span {
     pub start: u32,
     pub len: u32,
@@ -385,12 +388,18 @@ impl Trace {
 
     /// The tensor arguments of an op, in argument order.
     pub fn tensor_args(&self, op: &OpEvent) -> &[TensorArg] {
-        self.op_args.tensors.get(op.tensors.range()).unwrap_or_default()
+        self.op_args
+            .tensors
+            .get(op.tensors.range())
+            .unwrap_or_default()
     }
 
     /// The integer concrete values of an op (view ops only).
     pub fn concrete_args(&self, op: &OpEvent) -> &[ConcreteArg] {
-        self.op_args.concrete.get(op.concrete.range()).unwrap_or_default()
+        self.op_args
+            .concrete
+            .get(op.concrete.range())
+            .unwrap_or_default()
     }
 
     /// The numbers of a span of [`OpArgs::numbers`].

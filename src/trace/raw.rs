@@ -1083,7 +1083,10 @@ mod tests {
         let args = trace.tensor_args(linear);
         assert_eq!(args.len(), 3);
         assert_eq!(trace.numbers(args[1].dims), &[10, 64]);
-        assert_eq!(args[1].strides.map(|s| trace.numbers(s).to_vec()), Some(vec![64, 1]));
+        assert_eq!(
+            args[1].strides.map(|s| trace.numbers(s).to_vec()),
+            Some(vec![64, 1])
+        );
         assert_eq!(trace.name(args[2].dtype.unwrap()), "float");
         // concrete values only for view ops
         assert!(trace.concrete_args(linear).is_empty());

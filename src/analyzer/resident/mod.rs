@@ -83,6 +83,7 @@
 //! Everything is a function of the trace alone, in time order, so the same
 //! trace always gives the same state.
 
+mod buckets;
 mod optimizer;
 mod reads;
 mod ties;
@@ -236,6 +237,10 @@ pub struct ModelState {
     pub tie: Option<TieFinding>,
     /// The trace has shapes (`record_shapes=True`).
     pub has_shapes: bool,
+    /// The trace records ops but not their shapes (`record_shapes=False`):
+    /// parameters that get no gradient cannot be found.
+    #[serde(default)]
+    pub shapes_missing: bool,
     /// The trace has `nn.Module` frames (`with_stack=True`).
     pub has_module_frames: bool,
     /// A DistributedDataParallel run (its module frame or `c10d::` collectives).
@@ -254,7 +259,7 @@ impl ModelState {
 /// Bytes per element and whether floating, of a dtype name as
 /// `record_shapes` writes it.
 fn dtype_info(dtype: &str) -> Option<(u64, bool)> {
-    let size = super::evidence::dtype_size(dtype)?;
+    let size = crate::trace::dtype_size(dtype)?;
     let floating = dtype.contains("float")
         || dtype.contains("double")
         || dtype.contains("Half")
@@ -296,13 +301,19 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         .spans
         .iter()
         .any(|f| names.get(f.name).starts_with(MODULE_PREFIX));
-    let has_shapes = trace.header.record_shapes.unwrap_or(true)
-        && trace.ops.iter().any(|o| o.tensors.len > 0);
+    let has_shapes =
+        trace.header.record_shapes.unwrap_or(true) && trace.ops.iter().any(|o| o.tensors.len > 0);
+    let shapes_missing = trace.header.record_shapes == Some(false)
+        || (!trace.ops.is_empty() && !trace.ops.iter().any(|o| o.tensors.len > 0));
     let hf_model_type = hf_model_type(input);
 
     // The engine's view of the trace: forward ops, module calls, blocks.
     let mut dtypes: HashMap<NameId, Option<(u64, bool)>> = HashMap::new();
-    let mut dtype_of = |id: NameId| *dtypes.entry(id).or_insert_with(|| dtype_info(trace.name(id)));
+    let mut dtype_of = |id: NameId| {
+        *dtypes
+            .entry(id)
+            .or_insert_with(|| dtype_info(trace.name(id)))
+    };
     let mut calls: Vec<Call> = Vec::new();
     let mut call_layer: Vec<Option<NameId>> = Vec::new();
     let mut call_of_frame: HashMap<usize, usize> = HashMap::new();
@@ -329,7 +340,13 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         if has_module_frames && frame.is_none() {
             continue;
         }
-        let Some(source) = input.index.ops.source.get(idx).and_then(|&s| trace.ops.get(s)) else {
+        let Some(source) = input
+            .index
+            .ops
+            .source
+            .get(idx)
+            .and_then(|&s| trace.ops.get(s))
+        else {
             continue;
         };
         any_forward_sequence |= source.sequence_number.is_some();
@@ -373,7 +390,10 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
                 dtype,
                 layout: Layout {
                     dims: numbers.slice(a.dims).to_vec(),
-                    strides: a.strides.map(|s| numbers.slice(s).to_vec()).unwrap_or_default(),
+                    strides: a
+                        .strides
+                        .map(|s| numbers.slice(s).to_vec())
+                        .unwrap_or_default(),
                 },
             });
         }
@@ -385,13 +405,28 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
             name: names.get(span.name).to_owned(),
             start: span.start.0,
             call,
+            // Its forward pass, numbered below.
             iteration: iteration.unwrap_or(usize::MAX),
+            pass: passes.partition_point(|&(s, _)| s <= span.start),
             args,
             concrete,
             copied: copies(input, idx),
         });
     }
     ops.sort_by_key(|o| o.start);
+    // The unit of "each tensor once" is a forward pass: an iteration with
+    // gradient accumulation runs one per micro-batch (the backward passes
+    // before an op tell which), and each reads every weight again.
+    let mut last: Option<(usize, usize)> = None;
+    let mut unit = 0_usize;
+    for op in &mut ops {
+        let key = (op.iteration, op.pass);
+        if last.is_some_and(|l| l != key) {
+            unit += 1;
+        }
+        last = Some(key);
+        op.iteration = unit;
+    }
     let default_dtype = floating_votes
         .iter()
         .max_by_key(|&(id, n)| (*n, std::cmp::Reverse(*id)))
@@ -400,7 +435,13 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         .and_then(|id| dtype_info(trace.name(id)))
         .map_or(4, |d| d.0);
     let blocks = engine_blocks(input, life, has_module_frames, &in_pass);
-    let mut found = pre_trace_reads(&ops, &calls, &blocks, default_elem, default_dtype.map(|d| d.0));
+    let mut found = pre_trace_reads(
+        &ops,
+        &calls,
+        &blocks,
+        default_elem,
+        default_dtype.map(|d| d.0),
+    );
 
     // Ties, then the trainable split against AccumulateGrad.
     let dtype_ids: HashMap<&str, u32> = trace
@@ -413,14 +454,22 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
     let grad_key = |p: &Parameter| {
         (
             p.shape.clone(),
-            p.dtype.as_deref().and_then(|d| dtype_ids.get(d).copied()).or(default_dtype.map(|d| d.0)),
+            p.dtype
+                .as_deref()
+                .and_then(|d| dtype_ids.get(d).copied())
+                .or(default_dtype.map(|d| d.0)),
         )
     };
     let mut grads: BTreeMap<(Vec<i64>, Option<u32>), u32> = BTreeMap::new();
     for p in input.parameters.iter().filter(|p| !p.sized_by_gradient) {
         *grads.entry(grad_key(p)).or_default() += 1;
     }
-    let tie = resolve_word_embeddings(&mut found, &grads, hf_model_type.as_deref(), has_module_frames);
+    let tie = resolve_word_embeddings(
+        &mut found,
+        &grads,
+        hf_model_type.as_deref(),
+        has_module_frames,
+    );
 
     let mut items: Vec<StateItem> = Vec::new();
     let dtype_name = |id: Option<u32>| id.map(|i| trace.name(NameId(i)).to_owned());
@@ -506,9 +555,15 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         });
     }
 
-    let distributed = is_distributed(input);
+    let distributed = buckets::is_distributed(input);
     items.extend(optimizer::state_before_trace(input, warnings));
-    items.extend(buckets(input, life, distributed, &passes, warnings));
+    items.extend(buckets::buckets(
+        input,
+        life,
+        distributed,
+        &passes,
+        warnings,
+    ));
 
     let run_kind = run_kind(!passes.is_empty(), any_forward_sequence, &items);
     let mut state = ModelState {
@@ -517,6 +572,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         totals: StateTotals::default(),
         tie: tie.map(|t| tie_finding(&t, hf_model_type.as_deref())),
         has_shapes,
+        shapes_missing,
         has_module_frames,
         distributed,
         hf_model_type,
@@ -570,8 +626,10 @@ fn engine_blocks(
     life.blocks
         .iter()
         .map(|b| {
-            let ignored = matches!(b.role, BlockRole::Gradient { .. } | BlockRole::OptimizerState)
-                || matches!(b.alloc_phase, Phase::Backward | Phase::OptimizerStep)
+            let ignored = matches!(
+                b.role,
+                BlockRole::Gradient { .. } | BlockRole::OptimizerState
+            ) || matches!(b.alloc_phase, Phase::Backward | Phase::OptimizerStep)
                 || in_pass(b.alloc_ts);
             let construction = has_module_frames
                 && b.free_ts.is_none()
@@ -606,10 +664,18 @@ fn collated_dims(input: &Inputs<'_>, op: Option<usize>) -> Option<Vec<i64>> {
             .get(i)
             .is_some_and(|o| input.names.get(o.name) == "aten::stack")
     })?;
-    let source = ops.source.get(stack).and_then(|&s| input.trace.ops.get(s))?;
+    let source = ops
+        .source
+        .get(stack)
+        .and_then(|&s| input.trace.ops.get(s))?;
     let args = input.trace.tensor_args(source);
-    let first = args.iter().find(|a| a.position == 0 && a.list_index == Some(0))?;
-    let n = args.iter().filter(|a| a.position == 0 && a.list_index.is_some()).count();
+    let first = args
+        .iter()
+        .find(|a| a.position == 0 && a.list_index == Some(0))?;
+    let n = args
+        .iter()
+        .filter(|a| a.position == 0 && a.list_index.is_some())
+        .count();
     let mut dims = vec![i64::try_from(n).ok()?];
     dims.extend_from_slice(input.trace.numbers(first.dims));
     Some(dims)
@@ -631,114 +697,6 @@ fn hf_model_type(input: &Inputs<'_>) -> Option<String> {
         .into_iter()
         .max_by_key(|&(t, n)| (n, std::cmp::Reverse(t)))
         .map(|(t, _)| t.to_owned())
-}
-
-/// A DistributedDataParallel run: its module frame, or `c10d::` collectives.
-fn is_distributed(input: &Inputs<'_>) -> bool {
-    input.index.frames.spans.iter().any(|f| {
-        input
-            .names
-            .get(f.name)
-            .strip_prefix(MODULE_PREFIX)
-            .is_some_and(|m| m.starts_with("DistributedDataParallel_"))
-    }) || input
-        .index
-        .ops
-        .spans
-        .iter()
-        .any(|o| input.names.get(o.name).starts_with("c10d::"))
-}
-
-/// DistributedDataParallel's gradient buckets: the tensors its reducer's
-/// collectives read in backward that were never allocated in the trace were
-/// made when the model was wrapped; resident from the start. When the
-/// reducer rebuilds its buckets inside the trace (after the first
-/// iteration), those blocks are marked as buckets and the pre-trace ones end
-/// there. Without shapes, the buckets are the trainable bytes.
-fn buckets(
-    input: &Inputs<'_>,
-    life: &mut Life,
-    distributed: bool,
-    passes: &[(Nanos, Nanos)],
-    warnings: &mut Vec<Warning>,
-) -> Vec<StateItem> {
-    if !distributed {
-        return Vec::new();
-    }
-    let trace = input.trace;
-    let mut per_pass: BTreeMap<usize, (u64, Nanos)> = BTreeMap::new();
-    let mut rebuilt: Vec<usize> = Vec::new();
-    let mut saw_sizes = false;
-    for (idx, span) in input.index.ops.spans.iter().enumerate() {
-        if !input.names.get(span.name).starts_with("c10d::all") {
-            continue;
-        }
-        let pass = passes.partition_point(|&(s, _)| s <= span.start);
-        let Some(&(_, end)) = pass.checked_sub(1).and_then(|p| passes.get(p)) else {
-            continue;
-        };
-        if span.start > end {
-            continue;
-        }
-        let Some(source) = input.index.ops.source.get(idx).and_then(|&s| trace.ops.get(s)) else {
-            continue;
-        };
-        for a in trace.tensor_args(source) {
-            saw_sizes = true;
-            let dims = trace.numbers(a.dims);
-            let elem = a.dtype.and_then(|d| dtype_info(trace.name(d))).map_or(4, |d| d.0);
-            let size = dims.iter().map(|&d| u64::try_from(d).unwrap_or(0)).product::<u64>() * elem;
-            let holder = life.blocks.iter().position(|b| {
-                b.size.get() == size
-                    && b.alloc_ts <= span.start
-                    && b.free_ts.is_none_or(|f| f >= span.start)
-            });
-            match holder {
-                Some(b) => rebuilt.push(b),
-                None => {
-                    let slot = per_pass.entry(pass).or_insert((0, span.start));
-                    slot.0 += size;
-                }
-            }
-        }
-    }
-    let mut rebuilt_at: Option<Nanos> = None;
-    rebuilt.sort_unstable();
-    rebuilt.dedup();
-    for b in rebuilt {
-        if let Some(block) = life.blocks.get_mut(b) {
-            if block.role == BlockRole::Other {
-                block.role = BlockRole::Bucket;
-                rebuilt_at = Some(rebuilt_at.map_or(block.alloc_ts, |t| t.min(block.alloc_ts)));
-            }
-        }
-    }
-    let pre_trace = per_pass.values().map(|v| v.0).max().unwrap_or(0);
-    let trainable: u64 = input.parameters.iter().map(|p| p.bytes.get()).sum();
-    let (bytes, source) = if saw_sizes {
-        (pre_trace, StateSource::Collective)
-    } else {
-        warnings.push(Warning::new(
-            "ddp_buckets_from_trainable_bytes",
-            "the trace has no shapes, so DistributedDataParallel's gradient buckets were taken as the trainable parameter bytes (gradient_as_bucket_view=False, the default)",
-        ));
-        (trainable, StateSource::TrainableBytes)
-    };
-    if bytes == 0 {
-        return Vec::new();
-    }
-    vec![StateItem {
-        kind: StateKind::Bucket,
-        trainable: false,
-        bytes: Bytes(bytes),
-        shape: Vec::new(),
-        dtype: None,
-        layer: None,
-        source,
-        first_read: None,
-        last_read: rebuilt_at,
-        block: None,
-    }]
 }
 
 /// The run's kind: backward passes train; without them, autograd sequence
@@ -786,7 +744,8 @@ fn tie_finding(tie: &Tie, hf_model_type: Option<&str>) -> TieFinding {
             if *tied { "ties" } else { "does not tie" }
         ),
         TieEvidence::NoFrames => {
-            "without module frames the reads cannot be told apart, so it was counted once".to_owned()
+            "without module frames the reads cannot be told apart, so it was counted once"
+                .to_owned()
         }
         TieEvidence::Separate => match hf_model_type {
             Some(t) => format!("{t}: counted separately"),
@@ -806,26 +765,7 @@ fn tie_finding(tie: &Tie, hf_model_type: Option<&str>) -> TieFinding {
 /// The warnings that say what was inferred and how sure it is.
 fn state_warnings(state: &ModelState, input: &Inputs<'_>, warnings: &mut Vec<Warning>) {
     let t = &state.totals;
-    let run = match state.run_kind {
-        RunKind::Training => "training: every parameter found gets a gradient",
-        RunKind::FineTuning => "fine-tuning: some parameters get gradients, the others are frozen (no gradient, no optimizer state)",
-        RunKind::ForwardWithAutograd => "a forward pass with autograd on and no backward: no gradients and no optimizer state are scheduled",
-        RunKind::Inference => "inference (autograd off: torch.no_grad or torch.inference_mode): no gradients and no optimizer state are scheduled",
-    };
-    warnings.push(Warning::new("run_kind", format!("run kind, from the trace: {run}")));
-    if state.has_shapes {
-        warnings.push(Warning::new(
-            "parameters_found",
-            format!(
-                "{} parameters ({} bytes: {} trainable, {} frozen) and {} bytes of buffers were found in the trace: trainable ones from their AccumulateGrad shapes, the others as tensors the forward pass reads that were never allocated in the trace; they are allocated before the first iteration",
-                t.n_parameters,
-                t.parameters.get(),
-                t.trainable.get(),
-                t.frozen.get(),
-                t.buffers.get()
-            ),
-        ));
-    } else if t.n_trainable > 0 {
+    if !state.has_shapes && t.n_trainable > 0 {
         warnings.push(Warning::new(
             "parameters_from_gradients",
             format!(
@@ -896,10 +836,19 @@ mod tests {
             block: None,
         };
         assert_eq!(run_kind(true, true, &[item(true)]), RunKind::Training);
-        assert_eq!(run_kind(true, true, &[item(true), item(false)]), RunKind::FineTuning);
-        assert_eq!(run_kind(false, true, &[item(false)]), RunKind::ForwardWithAutograd);
+        assert_eq!(
+            run_kind(true, true, &[item(true), item(false)]),
+            RunKind::FineTuning
+        );
+        assert_eq!(
+            run_kind(false, true, &[item(false)]),
+            RunKind::ForwardWithAutograd
+        );
         assert_eq!(run_kind(false, false, &[item(false)]), RunKind::Inference);
         let t = totals(&[item(true), item(false)]);
-        assert_eq!((t.parameters, t.trainable, t.frozen), (Bytes(8), Bytes(4), Bytes(4)));
+        assert_eq!(
+            (t.parameters, t.trainable, t.frozen),
+            (Bytes(8), Bytes(4), Bytes(4))
+        );
     }
 }

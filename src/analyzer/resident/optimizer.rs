@@ -60,11 +60,38 @@ mod tests {
     fn state_follows_the_optimizer_and_its_step() {
         let none = StepOps::default();
         assert_eq!(state_tensors_per_parameter("SGD", none, 62), Some(0));
-        assert_eq!(state_tensors_per_parameter("SGD", StepOps { muls: 62, ..none }, 62), Some(1));
+        assert_eq!(
+            state_tensors_per_parameter("SGD", StepOps { muls: 62, ..none }, 62),
+            Some(1)
+        );
         assert_eq!(state_tensors_per_parameter("Adam", none, 62), Some(2));
-        assert_eq!(state_tensors_per_parameter("AdamW", StepOps { maximums: 62, ..none }, 62), Some(3));
-        assert_eq!(state_tensors_per_parameter("RMSprop", StepOps { muls: 62, ..none }, 62), Some(1));
-        assert_eq!(state_tensors_per_parameter("RMSprop", StepOps { muls: 124, lerps: 62, ..none }, 62), Some(3));
+        assert_eq!(
+            state_tensors_per_parameter(
+                "AdamW",
+                StepOps {
+                    maximums: 62,
+                    ..none
+                },
+                62
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            state_tensors_per_parameter("RMSprop", StepOps { muls: 62, ..none }, 62),
+            Some(1)
+        );
+        assert_eq!(
+            state_tensors_per_parameter(
+                "RMSprop",
+                StepOps {
+                    muls: 124,
+                    lerps: 62,
+                    ..none
+                },
+                62
+            ),
+            Some(3)
+        );
         assert_eq!(state_tensors_per_parameter("Lion", none, 62), None);
         assert_eq!(adafactor_state_elements(&[768, 3072]), 768 + 3072);
         assert_eq!(adafactor_state_elements(&[768]), 768);
@@ -113,14 +140,25 @@ pub(super) fn state_before_trace(
             continue;
         }
         let name = names.get(o.name);
-        let Some(source) = input.index.ops.source.get(idx).and_then(|&s| input.trace.ops.get(s)) else {
+        let Some(source) = input
+            .index
+            .ops
+            .source
+            .get(idx)
+            .and_then(|&s| input.trace.ops.get(s))
+        else {
             continue;
         };
         let args = input.trace.tensor_args(source);
         let n = if name.starts_with("aten::_foreach_") {
-            args.iter().filter(|a| a.position == 0 && a.list_index.is_some()).count()
+            args.iter()
+                .filter(|a| a.position == 0 && a.list_index.is_some())
+                .count()
         } else {
-            usize::from(args.iter().any(|a| a.position == 0 && a.list_index.is_none() && a.dims.len > 0))
+            usize::from(
+                args.iter()
+                    .any(|a| a.position == 0 && a.list_index.is_none() && a.dims.len > 0),
+            )
         };
         let n = u32::try_from(n).unwrap_or(u32::MAX);
         let base = name
@@ -149,7 +187,11 @@ pub(super) fn state_before_trace(
             ));
             return Vec::new();
         };
-        input.parameters.iter().map(|p| (p.bytes.get(), k)).collect()
+        input
+            .parameters
+            .iter()
+            .map(|p| (p.bytes.get(), k))
+            .collect()
     };
     let mut items = Vec::new();
     for (p, &(bytes, k)) in input.parameters.iter().zip(&per_param) {
@@ -167,13 +209,6 @@ pub(super) fn state_before_trace(
                 block: None,
             });
         }
-    }
-    if !items.is_empty() {
-        let total: u64 = items.iter().map(|i| i.bytes.get()).sum();
-        warnings.push(crate::diag::Warning::new(
-            "optimizer_state_before_trace",
-            format!("{class} allocated no state in the first recorded step, so its state was made before the trace (in its constructor, or in steps a profiler schedule did not record): {total} bytes for the {n_params} trainable parameters, from the optimizer class and what its step runs, are allocated before the first iteration"),
-        ));
     }
     items
 }

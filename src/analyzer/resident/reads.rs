@@ -36,9 +36,13 @@ pub struct Op {
     pub name: String,
     pub start: i64,
     /// Index into the module calls, `None` without `with_stack` (one pseudo
-    /// call per iteration is used then).
+    /// call per forward pass is used then).
     pub call: Option<usize>,
+    /// Its forward pass (an iteration, or a micro-batch of one), numbered
+    /// in time order.
     pub iteration: usize,
+    /// The backward passes started before it (to tell micro-batches apart).
+    pub pass: usize,
     pub args: Vec<Arg>,
     pub concrete: Vec<Concrete>,
     /// A conditionally viewing op (`to`, `reshape`, `contiguous`) that copied.
@@ -118,9 +122,15 @@ pub struct Found {
 /// Face's `Conv1D` (`torch.addmm(bias, x, weight)`, in a `Conv1D` frame).
 pub fn weight_args(op: &str, conv1d: bool) -> &'static [u16] {
     match op {
-        "aten::linear" | "aten::conv1d" | "aten::conv2d" | "aten::conv3d"
-        | "aten::conv_transpose1d" | "aten::conv_transpose2d" | "aten::conv_transpose3d"
-        | "aten::convolution" | "aten::_convolution" => &[1, 2],
+        "aten::linear"
+        | "aten::conv1d"
+        | "aten::conv2d"
+        | "aten::conv3d"
+        | "aten::conv_transpose1d"
+        | "aten::conv_transpose2d"
+        | "aten::conv_transpose3d"
+        | "aten::convolution"
+        | "aten::_convolution" => &[1, 2],
         "aten::embedding" | "aten::embedding_bag" | "aten::_embedding_bag" => &[0],
         "aten::layer_norm" | "aten::group_norm" => &[2, 3],
         "aten::rms_norm" => &[2],
@@ -190,7 +200,13 @@ impl<'a> LiveBlocks<'a> {
         }
         // at one instant, allocations first
         events.sort_by_key(|&(t, alloc, i)| (t, !alloc, i));
-        LiveBlocks { blocks, events, next: 0, by_size: BTreeMap::new(), construction: BTreeMap::new() }
+        LiveBlocks {
+            blocks,
+            events,
+            next: 0,
+            by_size: BTreeMap::new(),
+            construction: BTreeMap::new(),
+        }
     }
 
     /// Applies every event before `t` (a block freed at `t` still counts).
@@ -200,9 +216,13 @@ impl<'a> LiveBlocks<'a> {
                 break;
             }
             self.next += 1;
-            let Some(b) = self.blocks.get(i) else { continue };
+            let Some(b) = self.blocks.get(i) else {
+                continue;
+            };
             match (b.usage, alloc) {
-                (BlockUse::Construction, true) => self.construction.entry(b.size).or_default().push(i),
+                (BlockUse::Construction, true) => {
+                    self.construction.entry(b.size).or_default().push(i)
+                }
                 (BlockUse::Construction, false) => {
                     if let Some(v) = self.construction.get_mut(&b.size) {
                         v.retain(|&j| j != i);
@@ -227,12 +247,20 @@ impl<'a> LiveBlocks<'a> {
     /// bound to it; else a block bound to this shape explains the read; else
     /// the latest unbound block is bound.
     fn explain(&mut self, size: u64, dims: &[i64], dtype: Option<u32>) -> bool {
-        let Some(live) = self.by_size.get_mut(&size) else { return false };
-        let same = |b: &Binding| {
-            b.0 == dims && (b.1.is_none() || dtype.is_none() || b.1 == dtype)
+        let Some(live) = self.by_size.get_mut(&size) else {
+            return false;
         };
-        let last_same = live.iter().filter(|(_, b)| b.as_ref().is_some_and(same)).map(|(i, _)| *i).max();
-        let last_free = live.iter().filter(|(_, b)| b.is_none()).map(|(i, _)| *i).max();
+        let same = |b: &Binding| b.0 == dims && (b.1.is_none() || dtype.is_none() || b.1 == dtype);
+        let last_same = live
+            .iter()
+            .filter(|(_, b)| b.as_ref().is_some_and(same))
+            .map(|(i, _)| *i)
+            .max();
+        let last_free = live
+            .iter()
+            .filter(|(_, b)| b.is_none())
+            .map(|(i, _)| *i)
+            .max();
         match (last_free, last_same) {
             (Some(free), same) if same.is_none_or(|s| free > s) => {
                 if let Some(slot) = live.iter_mut().find(|(i, _)| *i == free) {
@@ -246,14 +274,17 @@ impl<'a> LiveBlocks<'a> {
 
     /// A live block of exactly `size` bytes that may be a model built in the trace.
     fn construction_block(&self, size: u64) -> Option<usize> {
-        self.construction.get(&size).and_then(|v| v.first().copied())
+        self.construction
+            .get(&size)
+            .and_then(|v| v.first().copied())
     }
 
     /// A live block of `size` allocated at or after `since` (inside this call).
     fn allocated_since(&self, size: u64, since: i64) -> bool {
-        self.by_size
-            .get(&size)
-            .is_some_and(|v| v.iter().any(|&(i, _)| self.blocks.get(i).is_some_and(|b| b.alloc >= since)))
+        self.by_size.get(&size).is_some_and(|v| {
+            v.iter()
+                .any(|&(i, _)| self.blocks.get(i).is_some_and(|b| b.alloc >= since))
+        })
     }
 }
 
@@ -309,7 +340,7 @@ pub fn pre_trace_reads(
             iteration = op.iteration;
             derived.clear();
         }
-        // Without module frames, one pseudo call per iteration.
+        // Without module frames, one pseudo call per forward pass.
         let (class, call_start, call_key) = match call {
             Some(c) => (c.class, c.start, (c.instance, c.start)),
             None => (u32::MAX, i64::MIN, (u32::MAX, op.iteration as i64)),
@@ -317,7 +348,9 @@ pub fn pre_trace_reads(
         let weights = weight_args(&op.name, call.is_some_and(|c| c.conv1d));
         let buffers = buffer_args(&op.name);
         let known_op = !weights.is_empty();
-        let n = nth.entry((call_key.0, call_key.1, op.name.as_str())).or_insert(0);
+        let n = nth
+            .entry((call_key.0, call_key.1, op.name.as_str()))
+            .or_insert(0);
         *n += 1;
         let nth_here = *n;
         let mut arg0_state: Option<bool> = None;
@@ -329,7 +362,10 @@ pub fn pre_trace_reads(
             } else {
                 contiguous_strides(&a.layout.dims)
             };
-            let layout = Layout { dims: a.layout.dims.clone(), strides };
+            let layout = Layout {
+                dims: a.layout.dims.clone(),
+                strides,
+            };
             let dtype = a.dtype.map(|d| d.name).or(default_dtype);
             if let Some(&(is_state, d)) = derived.get(&layout) {
                 if dtype.is_none() || d.is_none() || d == dtype {
@@ -367,12 +403,23 @@ pub fn pre_trace_reads(
                 arg0_state = Some(state);
             }
             let integer = a.dtype.is_some_and(|d| !d.floating);
-            let kind = if buffers.contains(&a.pos) || integer || (!known_role && positional_view(&op.name)) {
+            let kind = if buffers.contains(&a.pos)
+                || integer
+                || (!known_role && positional_view(&op.name))
+            {
                 ReadKind::Buffer
             } else {
                 ReadKind::Parameter
             };
-            let slot = hash_of(&(class, op.name.as_str(), nth_here, a.pos, a.list, &layout.dims, dtype));
+            let slot = hash_of(&(
+                class,
+                op.name.as_str(),
+                nth_here,
+                a.pos,
+                a.list,
+                &layout.dims,
+                dtype,
+            ));
             let place = hash_of(&(call_key.0, op.name.as_str(), nth_here, a.pos, a.list));
             reads.push(Read {
                 call_key,
@@ -397,11 +444,20 @@ pub fn pre_trace_reads(
         }
         for r in reads.get_mut(first_read..).unwrap_or_default() {
             r.co_operand = r.dims.len() >= 2
-                && activations.iter().any(|d| d.len() == r.dims.len() && d.first() == r.dims.first());
+                && activations
+                    .iter()
+                    .any(|d| d.len() == r.dims.len() && d.first() == r.dims.first());
         }
         // the op's outputs, when it is a view of its first argument
-        if let (Some(is_state), Some(first)) = (arg0_state, op.args.iter().find(|a| a.pos == 0 && a.list.is_none())) {
-            let other = op.args.iter().find(|a| a.pos == 1 && a.list.is_none()).map(|a| a.layout.dims.as_slice());
+        if let (Some(is_state), Some(first)) = (
+            arg0_state,
+            op.args.iter().find(|a| a.pos == 0 && a.list.is_none()),
+        ) {
+            let other = op
+                .args
+                .iter()
+                .find(|a| a.pos == 1 && a.list.is_none())
+                .map(|a| a.layout.dims.as_slice());
             let input = Layout {
                 dims: first.layout.dims.clone(),
                 strides: if first.layout.strides.len() == first.layout.dims.len() {
@@ -434,9 +490,15 @@ fn classify(mut reads: Vec<Read>) -> Vec<Found> {
     let mut state_iterations: HashMap<u64, BTreeSet<usize>> = HashMap::new();
     let mut any_iterations: HashMap<u64, BTreeSet<usize>> = HashMap::new();
     for r in &reads {
-        any_iterations.entry(r.place).or_default().insert(r.iteration);
+        any_iterations
+            .entry(r.place)
+            .or_default()
+            .insert(r.iteration);
         if r.state {
-            state_iterations.entry(r.place).or_default().insert(r.iteration);
+            state_iterations
+                .entry(r.place)
+                .or_default()
+                .insert(r.iteration);
         }
     }
     for r in &mut reads {
@@ -449,7 +511,9 @@ fn classify(mut reads: Vec<Read>) -> Vec<Found> {
             continue;
         }
         let early = iterations.len() >= 2
-            && state_iterations.get(&r.place).is_some_and(|s| s.len() == 1 && s.contains(&first_iteration))
+            && state_iterations
+                .get(&r.place)
+                .is_some_and(|s| s.len() == 1 && s.contains(&first_iteration))
             && any_iterations.get(&r.place).is_some_and(|s| s.len() >= 2);
         if (r.data_input && r.op_known) || (early && r.co_operand) {
             r.kind = ReadKind::Activation;

@@ -266,7 +266,13 @@ pub fn resolve_word_embeddings(
     } else if let Some(model_type) = hf_model_type {
         let tied = HF_TIED_MODEL_TYPES.contains(&model_type.replace('-', "_").as_str());
         let kept = 1 + if tied { 0 } else { heads.len() as u32 };
-        (kept.min(n), TieEvidence::HuggingFace { model_type: model_type.to_owned(), tied })
+        (
+            kept.min(n),
+            TieEvidence::HuggingFace {
+                model_type: model_type.to_owned(),
+                tied,
+            },
+        )
     } else if !has_frames {
         (1, TieEvidence::NoFrames)
     } else {
@@ -282,5 +288,12 @@ pub fn resolve_word_embeddings(
             found.remove(i);
         }
     }
-    Some(Tie { dims: sig.0, dtype: sig.1, bytes_each, reads: n, kept, evidence })
+    Some(Tie {
+        dims: sig.0,
+        dtype: sig.1,
+        bytes_each,
+        reads: n,
+        kept,
+        evidence,
+    })
 }

@@ -20,7 +20,11 @@ impl Concrete {
     /// The concrete values of an op, by argument position (`Other` where the
     /// trace kept none).
     pub fn of_op(args: &OpArgs, concrete: &[ConcreteArg]) -> Vec<Concrete> {
-        let n = concrete.iter().map(|c| usize::from(c.position) + 1).max().unwrap_or(0);
+        let n = concrete
+            .iter()
+            .map(|c| usize::from(c.position) + 1)
+            .max()
+            .unwrap_or(0);
         let mut out = vec![Concrete::Other; n];
         for c in concrete {
             let values = args.slice(c.values);
@@ -234,10 +238,14 @@ pub fn view_outputs(
     let arg = |k: usize| concrete.get(k);
     let one = |dims: Vec<i64>, strides: Vec<i64>| Some(vec![Layout { dims, strides }]);
     match name {
-        "aten::alias" | "aten::detach" | "aten::detach_" | "aten::lift_fresh" | "aten::to"
-        | "aten::type_as" | "aten::contiguous" | "aten::requires_grad_" => {
-            one(dims.clone(), strides.clone())
-        }
+        "aten::alias"
+        | "aten::detach"
+        | "aten::detach_"
+        | "aten::lift_fresh"
+        | "aten::to"
+        | "aten::type_as"
+        | "aten::contiguous"
+        | "aten::requires_grad_" => one(dims.clone(), strides.clone()),
         "aten::t" | "aten::mT" => {
             if rank < 2 {
                 return one(dims.clone(), strides.clone());
@@ -266,8 +274,14 @@ pub fn view_outputs(
                 .map(|&p| norm(p, rank))
                 .collect::<Option<_>>()?;
             one(
-                order.iter().map(|&i| dims.get(i).copied()).collect::<Option<_>>()?,
-                order.iter().map(|&i| strides.get(i).copied()).collect::<Option<_>>()?,
+                order
+                    .iter()
+                    .map(|&i| dims.get(i).copied())
+                    .collect::<Option<_>>()?,
+                order
+                    .iter()
+                    .map(|&i| strides.get(i).copied())
+                    .collect::<Option<_>>()?,
             )
         }
         "aten::movedim" => {
@@ -291,8 +305,14 @@ pub fn view_outputs(
                 .map(|o| o.or_else(|| rest.next()))
                 .collect::<Option<_>>()?;
             one(
-                order.iter().map(|&i| dims.get(i).copied()).collect::<Option<_>>()?,
-                order.iter().map(|&i| strides.get(i).copied()).collect::<Option<_>>()?,
+                order
+                    .iter()
+                    .map(|&i| dims.get(i).copied())
+                    .collect::<Option<_>>()?,
+                order
+                    .iter()
+                    .map(|&i| strides.get(i).copied())
+                    .collect::<Option<_>>()?,
             )
         }
         "aten::view" | "aten::_unsafe_view" | "aten::reshape" | "aten::view_as"
@@ -373,9 +393,12 @@ pub fn view_outputs(
         }
         "aten::squeeze" => {
             let which: Option<Vec<usize>> = match arg(1) {
-                Some(c @ (Concrete::Int(_) | Concrete::Ints(_))) => {
-                    Some(c.ints()?.iter().map(|&p| norm(p, rank)).collect::<Option<_>>()?)
-                }
+                Some(c @ (Concrete::Int(_) | Concrete::Ints(_))) => Some(
+                    c.ints()?
+                        .iter()
+                        .map(|&p| norm(p, rank))
+                        .collect::<Option<_>>()?,
+                ),
                 _ => None,
             };
             let keep = |i: usize| {
@@ -383,8 +406,14 @@ pub fn view_outputs(
                 !(is_one && which.as_ref().is_none_or(|w| w.contains(&i)))
             };
             one(
-                (0..rank).filter(|&i| keep(i)).filter_map(|i| dims.get(i).copied()).collect(),
-                (0..rank).filter(|&i| keep(i)).filter_map(|i| strides.get(i).copied()).collect(),
+                (0..rank)
+                    .filter(|&i| keep(i))
+                    .filter_map(|i| dims.get(i).copied())
+                    .collect(),
+                (0..rank)
+                    .filter(|&i| keep(i))
+                    .filter_map(|i| strides.get(i).copied())
+                    .collect(),
             )
         }
         "aten::slice" => {
@@ -413,14 +442,26 @@ pub fn view_outputs(
             let (mut nd, mut ns) = (dims.clone(), strides.clone());
             nd.remove(d);
             ns.remove(d);
-            let n = if name == "aten::unbind" { *dims.get(d)? } else { 1 };
-            Some(vec![Layout { dims: nd, strides: ns }; usize::try_from(n.clamp(1, 1 << 16)).ok()?])
+            let n = if name == "aten::unbind" {
+                *dims.get(d)?
+            } else {
+                1
+            };
+            Some(vec![
+                Layout {
+                    dims: nd,
+                    strides: ns
+                };
+                usize::try_from(n.clamp(1, 1 << 16)).ok()?
+            ])
         }
         "aten::split" | "aten::split_with_sizes" | "aten::chunk" => {
             let d = norm(arg(2).and_then(Concrete::int).unwrap_or(0), rank)?;
             let len = *dims.get(d)?;
             let sizes: Vec<i64> = match (name, arg(1)?) {
-                ("aten::split_with_sizes", c) | ("aten::split", c @ Concrete::Ints(_)) => c.ints()?,
+                ("aten::split_with_sizes", c) | ("aten::split", c @ Concrete::Ints(_)) => {
+                    c.ints()?
+                }
                 ("aten::chunk", c) => {
                     let k = c.int()?.max(1);
                     let size = (len + k - 1) / k;
@@ -437,7 +478,10 @@ pub fn view_outputs(
                         if let Some(slot) = nd.get_mut(d) {
                             *slot = s;
                         }
-                        Layout { dims: nd, strides: strides.clone() }
+                        Layout {
+                            dims: nd,
+                            strides: strides.clone(),
+                        }
                     })
                     .collect(),
             )
@@ -463,7 +507,10 @@ mod tests {
     use super::*;
 
     fn lay(dims: &[i64], strides: &[i64]) -> Layout {
-        Layout { dims: dims.to_vec(), strides: strides.to_vec() }
+        Layout {
+            dims: dims.to_vec(),
+            strides: strides.to_vec(),
+        }
     }
 
     fn c(texts: &[&str]) -> Vec<Concrete> {
@@ -472,7 +519,10 @@ mod tests {
 
     #[test]
     fn concrete_inputs_parse() {
-        assert_eq!(Concrete::parse("[8, 64, -1, 64]"), Concrete::Ints(vec![8, 64, -1, 64]));
+        assert_eq!(
+            Concrete::parse("[8, 64, -1, 64]"),
+            Concrete::Ints(vec![8, 64, -1, 64])
+        );
         assert_eq!(Concrete::parse("-2"), Concrete::Int(-2));
         assert_eq!(Concrete::parse(""), Concrete::Other);
         assert_eq!(Concrete::parse("True"), Concrete::Other);
@@ -485,7 +535,10 @@ mod tests {
         // GPT-2: qkv.split(768, dim=2) then .view(8, 64, -1, 64)
         let q = lay(&[8, 64, 768], &[147456, 2304, 1]);
         let out = view_outputs("aten::view", &q, &c(&["", "[8, 64, -1, 64]"]), None, false);
-        assert_eq!(out, Some(vec![lay(&[8, 64, 12, 64], &[147456, 2304, 64, 1])]));
+        assert_eq!(
+            out,
+            Some(vec![lay(&[8, 64, 12, 64], &[147456, 2304, 64, 1])])
+        );
         // A view across non-mergeable dims needs a copy.
         assert_eq!(view_strides(&[3, 2], &[1, 3], &[6]), None);
     }
@@ -493,15 +546,31 @@ mod tests {
     #[test]
     fn transposes_slices_and_unbind() {
         let w = lay(&[768, 3072], &[3072, 1]);
-        assert_eq!(view_outputs("aten::t", &w, &c(&[""]), None, false), Some(vec![lay(&[3072, 768], &[1, 3072])]));
+        assert_eq!(
+            view_outputs("aten::t", &w, &c(&[""]), None, false),
+            Some(vec![lay(&[3072, 768], &[1, 3072])])
+        );
         let cache = lay(&[2, 128, 32], &[4096, 32, 1]);
-        let sliced = view_outputs("aten::slice", &cache, &c(&["", "1", "0", "32", "1"]), None, false).unwrap();
+        let sliced = view_outputs(
+            "aten::slice",
+            &cache,
+            &c(&["", "1", "0", "32", "1"]),
+            None,
+            false,
+        )
+        .unwrap();
         assert_eq!(sliced, vec![lay(&[2, 32, 32], &[4096, 32, 1])]);
         let halves = view_outputs("aten::unbind", &sliced[0], &c(&["", "0"]), None, false).unwrap();
         assert_eq!(halves, vec![lay(&[32, 32], &[32, 1]); 2]);
         // slice to the end: INT64_MAX
         let q = lay(&[2, 12, 32, 64], &[24576, 64, 768, 1]);
-        let x2 = view_outputs("aten::slice", &q, &c(&["", "3", "32", "9223372036854775807", "1"]), None, false);
+        let x2 = view_outputs(
+            "aten::slice",
+            &q,
+            &c(&["", "3", "32", "9223372036854775807", "1"]),
+            None,
+            false,
+        );
         assert_eq!(x2, Some(vec![lay(&[2, 12, 32, 32], &[24576, 64, 768, 1])]));
     }
 
@@ -510,11 +579,20 @@ mod tests {
         let inv = lay(&[32], &[1]);
         let u = view_outputs("aten::unsqueeze", &inv, &c(&["", "0"]), None, false).unwrap();
         assert_eq!(u, vec![lay(&[1, 32], &[32, 1])]);
-        let e = view_outputs("aten::expand", &u[0], &c(&["", "[4, -1]", "False"]), None, false);
+        let e = view_outputs(
+            "aten::expand",
+            &u[0],
+            &c(&["", "[4, -1]", "False"]),
+            None,
+            false,
+        );
         assert_eq!(e, Some(vec![lay(&[4, 32], &[0, 1])]));
         let x = lay(&[2, 12, 32, 32, 2], &[24576, 64, 768, 2, 1]);
         let m = view_outputs("aten::movedim", &x, &c(&["", "-1", "0"]), None, false);
-        assert_eq!(m, Some(vec![lay(&[2, 2, 12, 32, 32], &[1, 24576, 64, 768, 2])]));
+        assert_eq!(
+            m,
+            Some(vec![lay(&[2, 2, 12, 32, 32], &[1, 24576, 64, 768, 2])])
+        );
         let qkv = lay(&[8, 64, 2304], &[147456, 2304, 1]);
         let s = view_outputs("aten::split", &qkv, &c(&["", "768", "2"]), None, false).unwrap();
         assert_eq!(s, vec![lay(&[8, 64, 768], &[147456, 2304, 1]); 3]);

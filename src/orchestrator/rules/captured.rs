@@ -244,7 +244,13 @@ fn item_of(
         category: category_of(block),
         iteration,
         phase: block.alloc_phase,
-        op: name_of(analysis, block.alloc_op_name),
+        // DDP's buckets go by one op name, so the distributed what-if can
+        // find them.
+        op: if block.role == BlockRole::Bucket {
+            Some(crate::orchestrator::BUCKET_OP.to_owned())
+        } else {
+            name_of(analysis, block.alloc_op_name)
+        },
         layer: name_of(analysis, block.layer),
         alloc: Key::captured(
             block.alloc_ts.saturating_add(offset),

@@ -238,7 +238,8 @@ pub(crate) fn apply_all(
     warnings: &mut Vec<Warning>,
 ) -> Result<(Schedule, OrchestrationFacts), OrchestrateError> {
     let mut counts = RuleCounts::new();
-    let mut items = setup::setup_items(analysis, config.parameters, &mut counts, warnings)?;
+    let (mut items, state) =
+        setup::setup_items(analysis, config.parameters, &mut counts, warnings)?;
 
     // Captured blocks over the planned iterations, as CUDA autocast runs them.
     let changes = autocast::changes(analysis, &config.autocast, warnings);
@@ -301,6 +302,7 @@ pub(crate) fn apply_all(
             .into_iter()
             .map(|(rule, bytes)| RuleBytes { rule, bytes })
             .collect(),
+        state,
     };
     let mut schedule = into_schedule(items, iterations::iteration_spans(analysis, &plan));
     schedule.phases = windows;

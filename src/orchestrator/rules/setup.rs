@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 
 use super::order::Key;
 use super::{count, name_of, Item, RuleCounts, RuleId};
-use crate::analyzer::resident::{StateItem, StateKind};
+use crate::analyzer::resident::{StateItem, StateKind, StateSource};
 use crate::analyzer::Analysis;
 use crate::diag::{Setting, Warning};
 use crate::orchestrator::schedule::{Category, Phase};
-use crate::orchestrator::{OrchestrateError, ParameterOverride};
+use crate::orchestrator::{OrchestrateError, ParameterOverride, StateFacts, BUCKET_OP};
 use crate::units::Bytes;
 
 /// One parameter to allocate at setup: its size and layer.
@@ -32,14 +32,17 @@ pub(super) fn setup_items(
     overrides: ParameterOverride,
     counts: &mut RuleCounts,
     warnings: &mut Vec<Warning>,
-) -> Result<Vec<Item>, OrchestrateError> {
-    let params = parameters(analysis, overrides, warnings)?;
+) -> Result<(Vec<Item>, StateFacts), OrchestrateError> {
+    let (params, in_trace) = parameters(analysis, overrides, warnings)?;
     let n_parameters = params.len();
     let mut items = rule_parameters(&params);
     counts.insert(RuleId::Parameters, count(n_parameters));
-    let n_batchnorm = items.iter().filter(|i| i.category == Category::Buffer).count();
+    let n_batchnorm = items
+        .iter()
+        .filter(|i| i.category == Category::Buffer)
+        .count();
     counts.insert(RuleId::BatchnormBuffers, count(n_batchnorm));
-    if n_parameters == 0 {
+    if n_parameters == 0 && in_trace == Bytes::ZERO {
         warnings.push(Warning::asking(
             "no_parameters",
             "no parameter was found in the trace (no tensor the forward pass reads comes from before the trace, and no AccumulateGrad), so the estimate has none; if the model has parameters, ",
@@ -62,24 +65,59 @@ pub(super) fn setup_items(
         .collect();
     let n_buffers = buffers.len();
     for b in buffers {
-        items.push(setup_item(analysis, b, Category::Buffer, "model.to(device) buffer", items.len()));
+        items.push(setup_item(
+            analysis,
+            b,
+            Category::Buffer,
+            "model.to(device) buffer",
+            items.len(),
+        ));
     }
     if n_buffers > 0 {
         counts.insert(RuleId::ModelBuffers, count(n_buffers));
     }
 
-    let class = analysis.optimizer.class_name.as_deref().unwrap_or("the optimizer");
+    let class = analysis
+        .optimizer
+        .class_name
+        .as_deref()
+        .unwrap_or("the optimizer");
     let op = format!("{class} state made before the trace");
     let mut n_state = 0_usize;
     for s in state.of(StateKind::OptimizerState) {
-        items.push(setup_item(analysis, s, Category::OptimizerState, &op, items.len()));
+        items.push(setup_item(
+            analysis,
+            s,
+            Category::OptimizerState,
+            &op,
+            items.len(),
+        ));
         n_state += 1;
     }
     counts.insert(RuleId::ConstructorOptimizerState, count(n_state));
+    if n_state > 0 {
+        let total: Bytes = state.of(StateKind::OptimizerState).map(|s| s.bytes).sum();
+        warnings.push(Warning::new(
+            "optimizer_state_before_trace",
+            format!(
+                "{class} allocated no state in the first recorded step, so its state was made before the trace (in its constructor, like Adagrad's, or in steps a profiler schedule did not record): {} bytes of state for the trainable parameters, from the optimizer class and what its step runs, are allocated before the first iteration",
+                total.get()
+            ),
+        ));
+    }
 
     let mut n_activations = 0_usize;
-    for a in state.of(StateKind::Activation).filter(|a| a.block.is_none()) {
-        let mut item = setup_item(analysis, a, Category::Activation, "made before the trace", items.len());
+    for a in state
+        .of(StateKind::Activation)
+        .filter(|a| a.block.is_none())
+    {
+        let mut item = setup_item(
+            analysis,
+            a,
+            Category::Activation,
+            "made before the trace",
+            items.len(),
+        );
         // Freed after its last read: a KV cache or a batch replaced by the
         // trace's own.
         item.free = a.last_read.map(|t| Key::after_trace(t, items.len() as u64));
@@ -92,27 +130,116 @@ pub(super) fn setup_items(
 
     let mut n_buckets = 0_usize;
     for b in state.of(StateKind::Bucket) {
-        let mut item = setup_item(
-            analysis,
-            b,
-            Category::Bucket,
-            "DistributedDataParallel gradient buckets",
-            items.len(),
-        );
-        // The reducer rebuilds its buckets after the first iteration: the
-        // ones made before the trace go when the trace's own arrive.
-        item.free = b.last_read.map(|t| Key::before_trace(t, 0));
-        items.push(item);
-        n_buckets += 1;
+        // Sized by the trainable bytes (a trace without shapes): split as
+        // the reducer does (a first bucket of 1 MiB, then 25 MiB ones).
+        let sizes = if b.source == StateSource::TrainableBytes {
+            crate::whatif::distributed::buckets(b.bytes.get())
+        } else {
+            vec![b.bytes.get()]
+        };
+        for size in sizes {
+            let mut item = setup_item(analysis, b, Category::Bucket, BUCKET_OP, items.len());
+            item.size = Bytes(size);
+            // The reducer rebuilds its buckets after the first iteration:
+            // the ones made before the trace go when the trace's own arrive.
+            item.free = b.last_read.map(|t| Key::before_trace(t, 0));
+            items.push(item);
+            n_buckets += 1;
+        }
     }
     if n_buckets > 0 {
         counts.insert(RuleId::DdpBuckets, count(n_buckets));
     }
-    Ok(items)
+    let facts = state_facts(analysis, &params, in_trace, &items);
+    if n_parameters > 0 && !overrides.is_set() {
+        warnings.push(found_warning(analysis, &facts));
+    }
+    Ok((items, facts))
+}
+
+/// What the schedule holds of the model.
+fn state_facts(
+    analysis: &Analysis,
+    params: &[Param],
+    in_trace: Bytes,
+    items: &[Item],
+) -> StateFacts {
+    let sum = |frozen: bool| -> Bytes {
+        params
+            .iter()
+            .filter(|p| p.frozen == frozen)
+            .map(|p| p.bytes)
+            .sum()
+    };
+    let n_in_trace = analysis
+        .state
+        .of(StateKind::Parameter)
+        .filter(|p| p.block.is_some())
+        .count();
+    let in_trace_buffers: Bytes = analysis
+        .state
+        .of(StateKind::Buffer)
+        .filter(|b| b.block.is_some())
+        .map(|b| b.bytes)
+        .sum();
+    let buffers: Bytes = items
+        .iter()
+        .filter(|i| i.category == Category::Buffer)
+        .map(|i| i.size)
+        .sum();
+    let trainable = sum(false);
+    let frozen = sum(true);
+    StateFacts {
+        n_parameters: count(params.len() + n_in_trace),
+        parameter_bytes: trainable + frozen + in_trace,
+        // A model built in the trace: its parameters' blocks are its own,
+        // trainable or not as the analyzer found.
+        trainable_bytes: trainable
+            + analysis
+                .state
+                .of(StateKind::Parameter)
+                .filter(|p| p.block.is_some() && p.trainable)
+                .map(|p| p.bytes)
+                .sum(),
+        frozen_bytes: frozen
+            + analysis
+                .state
+                .of(StateKind::Parameter)
+                .filter(|p| p.block.is_some() && !p.trainable)
+                .map(|p| p.bytes)
+                .sum(),
+        buffer_bytes: buffers + in_trace_buffers,
+    }
+}
+
+/// The warning that says what was found and how.
+fn found_warning(analysis: &Analysis, facts: &StateFacts) -> Warning {
+    let how = if analysis.state.has_shapes {
+        "trainable ones from their AccumulateGrad shapes, the others as tensors the forward pass reads that were never allocated in the trace"
+    } else {
+        "sized from their gradient blocks (the trace has no shapes)"
+    };
+    Warning::new(
+        "parameters_inferred",
+        format!(
+            "{} parameters ({} bytes: {} trainable, {} frozen) and {} bytes of buffers were found ({how}) and allocated before the first iteration; buffers and weights the forward pass never reads are not counted",
+            facts.n_parameters,
+            facts.parameter_bytes.get(),
+            facts.trainable_bytes.get(),
+            facts.frozen_bytes.get(),
+            facts.buffer_bytes.get()
+        ),
+    )
 }
 
 /// A setup item for one resident tensor.
-fn setup_item(analysis: &Analysis, s: &StateItem, category: Category, op: &str, rank: usize) -> Item {
+fn setup_item(
+    analysis: &Analysis,
+    s: &StateItem,
+    category: Category,
+    op: &str,
+    rank: usize,
+) -> Item {
     Item {
         size: s.bytes,
         category,
@@ -137,7 +264,7 @@ fn parameters(
     analysis: &Analysis,
     overrides: ParameterOverride,
     warnings: &mut Vec<Warning>,
-) -> Result<Vec<Param>, OrchestrateError> {
+) -> Result<(Vec<Param>, Bytes), OrchestrateError> {
     let state = &analysis.state;
     let mut params: Vec<Param> = analysis
         .parameters
@@ -164,11 +291,12 @@ fn parameters(
         .collect();
     let trainable: Bytes = params.iter().map(|p| p.bytes).sum();
     if !overrides.is_set() {
-        if params.is_empty() && frozen.is_empty() && in_trace == Bytes::ZERO && !state.has_shapes {
+        if params.is_empty() && frozen.is_empty() && in_trace == Bytes::ZERO && state.shapes_missing
+        {
             return Err(OrchestrateError::ParametersUnknown);
         }
         params.extend(frozen);
-        return Ok(params);
+        return Ok((params, in_trace));
     }
     let found_frozen: Bytes = frozen.iter().map(|p| p.bytes).sum();
     let wanted_frozen = match (overrides.total, overrides.frozen) {
@@ -207,7 +335,7 @@ fn parameters(
             (trainable + found_frozen + in_trace).get()
         ),
     ));
-    Ok(params)
+    Ok((params, in_trace))
 }
 
 /// `frozen` resized to `bytes` in total, each in proportion (one block when
@@ -229,8 +357,10 @@ fn scaled(frozen: &[Param], bytes: Bytes) -> Vec<Param> {
         .iter()
         .map(|p| Param {
             bytes: Bytes(
-                u64::try_from(u128::from(p.bytes.get()) * u128::from(bytes.get()) / u128::from(found))
-                    .unwrap_or(u64::MAX),
+                u64::try_from(
+                    u128::from(p.bytes.get()) * u128::from(bytes.get()) / u128::from(found),
+                )
+                .unwrap_or(u64::MAX),
             ),
             layer: p.layer.clone(),
             frozen: true,
@@ -349,7 +479,10 @@ mod tests {
             frozen: true,
         };
         let out = scaled(&[p(100), p(300)], Bytes(1000));
-        assert_eq!(out.iter().map(|p| p.bytes.get()).collect::<Vec<_>>(), vec![250, 750]);
+        assert_eq!(
+            out.iter().map(|p| p.bytes.get()).collect::<Vec<_>>(),
+            vec![250, 750]
+        );
         let out = scaled(&[p(1), p(1), p(1)], Bytes(10));
         assert_eq!(out.iter().map(|p| p.bytes.get()).sum::<u64>(), 10);
         assert_eq!(scaled(&[], Bytes(64)).len(), 1);
