@@ -84,6 +84,7 @@
 //! trace always gives the same state.
 
 mod buckets;
+mod findings;
 mod optimizer;
 mod reads;
 mod ties;
@@ -103,7 +104,7 @@ use crate::diag::Warning;
 use crate::trace::{NameId, Trace};
 use crate::units::{Bytes, Nanos};
 use reads::{pre_trace_reads, Arg, Blk, BlockUse, Call, Dtype, Op, ReadKind};
-use ties::{resolve_word_embeddings, Tie, TieEvidence};
+use ties::resolve_word_embeddings;
 use views::{Concrete, Layout};
 
 /// What the profiled run does, from the trace.
@@ -570,7 +571,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         run_kind,
         items,
         totals: StateTotals::default(),
-        tie: tie.map(|t| tie_finding(&t, hf_model_type.as_deref())),
+        tie: tie.map(|t| findings::tie_finding(&t, hf_model_type.as_deref())),
         has_shapes,
         shapes_missing,
         has_module_frames,
@@ -578,7 +579,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         hf_model_type,
     };
     state.totals = totals(&state.items);
-    state_warnings(&state, input, warnings);
+    findings::state_warnings(&state, warnings);
     state
 }
 
@@ -734,87 +735,6 @@ fn totals(items: &[StateItem]) -> StateTotals {
         }
     }
     t
-}
-
-fn tie_finding(tie: &Tie, hf_model_type: Option<&str>) -> TieFinding {
-    let why = match &tie.evidence {
-        TieEvidence::Gradients(g) => format!("training ran AccumulateGrad {g} time(s) for it"),
-        TieEvidence::HuggingFace { model_type, tied } => format!(
-            "Hugging Face {model_type} {} its input and output embeddings by default",
-            if *tied { "ties" } else { "does not tie" }
-        ),
-        TieEvidence::NoFrames => {
-            "without module frames the reads cannot be told apart, so it was counted once"
-                .to_owned()
-        }
-        TieEvidence::Separate => match hf_model_type {
-            Some(t) => format!("{t}: counted separately"),
-            None => "not a Hugging Face model: each module's weight was counted".to_owned(),
-        },
-    };
-    TieFinding {
-        shape: tie.dims.clone(),
-        bytes_each: Bytes(tie.bytes_each),
-        reads: tie.reads,
-        kept: tie.kept,
-        exact: matches!(tie.evidence, TieEvidence::Gradients(_)),
-        why,
-    }
-}
-
-/// The warnings that say what was inferred and how sure it is.
-fn state_warnings(state: &ModelState, input: &Inputs<'_>, warnings: &mut Vec<Warning>) {
-    let t = &state.totals;
-    if !state.has_shapes && t.n_trainable > 0 {
-        warnings.push(Warning::new(
-            "parameters_from_gradients",
-            format!(
-                "the trace has no shapes (it was recorded without record_shapes): {} trainable parameters ({} bytes) were sized from their gradient blocks; parameters that get no gradient (frozen ones, or all of them in a forward-only run) leave no trace without shapes and are not counted: give the parameter bytes yourself if the model has any",
-                t.n_trainable,
-                t.trainable.get()
-            ),
-        ));
-    }
-    if !state.has_module_frames && t.n_parameters > 0 {
-        warnings.push(Warning::new(
-            "parameters_without_modules",
-            "the trace has no module frames (it was recorded without with_stack): weights were found from the known layer ops only (linear, convolution, embedding, norms), parameters read by other ops (custom layers, RMSNorm weights) are missed, and a module called twice in an iteration is counted twice",
-        ));
-    }
-    if let Some(tie) = &state.tie {
-        if !tie.exact && tie.reads > 1 {
-            warnings.push(Warning::new(
-                "tied_weights_guessed",
-                format!(
-                    "{} modules read a {:?} weight of the input embedding's shape ({} bytes each); {}: counted {} time(s). A trace cannot show whether weights are tied: if this is wrong, give the parameter bytes yourself",
-                    tie.reads,
-                    tie.shape,
-                    tie.bytes_each.get(),
-                    tie.why,
-                    tie.kept
-                ),
-            ));
-        }
-    }
-    if t.activations_before_trace > Bytes::ZERO {
-        warnings.push(Warning::new(
-            "activations_before_trace",
-            format!(
-                "{} bytes of activations made before the trace (an earlier batch, a KV cache) are read by the forward pass: they are allocated before the first iteration and freed after their last read",
-                t.activations_before_trace.get()
-            ),
-        ));
-    }
-    if state.distributed {
-        warnings.push(Warning::new(
-            "distributed_one_rank",
-            format!(
-                "a DistributedDataParallel run: this is the estimate of one rank (the one traced); {} bytes of gradient buckets made when the model was wrapped are resident from the start",
-                t.buckets.get()
-            ),
-        ));
-    }
-    let _ = input;
 }
 
 #[cfg(test)]
