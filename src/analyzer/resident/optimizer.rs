@@ -19,8 +19,8 @@ pub struct StepOps {
 /// `torch/optim/<name>.py`'s `_init_group`: SGD keeps `momentum_buffer` when
 /// momentum is on (its step then runs `buf.mul_(momentum)`); Adam and AdamW
 /// `exp_avg`, `exp_avg_sq` (+ `max_exp_avg_sq` with AMSGrad, whose step runs
-/// `maximum`); RMSprop `square_avg` (+ `grad_avg` when centered: `lerp_`;
-/// + `momentum_buffer` with momentum: a second `mul_` per parameter);
+/// `maximum`); RMSprop `square_avg` (and `grad_avg` when centered: `lerp_`;
+/// and `momentum_buffer` with momentum: a second `mul_` per parameter);
 /// Adagrad `sum`; Adamax `exp_avg`, `exp_inf`; NAdam, RAdam `exp_avg`,
 /// `exp_avg_sq`; Adadelta `square_avg`, `acc_delta`; Rprop `prev`,
 /// `step_size`; ASGD `ax`. Scalar counters (`step`, NAdam's `mu_product`)
@@ -49,52 +49,6 @@ pub fn adafactor_state_elements(dims: &[i64]) -> u64 {
             let batch: u64 = lead.iter().map(|&x| d(x)).product();
             batch.saturating_mul(d(*rows).saturating_add(d(*cols)))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_follows_the_optimizer_and_its_step() {
-        let none = StepOps::default();
-        assert_eq!(state_tensors_per_parameter("SGD", none, 62), Some(0));
-        assert_eq!(
-            state_tensors_per_parameter("SGD", StepOps { muls: 62, ..none }, 62),
-            Some(1)
-        );
-        assert_eq!(state_tensors_per_parameter("Adam", none, 62), Some(2));
-        assert_eq!(
-            state_tensors_per_parameter(
-                "AdamW",
-                StepOps {
-                    maximums: 62,
-                    ..none
-                },
-                62
-            ),
-            Some(3)
-        );
-        assert_eq!(
-            state_tensors_per_parameter("RMSprop", StepOps { muls: 62, ..none }, 62),
-            Some(1)
-        );
-        assert_eq!(
-            state_tensors_per_parameter(
-                "RMSprop",
-                StepOps {
-                    muls: 124,
-                    lerps: 62,
-                    ..none
-                },
-                62
-            ),
-            Some(3)
-        );
-        assert_eq!(state_tensors_per_parameter("Lion", none, 62), None);
-        assert_eq!(adafactor_state_elements(&[768, 3072]), 768 + 3072);
-        assert_eq!(adafactor_state_elements(&[768]), 768);
     }
 }
 
@@ -211,4 +165,50 @@ pub(super) fn state_before_trace(
         }
     }
     items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_follows_the_optimizer_and_its_step() {
+        let none = StepOps::default();
+        assert_eq!(state_tensors_per_parameter("SGD", none, 62), Some(0));
+        assert_eq!(
+            state_tensors_per_parameter("SGD", StepOps { muls: 62, ..none }, 62),
+            Some(1)
+        );
+        assert_eq!(state_tensors_per_parameter("Adam", none, 62), Some(2));
+        assert_eq!(
+            state_tensors_per_parameter(
+                "AdamW",
+                StepOps {
+                    maximums: 62,
+                    ..none
+                },
+                62
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            state_tensors_per_parameter("RMSprop", StepOps { muls: 62, ..none }, 62),
+            Some(1)
+        );
+        assert_eq!(
+            state_tensors_per_parameter(
+                "RMSprop",
+                StepOps {
+                    muls: 124,
+                    lerps: 62,
+                    ..none
+                },
+                62
+            ),
+            Some(3)
+        );
+        assert_eq!(state_tensors_per_parameter("Lion", none, 62), None);
+        assert_eq!(adafactor_state_elements(&[768, 3072]), 768 + 3072);
+        assert_eq!(adafactor_state_elements(&[768]), 768);
+    }
 }
