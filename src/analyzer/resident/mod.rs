@@ -556,6 +556,9 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         });
     }
 
+    if !passes.is_empty() {
+        untrained_generic_reads_are_buffers(&mut items);
+    }
     let distributed = buckets::is_distributed(input);
     items.extend(optimizer::state_before_trace(input, warnings));
     items.extend(buckets::buckets(
@@ -581,6 +584,28 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
     state.totals = totals(&state.items);
     findings::state_warnings(&state, warnings);
     state
+}
+
+/// In a training run where every weight of a known layer op gets a
+/// gradient, a floating tensor without one that only generic ops read
+/// (Llama's rotary `inv_freq`, a sinusoidal table) is a buffer: freezing is
+/// done per layer, so a frozen parameter shows as a frozen layer weight. A
+/// guess from how models freeze, not from the trace; with any frozen layer
+/// weight (LoRA, a frozen backbone) nothing is reclassified.
+fn untrained_generic_reads_are_buffers(items: &mut [StateItem]) {
+    let known_op =
+        |i: &StateItem| matches!(i.source, StateSource::OpArgument { known_op: true, .. });
+    let any_frozen_layer_weight = items
+        .iter()
+        .any(|i| i.kind == StateKind::Parameter && !i.trainable && known_op(i));
+    if any_frozen_layer_weight {
+        return;
+    }
+    for i in items.iter_mut() {
+        if i.kind == StateKind::Parameter && !i.trainable && i.block.is_none() && !known_op(i) {
+            i.kind = StateKind::Buffer;
+        }
+    }
 }
 
 /// The innermost `nn.Module` frame at `t` on thread `tid`.
