@@ -279,7 +279,10 @@ pub fn resolve_word_embeddings(
         (n, TieEvidence::Separate)
     };
     let drop = (n - kept) as usize;
-    let bytes_each = found.get(group[0]).map_or(0, |f| f.bytes);
+    let bytes_each = group
+        .first()
+        .and_then(|&i| found.get(i))
+        .map_or(0, |f| f.bytes);
     if drop > 0 {
         let order: Vec<usize> = heads.iter().chain(tables.iter().skip(1)).copied().collect();
         let mut remove: Vec<usize> = order.into_iter().take(drop).collect();
@@ -296,4 +299,71 @@ pub fn resolve_word_embeddings(
         kept,
         evidence,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(op: &str, arg: u16, dims: &[i64]) -> Found {
+        Found {
+            instance: None,
+            dims: dims.to_vec(),
+            dtype: Some(1),
+            bytes: dims.iter().product::<i64>().unsigned_abs() * 4,
+            kind: ReadKind::Parameter,
+            in_trace: false,
+            block: None,
+            known_role: true,
+            op: op.to_owned(),
+            arg,
+            first_read: 0,
+            last_read: 0,
+        }
+    }
+
+    /// A GPT-2-like model: the word table and the output Linear share a
+    /// signature; the position table does not.
+    fn model() -> Vec<Found> {
+        vec![
+            read("aten::embedding", 0, &[100, 8]),
+            read("aten::embedding", 0, &[16, 8]),
+            read("aten::linear", 1, &[100, 8]),
+        ]
+    }
+
+    #[test]
+    fn gradients_decide_a_tie_exactly() {
+        let mut found = model();
+        let grads = BTreeMap::from([((vec![100, 8], Some(1)), 1)]);
+        let tie = resolve_word_embeddings(&mut found, &grads, None, true).unwrap();
+        assert_eq!((tie.reads, tie.kept), (2, 1));
+        assert_eq!(tie.evidence, TieEvidence::Gradients(1));
+        assert_eq!(found.len(), 2);
+        // The table stays, the head goes.
+        assert!(found.iter().all(|f| f.op == "aten::embedding"));
+        // Two gradients: two tensors.
+        let mut found = model();
+        let grads = BTreeMap::from([((vec![100, 8], Some(1)), 2)]);
+        resolve_word_embeddings(&mut found, &grads, None, true).unwrap();
+        assert_eq!(found.len(), 3);
+    }
+
+    #[test]
+    fn without_gradients_the_conventions_decide() {
+        let none = BTreeMap::new();
+        let mut found = model();
+        let tie = resolve_word_embeddings(&mut found, &none, Some("gpt2"), true).unwrap();
+        assert_eq!(tie.kept, 1);
+        let mut found = model();
+        let tie = resolve_word_embeddings(&mut found, &none, None, false).unwrap();
+        assert_eq!((tie.kept, tie.evidence), (1, TieEvidence::NoFrames));
+        let mut found = model();
+        let tie = resolve_word_embeddings(&mut found, &none, None, true).unwrap();
+        assert_eq!((tie.kept, tie.evidence), (2, TieEvidence::Separate));
+        assert_eq!(found.len(), 3);
+        // No second read of the signature: nothing to decide.
+        let mut found = vec![read("aten::embedding", 0, &[100, 8])];
+        assert!(resolve_word_embeddings(&mut found, &none, None, true).is_none());
+    }
 }
