@@ -82,7 +82,9 @@ pub enum Error {
     Gpu(#[from] PresetError),
     #[error(transparent)]
     Report(#[from] ReportError),
-    #[error("the parameter bytes {0:?} are not a size: give bytes such as 500MiB, 1.5GiB or 124439808")]
+    #[error(
+        "the parameter bytes {0:?} are not a size: give bytes such as 500MiB, 1.5GiB or 124439808"
+    )]
     ParameterBytes(String),
 }
 

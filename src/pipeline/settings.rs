@@ -160,8 +160,18 @@ mod tests {
             context: Some("1GiB".into()),
             iterations: 5,
             captured_optimizer: true,
+            params: Some("500MiB".into()),
+            frozen_params: Some("100MiB".into()),
         };
         let config = settings.config().unwrap();
+        assert_eq!(
+            config.orchestrator.parameters.total,
+            Some(Bytes(500 * Bytes::MIB))
+        );
+        assert_eq!(
+            config.orchestrator.parameters.frozen,
+            Some(Bytes(100 * Bytes::MIB))
+        );
         assert_eq!(config.alloc_conf, "expandable_segments:True");
         assert_eq!(config.reference.overheads.context_bytes, Bytes(Bytes::GIB));
         assert_eq!(config.orchestrator.iterations, 5);
@@ -190,5 +200,10 @@ mod tests {
             ..Settings::default()
         };
         assert!(matches!(context.config(), Err(Error::Gpu(_))));
+        let params = Settings {
+            params: Some("many".into()),
+            ..Settings::default()
+        };
+        assert!(matches!(params.config(), Err(Error::ParameterBytes(_))));
     }
 }
