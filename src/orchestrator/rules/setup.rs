@@ -266,9 +266,25 @@ fn parameters(
     warnings: &mut Vec<Warning>,
 ) -> Result<(Vec<Param>, Bytes), OrchestrateError> {
     let state = &analysis.state;
+    // A trainable parameter whose block the trace allocated (a model built
+    // inside the profiled region) is that block: not added again.
+    let mut built_in_trace: BTreeMap<Bytes, usize> = BTreeMap::new();
+    for p in state
+        .of(StateKind::Parameter)
+        .filter(|p| p.trainable && p.block.is_some())
+    {
+        *built_in_trace.entry(p.bytes).or_default() += 1;
+    }
     let mut params: Vec<Param> = analysis
         .parameters
         .iter()
+        .filter(|p| match built_in_trace.get_mut(&p.bytes) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        })
         .map(|p| Param {
             bytes: p.bytes,
             layer: name_of(analysis, p.layer),

@@ -437,6 +437,42 @@ fn the_parameter_bytes_given_replace_the_frozen_part() {
     ));
 }
 
+/// A model built inside the profiled region: a trainable parameter whose
+/// block the trace allocated is that block, not a second setup block.
+#[test]
+fn a_parameter_built_in_the_trace_is_not_added_again() {
+    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
+    let mut lp = Loop::training("Adam");
+    lp.analysis.state.has_shapes = true;
+    let setup_parameters = |lp: &Loop| {
+        let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
+        schedule
+            .blocks
+            .iter()
+            .filter(|b| b.category == Category::Parameter && b.phase == Phase::Setup)
+            .map(|b| b.size.get())
+            .sum::<u64>()
+    };
+    assert_eq!(setup_parameters(&lp), 4_080);
+    lp.analysis.state.items = vec![StateItem {
+        kind: StateKind::Parameter,
+        trainable: true,
+        bytes: Bytes(4_000),
+        shape: vec![1_000],
+        dtype: None,
+        layer: None,
+        source: StateSource::OpArgument {
+            op: "aten::linear".to_owned(),
+            argument: 1,
+            known_op: true,
+        },
+        first_read: None,
+        last_read: None,
+        block: Some(0),
+    }];
+    assert_eq!(setup_parameters(&lp), 80);
+}
+
 #[test]
 fn host_and_cpu_only_blocks_are_dropped() {
     let lp = Loop::training("Adam");
