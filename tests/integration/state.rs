@@ -158,7 +158,7 @@ fn the_parameter_bytes_given_replace_the_trace() {
     }
 }
 
-/// `fixture` with every op's shapes removed and `record_shapes` off, as
+/// `fixture` with every op's shapes and the `record_shapes` flag removed, as
 /// `torch.profiler.profile(record_shapes=False)` writes it.
 fn without_shapes(relative: &str) -> Vec<u8> {
     let mut text = String::new();
@@ -166,11 +166,8 @@ fn without_shapes(relative: &str) -> Vec<u8> {
         .read_to_string(&mut text)
         .unwrap();
     let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    for value in json.as_object_mut().unwrap().values_mut() {
-        if let Some(flag) = value.get_mut("record_shapes") {
-            *flag = serde_json::json!(0);
-        }
-    }
+    // torch.profiler writes the flag only when it is on.
+    json.as_object_mut().unwrap().remove("record_shapes");
     for event in json["traceEvents"].as_array_mut().unwrap() {
         if let Some(args) = event.get_mut("args").and_then(|a| a.as_object_mut()) {
             for key in [
@@ -209,6 +206,25 @@ fn without_shapes_parameters_come_from_gradients_or_are_refused() {
         Err(memcast::Error::Orchestrate(OrchestrateError::ParametersUnknown)) => {}
         other => panic!("{:?}", other.map(|p| p.parameter_bytes)),
     }
+    // Allocation-only ops record no shapes even with record_shapes on: a
+    // trace of only those is estimated (with no parameters), not refused.
+    let memory = |ts: u32, bytes: i64| {
+        format!(
+            r#"{{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": {ts},
+                "args": {{"Addr": 100, "Bytes": {bytes}, "Total Allocated": 0, "Total Reserved": 0,
+                          "Device Type": 0, "Device Id": -1}}}}"#
+        )
+    };
+    let bare = format!(
+        r#"{{"traceEvents": [
+            {{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 1000, "args": {{}}}},
+            {{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 5, "dur": 10, "args": {{}}}},
+            {}, {}]}}"#,
+        memory(10, 64),
+        memory(20, -64)
+    );
+    let prepared = memcast::prepare(bare.as_bytes(), &config(), &mut |_| {}).unwrap();
+    assert_eq!(prepared.parameter_bytes, Bytes::ZERO);
     // The user's figure is the way out.
     let mut config = config();
     config.orchestrator.parameters.total = Some(Bytes(14_019_488));

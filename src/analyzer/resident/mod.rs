@@ -304,8 +304,18 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         .any(|f| names.get(f.name).starts_with(MODULE_PREFIX));
     let has_shapes =
         trace.header.record_shapes.unwrap_or(true) && trace.ops.iter().any(|o| o.tensors.len > 0);
-    let shapes_missing = trace.header.record_shapes == Some(false)
-        || (!trace.ops.is_empty() && !trace.ops.iter().any(|o| o.tensors.len > 0));
+    // Without the header's flag: ops that keep their shapes when recorded
+    // (not allocation-only ones) ran, and none has any.
+    let shapes_missing = match trace.header.record_shapes {
+        Some(recorded) => !recorded,
+        None => {
+            trace
+                .ops
+                .iter()
+                .any(|o| crate::trace::ARGS_KEPT.keeps_shapes(trace.name(o.name)))
+                && !trace.ops.iter().any(|o| o.tensors.len > 0)
+        }
+    };
     let hf_model_type = hf_model_type(input);
 
     // The engine's view of the trace: forward ops, module calls, blocks.
