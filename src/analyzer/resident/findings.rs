@@ -1,8 +1,8 @@
-//! What the resident state's findings say: the tie decision and the
-//! warnings that tell how sure each finding is.
+//! What the resident state's findings say: the run kind, the totals, the
+//! tie decision and the warnings that tell how sure each finding is.
 
 use super::ties::{Tie, TieEvidence};
-use super::{ModelState, TieFinding};
+use super::{ModelState, RunKind, StateItem, StateKind, StateTotals, TieFinding};
 use crate::diag::Warning;
 use crate::units::Bytes;
 
@@ -84,4 +84,41 @@ pub(super) fn state_warnings(state: &ModelState, warnings: &mut Vec<Warning>) {
             ),
         ));
     }
+}
+
+/// The run's kind: backward passes train; without them, autograd sequence
+/// numbers on the forward ops mean autograd was on.
+pub(super) fn run_kind(backward: bool, autograd_on: bool, items: &[StateItem]) -> RunKind {
+    let frozen = items
+        .iter()
+        .any(|i| i.kind == StateKind::Parameter && !i.trainable);
+    match (backward, autograd_on) {
+        (true, _) if frozen => RunKind::FineTuning,
+        (true, _) => RunKind::Training,
+        (false, true) => RunKind::ForwardWithAutograd,
+        (false, false) => RunKind::Inference,
+    }
+}
+
+pub(super) fn totals(items: &[StateItem]) -> StateTotals {
+    let mut t = StateTotals::default();
+    for i in items {
+        match i.kind {
+            StateKind::Parameter => {
+                t.n_parameters += 1;
+                t.parameters += i.bytes;
+                if i.trainable {
+                    t.n_trainable += 1;
+                    t.trainable += i.bytes;
+                } else {
+                    t.frozen += i.bytes;
+                }
+            }
+            StateKind::Buffer => t.buffers += i.bytes,
+            StateKind::Activation => t.activations_before_trace += i.bytes,
+            StateKind::OptimizerState => t.optimizer_state_before_trace += i.bytes,
+            StateKind::Bucket => t.buckets += i.bytes,
+        }
+    }
+    t
 }

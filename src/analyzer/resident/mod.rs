@@ -579,7 +579,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         warnings,
     ));
 
-    let run_kind = run_kind(!passes.is_empty(), any_forward_sequence, &items);
+    let run_kind = findings::run_kind(!passes.is_empty(), any_forward_sequence, &items);
     let mut state = ModelState {
         run_kind,
         items,
@@ -591,7 +591,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         distributed,
         hf_model_type,
     };
-    state.totals = totals(&state.items);
+    state.totals = findings::totals(&state.items);
     findings::state_warnings(&state, warnings);
     state
 }
@@ -735,45 +735,9 @@ fn hf_model_type(input: &Inputs<'_>) -> Option<String> {
         .map(|(t, _)| t.to_owned())
 }
 
-/// The run's kind: backward passes train; without them, autograd sequence
-/// numbers on the forward ops mean autograd was on.
-fn run_kind(backward: bool, autograd_on: bool, items: &[StateItem]) -> RunKind {
-    let frozen = items
-        .iter()
-        .any(|i| i.kind == StateKind::Parameter && !i.trainable);
-    match (backward, autograd_on) {
-        (true, _) if frozen => RunKind::FineTuning,
-        (true, _) => RunKind::Training,
-        (false, true) => RunKind::ForwardWithAutograd,
-        (false, false) => RunKind::Inference,
-    }
-}
-
-fn totals(items: &[StateItem]) -> StateTotals {
-    let mut t = StateTotals::default();
-    for i in items {
-        match i.kind {
-            StateKind::Parameter => {
-                t.n_parameters += 1;
-                t.parameters += i.bytes;
-                if i.trainable {
-                    t.n_trainable += 1;
-                    t.trainable += i.bytes;
-                } else {
-                    t.frozen += i.bytes;
-                }
-            }
-            StateKind::Buffer => t.buffers += i.bytes,
-            StateKind::Activation => t.activations_before_trace += i.bytes,
-            StateKind::OptimizerState => t.optimizer_state_before_trace += i.bytes,
-            StateKind::Bucket => t.buckets += i.bytes,
-        }
-    }
-    t
-}
-
 #[cfg(test)]
 mod tests {
+    use super::findings::{run_kind, totals};
     use super::*;
 
     #[test]
