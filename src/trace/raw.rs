@@ -21,8 +21,8 @@ use serde_json::value::RawValue;
 
 use super::args::{read_op_args, RawOpArgs, Scratch};
 use super::{
-    count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent, TensorInput,
-    Span, Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
+    count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent,
+    Span, TensorInput, Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
 };
 use crate::diag::{Warned, Warning};
 use crate::units::Nanos;
@@ -986,48 +986,26 @@ impl<'de> de::Deserialize<'de> for CountSeq {
 mod tests {
     use super::*;
 
-    #[test]
-    fn few_keeps_its_items_in_order_past_its_inline_room() {
-        let mut few: Few<u32, 2> = Few::default();
-        assert_eq!(few.get(0), None);
-        for i in 0..5 {
-            few.push(i);
-        }
-        assert_eq!(few.iter().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
-        assert_eq!(
-            (few.get(1), few.get(4), few.get(5)),
-            (Some(1), Some(4), None)
-        );
-    }
-
+    /// The autocast rules' view of an op's arguments comes from the same
+    /// parse: element counts and dtypes of tensors, list elements without a
+    /// dtype, scalars and odd entries left out.
     #[test]
     fn tensor_args_count_elements_and_keep_list_elements() {
-        let numels: ArgNumels = parse_one("[[2, 3], [], [[1, 4], [2]], 5, \"x\", [[1], 2]]");
+        let json = r#"{"traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::cat", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+             "args": {"Input Dims": [[2, 3], [], [[1, 4], [2]], 5, "x", [[1], 2]],
+                      "Input type": ["c10::BFloat16", "Scalar", "TensorList", "", "float", 3]}},
+            {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 2,
+             "args": {"Addr": 1, "Bytes": 8, "Total Allocated": 8, "Total Reserved": 8,
+                      "Device Type": 0, "Device Id": -1}}]}"#;
+        let trace = crate::trace::parse(json.as_bytes()).unwrap().value;
+        let op = trace.ops.first().unwrap();
         assert_eq!(
-            numels.args.iter().copied().collect::<Vec<_>>(),
-            [(6, 0, false), (1, 1, false), (4, 2, true), (2, 2, true)]
-        );
-        assert_eq!(numels.first_list_len, None);
-        let types: ArgTypes =
-            parse_one("[\"c10::BFloat16\", \"Scalar\", \"TensorList\", \"\", \"float\", 3]");
-        assert_eq!(
-            types.0.iter().copied().collect::<Vec<_>>(),
-            [Some(Dtype::Bf16), None, None, None, Some(Dtype::F32), None]
-        );
-        let args = RawArgs {
-            arg_numels: numels.args,
-            arg_types: types.0,
-            ..RawArgs::default()
-        };
-        // The scalar (`Scalar`, dims `[]`) is not a tensor; list elements have no dtype.
-        let mut pushed = Vec::new();
-        args.push_tensor_args(&mut pushed);
-        assert_eq!(
-            pushed,
+            trace.tensor_args_of(op),
             [
                 TensorInput {
                     numel: 6,
-                    dtype: Some(Dtype::Bf16),
+                    dtype: Some(crate::trace::Dtype::Bf16),
                     in_list: false
                 },
                 TensorInput {
@@ -1042,8 +1020,6 @@ mod tests {
                 },
             ]
         );
-        let numels: ArgNumels = parse_one("[[[3, 4], [3, 4], [3, 4]], []]");
-        assert_eq!(numels.first_list_len, Some(3));
     }
 
     fn parse_one<T: de::DeserializeOwned>(json: &str) -> T {

@@ -271,6 +271,20 @@ fn dtype_info(dtype: &str) -> Option<(u64, bool)> {
 }
 
 const MODULE_PREFIX: &str = "nn.Module: ";
+/// Factories: they take no tensor, so record no tensor shapes even with
+/// `record_shapes` on.
+const NO_TENSOR_INPUTS: &[&str] = &[
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::zeros",
+    "aten::ones",
+    "aten::full",
+    "aten::arange",
+    "aten::rand",
+    "aten::randn",
+    "aten::randint",
+    "aten::scalar_tensor",
+];
 const WRAPPERS: &[&str] = &["DistributedDataParallel", "DataParallel"];
 const HF_FRAME_PREFIX: &str = "transformers/models/";
 
@@ -304,15 +318,15 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         .any(|f| names.get(f.name).starts_with(MODULE_PREFIX));
     let has_shapes =
         trace.header.record_shapes.unwrap_or(true) && trace.ops.iter().any(|o| o.tensors.len > 0);
-    // Without the header's flag: ops that keep their shapes when recorded
-    // (not allocation-only ones) ran, and none has any.
+    // Without the header's flag: ops that take tensors (not factories) ran,
+    // and none recorded any shape.
     let shapes_missing = match trace.header.record_shapes {
         Some(recorded) => !recorded,
         None => {
             trace
                 .ops
                 .iter()
-                .any(|o| crate::trace::ARGS_KEPT.keeps_shapes(trace.name(o.name)))
+                .any(|o| !NO_TENSOR_INPUTS.contains(&trace.name(o.name)))
                 && !trace.ops.iter().any(|o| o.tensors.len > 0)
         }
     };

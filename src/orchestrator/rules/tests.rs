@@ -413,6 +413,7 @@ fn the_parameter_bytes_given_replace_the_frozen_part() {
                 total: total.map(Bytes),
                 frozen: frozen.map(Bytes),
             },
+            autocast: Default::default(),
         };
         orchestrate(&lp.analysis, &config).map(|o| {
             let s = o.value.schedule;
