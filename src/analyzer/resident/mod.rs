@@ -365,7 +365,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         if has_module_frames && frame.is_none() {
             continue;
         }
-        if is_bookkeeping(names.get(span.name)) {
+        if reads::is_bookkeeping(names.get(span.name)) {
             continue;
         }
         let Some(source) = input
@@ -633,36 +633,6 @@ fn untrained_generic_reads_are_buffers(items: &mut [StateItem]) {
             i.kind = StateKind::Buffer;
         }
     }
-}
-
-/// Allocation, copy and bookkeeping ops, and autograd's backward nodes: they
-/// never read a model's state as a layer does (a copy's source is read by
-/// the op that made it; `as_strided` views of DDP's buckets span whole
-/// buckets), so their arguments are not reads.
-fn is_bookkeeping(op: &str) -> bool {
-    const OPS: &[&str] = &[
-        "aten::empty",
-        "aten::empty_strided",
-        "aten::empty_like",
-        "aten::as_strided",
-        "aten::as_strided_",
-        "aten::_to_copy",
-        "aten::copy_",
-        "aten::resolve_conj",
-        "aten::resolve_neg",
-        "aten::fill_",
-        "aten::zero_",
-        "aten::item",
-        "aten::_local_scalar_dense",
-        "aten::resize_",
-        "aten::set_",
-        "aten::is_nonzero",
-        "aten::result_type",
-    ];
-    OPS.contains(&op)
-        || ["Backward0", "Backward1", "Backward2"]
-            .iter()
-            .any(|e| op.ends_with(e))
 }
 
 /// The innermost `nn.Module` frame at `t` on thread `tid`.
