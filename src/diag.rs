@@ -72,6 +72,9 @@ pub enum Setting {
     TargetBatch,
     /// How many GPUs a distributed job runs on.
     WorldSize,
+    /// The model's parameter bytes (all, and the frozen part), in place of
+    /// what the trace shows.
+    ParameterBytes,
 }
 
 impl Setting {
@@ -83,6 +86,7 @@ impl Setting {
             Setting::BatchSizes => "the batch size of each trace",
             Setting::TargetBatch => "the batch size to evaluate",
             Setting::WorldSize => "the number of GPUs",
+            Setting::ParameterBytes => "the parameter bytes",
         }
     }
 
@@ -94,6 +98,7 @@ impl Setting {
             Setting::BatchSizes => "give the batch size of each trace",
             Setting::TargetBatch => "set the batch size to evaluate",
             Setting::WorldSize => "set the number of GPUs",
+            Setting::ParameterBytes => "give the parameter bytes yourself",
         }
     }
 }

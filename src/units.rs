@@ -25,6 +25,11 @@ impl Bytes {
         self.0
     }
 
+    /// Whether it is zero (for fields left out of the JSON when empty).
+    pub const fn is_zero(&self) -> bool {
+        self.0 == 0
+    }
+
     /// `self + other`, saturating at `u64::MAX`.
     #[must_use]
     pub const fn saturating_add(self, other: Bytes) -> Bytes {

@@ -108,30 +108,24 @@ fn is_scratch(name: &str, config: &AnalyzerConfig) -> bool {
         .any(|p| name.starts_with(p.as_str()))
 }
 
-/// Bytes per element of a dtype name as `record_shapes` writes it.
-fn dtype_size(dtype: &str) -> Option<u64> {
-    Some(match dtype {
-        "float" | "int" | "unsigned int" | "c10::complex<c10::Half>" => 4,
-        "double" | "long int" | "long long int" | "unsigned long" | "c10::complex<float>" => 8,
-        "c10::Half" | "c10::BFloat16" | "short int" | "unsigned short" => 2,
-        "bool"
-        | "signed char"
-        | "unsigned char"
-        | "c10::Float8_e4m3fn"
-        | "c10::Float8_e5m2"
-        | "c10::Float8_e4m3fnuz"
-        | "c10::Float8_e5m2fnuz" => 1,
-        "c10::complex<double>" => 16,
-        _ => return None,
-    })
-}
-
 /// What [`evidence`] found.
 #[derive(Debug)]
 pub(crate) struct Evidence {
     parameters: Vec<Parameter>,
     zero_grad: ZeroGradFacts,
     optimizer: OptimizerFacts,
+}
+
+impl Evidence {
+    /// The trainable parameters, from `AccumulateGrad`.
+    pub(crate) fn parameters(&self) -> &[Parameter] {
+        &self.parameters
+    }
+
+    /// What the optimizer does.
+    pub(crate) fn optimizer(&self) -> &OptimizerFacts {
+        &self.optimizer
+    }
 }
 
 /// One `AccumulateGrad` call with its parameter's size.
@@ -143,7 +137,9 @@ struct AccCall {
     pass: usize,
     /// The end of that backward pass (the call's own end without one).
     pass_end: Nanos,
-    shape: Vec<i64>,
+    /// `None` without `record_shapes`: the size then comes from the
+    /// gradient block it keeps.
+    shape: Option<Vec<i64>>,
     numel: u64,
     dtype: Option<String>,
     bytes: u64,
@@ -166,7 +162,7 @@ pub(crate) fn evidence(
 ) -> Evidence {
     let ops = &index.ops;
 
-    // AccumulateGrad calls, in time order, with their iteration.
+    // AccumulateGrad calls, in time order, with their iteration and pass.
     let mut n_unknown_dtype = 0_usize;
     let mut calls: Vec<AccCall> = Vec::new();
     for (idx, op) in ops.spans.iter().enumerate() {
@@ -190,19 +186,26 @@ pub(crate) fn evidence(
         let Some(source) = ops.source.get(idx).and_then(|&s| trace.ops.get(s)) else {
             continue;
         };
-        let shape = source.input_dims.first().cloned().unwrap_or_default();
-        let numel = shape
+        let first = trace
+            .tensor_args(source)
             .iter()
-            .try_fold(1_u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
-            .unwrap_or(0);
-        let dtype = source
-            .input_types
-            .first()
-            .map(|&t| trace.name(t).to_owned());
-        let elem = match dtype.as_deref().and_then(dtype_size) {
+            .find(|a| a.position == 0 && a.list_index.is_none());
+        let shape = first.map(|a| trace.numbers(a.dims).to_vec());
+        let numel = shape.as_deref().map_or(0, |shape| {
+            shape
+                .iter()
+                .try_fold(1_u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+                .unwrap_or(0)
+        });
+        let dtype = first
+            .and_then(|a| a.dtype)
+            .map(|t| trace.name(t).to_owned());
+        let elem = match dtype.as_deref().and_then(crate::trace::dtype_size) {
             Some(size) => size,
             None => {
-                n_unknown_dtype += 1;
+                if shape.is_some() {
+                    n_unknown_dtype += 1;
+                }
                 4
             }
         };
@@ -211,10 +214,14 @@ pub(crate) fn evidence(
             iteration,
             pass,
             pass_end,
+            bytes: if shape.is_some() {
+                numel.saturating_mul(elem)
+            } else {
+                0
+            },
             shape,
             numel,
             dtype,
-            bytes: numel.saturating_mul(elem),
         });
     }
     calls.sort_by_key(|c| (ops.spans.get(c.op).map(|o| o.start), c.op));
@@ -251,10 +258,12 @@ pub(crate) fn evidence(
     for block in &life.blocks {
         by_size.entry(block.size.get()).or_default().push(block.id);
     }
+    let all_blocks: Vec<usize> = life.blocks.iter().map(|b| b.id).collect();
     let mut claimed = vec![false; life.blocks.len()];
     let mut param_layer: Vec<Option<NameId>> = vec![None; n_params];
     let mut grad_of_param: Vec<Option<usize>> = vec![None; n_params];
     let mut n_unlinked = 0_usize;
+    let mut sized_from_block: Vec<Option<u64>> = vec![None; n_params];
     for calls_of_pass in per_pass.values() {
         for (k, &call_idx) in calls_of_pass.iter().enumerate() {
             let (Some(call), Some(param)) = (calls.get(call_idx), n_params.checked_sub(k + 1))
@@ -264,7 +273,13 @@ pub(crate) fn evidence(
             let Some(op) = ops.spans.get(call.op) else {
                 continue;
             };
-            let candidates = by_size.get(&call.bytes).map_or(&[][..], Vec::as_slice);
+            // Without shapes every block is a candidate: the gradient is then
+            // the latest block of the pass that outlives it.
+            let candidates = if call.shape.is_some() {
+                by_size.get(&call.bytes).map_or(&[][..], Vec::as_slice)
+            } else {
+                &all_blocks[..]
+            };
             // A gradient is made by the backward of the same iteration, before
             // or (when AccumulateGrad copies a non-contiguous gradient) inside
             // the call, and outlives that backward (it is freed by the next
@@ -302,9 +317,15 @@ pub(crate) fn evidence(
                         .is_some_and(|block| eligible(block) && keep(block))
                 })
             };
-            let found = pick(&|b| b.free_ts.is_none_or(|f| f > backward_end)).or_else(|| {
-                pick(&|b| b.alloc_ts <= op.start && b.free_ts.is_none_or(|f| f >= op.start))
-            });
+            let pass_end = backward_end;
+            let found = if call.shape.is_some() {
+                pick(&|b| b.free_ts.is_none_or(|f| f > backward_end)).or_else(|| {
+                    pick(&|b| b.alloc_ts <= op.start && b.free_ts.is_none_or(|f| f >= op.start))
+                })
+            } else {
+                // Sized by the block: only one that outlives its pass is a gradient.
+                pick(&|b| b.free_ts.is_none_or(|f| f > pass_end))
+            };
             let Some(block_id) = found else {
                 // With zero_grad(set_to_none=False) the backward may add into
                 // the existing `.grad` in place: no new block is expected.
@@ -330,6 +351,11 @@ pub(crate) fn evidence(
                     *slot = block.layer;
                 }
             }
+            if call.shape.is_none() {
+                if let Some(slot) = sized_from_block.get_mut(param) {
+                    slot.get_or_insert(block.size.get());
+                }
+            }
             // A buffer freed before backward ends was added into an existing
             // `.grad` (zero_grad(set_to_none=False)): a temporary, not a gradient.
             if block.free_ts.is_none_or(|f| f > backward_end) {
@@ -352,13 +378,18 @@ pub(crate) fn evidence(
         .enumerate()
         .filter_map(|(index, &call_idx)| {
             let call = calls.get(call_idx)?;
+            let bytes = match &call.shape {
+                Some(_) => call.bytes,
+                None => sized_from_block.get(index).copied().flatten()?,
+            };
             Some(Parameter {
                 index,
-                shape: call.shape.clone(),
+                shape: call.shape.clone().unwrap_or_default(),
                 numel: call.numel,
                 dtype: call.dtype.clone(),
-                bytes: Bytes(call.bytes),
+                bytes: Bytes(bytes),
                 layer: param_layer.get(index).copied().flatten(),
+                sized_by_gradient: call.shape.is_none(),
             })
         })
         .collect();
@@ -718,6 +749,7 @@ pub(crate) fn assemble(
         recipe: super::RunRecipe::default(),
         autocast: Vec::new(),
         op_inputs: Vec::new(),
+        state: super::resident::ModelState::default(),
     }
 }
 
@@ -731,13 +763,13 @@ mod tests {
 
     #[test]
     fn dtype_sizes_follow_record_shapes_names() {
-        assert_eq!(dtype_size("float"), Some(4));
-        assert_eq!(dtype_size("c10::BFloat16"), Some(2));
-        assert_eq!(dtype_size("c10::Half"), Some(2));
-        assert_eq!(dtype_size("double"), Some(8));
-        assert_eq!(dtype_size("long int"), Some(8));
-        assert_eq!(dtype_size("bool"), Some(1));
-        assert_eq!(dtype_size("Scalar"), None);
+        assert_eq!(crate::trace::dtype_size("float"), Some(4));
+        assert_eq!(crate::trace::dtype_size("c10::BFloat16"), Some(2));
+        assert_eq!(crate::trace::dtype_size("c10::Half"), Some(2));
+        assert_eq!(crate::trace::dtype_size("double"), Some(8));
+        assert_eq!(crate::trace::dtype_size("long int"), Some(8));
+        assert_eq!(crate::trace::dtype_size("bool"), Some(1));
+        assert_eq!(crate::trace::dtype_size("Scalar"), None);
     }
 
     #[test]

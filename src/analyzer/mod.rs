@@ -37,16 +37,18 @@ mod lifecycle;
 mod phases;
 mod recipes;
 pub(crate) use phases::locate;
+pub mod resident;
 mod spans;
 mod summary;
 
 pub use autocast::{AutocastRegion, GradMode};
 pub use summary::{
-    summarize, AnalysisSummary, IterationSummary, LayerSummary, ParameterSummary, PhaseBytes,
-    PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
+    summarize, AnalysisSummary, BeforeTraceSummary, BufferSummary, IterationSummary, LayerSummary,
+    ParameterSummary, PhaseBytes, PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
 };
 
 pub use recipes::{Checkpointing, Distributed, RunRecipe, TrainingLoop};
+pub use resident::{ModelState, RunKind, StateKind};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -217,6 +219,14 @@ pub enum BlockRole {
     /// An input batch tensor: allocated under the DataLoader `__next__` and
     /// still live when it returns.
     Batch,
+    /// A parameter the trace allocated (the model was built inside the
+    /// profiled region): found by [`resident`] as a tensor the forward reads.
+    Parameter,
+    /// A buffer the trace allocated, likewise.
+    Buffer,
+    /// A DistributedDataParallel gradient bucket the reducer (re)built
+    /// inside the trace: read by its all-reduce in backward.
+    Bucket,
     /// Anything else: activations and temporaries (decided by later stages).
     Other,
 }
@@ -310,7 +320,7 @@ pub struct OpSpan {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Parameter {
     /// Position in [`Analysis::parameters`]. Parameters are listed in the
-    /// reverse of the order in which the first iteration's backward ran their
+    /// reverse of the order in which the first backward pass ran their
     /// `AccumulateGrad`; for a sequential model that is the order of
     /// `model.parameters()` (an approximation for branching models).
     pub index: usize,
@@ -321,6 +331,10 @@ pub struct Parameter {
     pub bytes: Bytes,
     /// The layer of the forward op whose backward produced its gradient.
     pub layer: Option<NameId>,
+    /// Sized by its gradient block: the trace has no shapes
+    /// (`record_shapes=False`), so `shape` is empty and `numel` unknown (0).
+    #[serde(default)]
+    pub sized_by_gradient: bool,
 }
 
 /// Totals over [`Analysis::parameters`].
@@ -424,6 +438,10 @@ pub struct Analysis {
     /// has an autocast region or the config asks for them, empty otherwise.
     #[serde(default)]
     pub op_inputs: Vec<TensorInput>,
+    /// The model's resident state (every parameter, buffers, state made
+    /// before the trace) and the kind of run ([`resident`]).
+    #[serde(default)]
+    pub state: resident::ModelState,
 }
 
 /// The batch size of a trace as its data loader made it: the number of
@@ -534,6 +552,18 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     evidence::infer_zero_grad(&mut life, &mut iterations, &mut warnings);
     let found = evidence::finish(found, &mut life, &index, &iterations, &names);
     let recipe = recipes::find(trace, &index, &iterations, &names, &mut warnings);
+    let state = resident::find(
+        &resident::Inputs {
+            trace,
+            index: &index,
+            iterations: &iterations,
+            names: &names,
+            parameters: found.parameters(),
+            optimizer: found.optimizer(),
+        },
+        &mut life,
+        &mut warnings,
+    );
 
     let regions = autocast::find_regions(&index, &names, &trace.tensor_args);
     let op_inputs = if regions.is_empty() && !config.keep_op_inputs {
@@ -545,6 +575,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     analysis.recipe = recipe;
     analysis.autocast = regions;
     analysis.op_inputs = op_inputs;
+    analysis.state = state;
     Ok(Warned {
         value: analysis,
         warnings,
@@ -622,7 +653,27 @@ mod tests {
     fn the_trace_reader_keeps_the_shapes_the_analyzer_reads() {
         let kept = crate::trace::ARGS_KEPT;
         assert!(kept.keeps_shapes(ACCUMULATE_GRAD));
-        assert!(COLLATE_OPS.iter().all(|op| kept.keeps_list_len(op)));
+        assert!(COLLATE_OPS.iter().all(|op| kept.keeps_shapes(op)));
+        // the resident state reads the known layer ops and every view op's dims
+        for op in [
+            "aten::linear",
+            "aten::conv2d",
+            "aten::embedding",
+            "aten::layer_norm",
+            "aten::batch_norm",
+            "aten::addmm",
+            "aten::mul",
+            "aten::einsum",
+            "aten::cat",
+            "c10d::allreduce_",
+            "aten::lerp_",
+            "aten::_foreach_mul_",
+        ] {
+            assert!(kept.keeps_shapes(op), "{op}");
+        }
+        assert!(resident::VIEW_OPS
+            .iter()
+            .all(|op| kept.keeps_shapes(op) && kept.keeps_concrete(op)));
     }
 
     #[test]

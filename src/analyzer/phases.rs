@@ -95,6 +95,19 @@ fn backward_op_runs(index: &SpanIndex, names: &Names) -> Vec<Span> {
     runs
 }
 
+/// Every backward pass, in time order: the outermost `backward` Python calls,
+/// or without Python frames the runs of top-level autograd-engine ops. Each
+/// runs `AccumulateGrad` once per parameter that gets a gradient.
+pub(crate) fn backward_passes(index: &SpanIndex, names: &Names) -> Vec<(Nanos, Nanos)> {
+    let frames = backward_frames(index, names);
+    let spans = if frames.is_empty() {
+        backward_op_runs(index, names)
+    } else {
+        frames
+    };
+    spans.into_iter().map(|s| (s.start, s.end)).collect()
+}
+
 /// The calls of the top-level module called most often (ties: the first
 /// called), in time order.
 fn repeated_top_module_calls(index: &SpanIndex, names: &Names) -> Vec<Span> {

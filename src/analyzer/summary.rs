@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::resident::RunKind;
 use super::{Analysis, BlockRole, OptimizerFacts, Phase, ZeroGradFacts};
 use crate::diag::Warning;
 use crate::units::{Bytes, Nanos};
@@ -30,6 +31,15 @@ pub struct AnalysisSummary {
     /// Frees of memory allocated before profiling.
     pub unmatched_frees: usize,
     pub parameters: ParameterSummary,
+    /// Model buffers the forward reads (BatchNorm running statistics,
+    /// position ids, rotary caches).
+    pub buffers: BufferSummary,
+    /// What the run does: `training`, `fine_tuning`,
+    /// `forward_with_autograd` or `inference` ([`RunKind`]).
+    pub run_kind: RunKind,
+    /// State made before the trace besides the model: activations (an
+    /// earlier batch, a KV cache), optimizer state, DDP's buckets.
+    pub before_trace: BeforeTraceSummary,
     pub recorded_on_cuda: bool,
     /// The peak of the trace's own allocations.
     pub peak_bytes: Bytes,
@@ -48,11 +58,31 @@ pub struct AnalysisSummary {
     pub warnings: Vec<Warning>,
 }
 
-/// The parameters inferred from the trace.
+/// The parameters found in the trace (see [`super::resident`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParameterSummary {
+    /// Every parameter, with or without a gradient.
     pub count: usize,
     pub bytes: Bytes,
+    /// Those that get a gradient (from `AccumulateGrad`).
+    pub trainable_count: usize,
+    pub trainable_bytes: Bytes,
+    /// Those that get none (frozen, or every one in a forward-only run).
+    pub frozen_bytes: Bytes,
+}
+
+/// The buffers found in the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferSummary {
+    pub bytes: Bytes,
+}
+
+/// Tensors made before the trace that are not the model's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BeforeTraceSummary {
+    pub activation_bytes: Bytes,
+    pub optimizer_state_bytes: Bytes,
+    pub bucket_bytes: Bytes,
 }
 
 /// Bytes allocated in one phase.
@@ -137,7 +167,7 @@ fn role_totals(analysis: &Analysis) -> RoleTotals {
                 roles.batch_blocks += 1;
                 roles.batch_bytes += size;
             }
-            BlockRole::Other => {}
+            BlockRole::Other | BlockRole::Parameter | BlockRole::Buffer | BlockRole::Bucket => {}
         }
         roles.op_internal_blocks += usize::from(block.op_internal);
         roles.cpu_scratch_blocks += usize::from(block.cpu_scratch);
@@ -147,6 +177,7 @@ fn role_totals(analysis: &Analysis) -> RoleTotals {
 
 /// The summary of an analysis, with the warnings of the stages that made it.
 pub fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> AnalysisSummary {
+    let totals = &analysis.state.totals;
     AnalysisSummary {
         schema: SUMMARY_SCHEMA.to_owned(),
         iterations: analysis.iterations.len(),
@@ -154,8 +185,20 @@ pub fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> AnalysisSummary
         persistent_blocks: analysis.persistent_blocks().count(),
         unmatched_frees: analysis.unmatched_frees.len(),
         parameters: ParameterSummary {
-            count: analysis.parameter_totals.count,
-            bytes: analysis.parameter_totals.bytes,
+            count: totals.n_parameters,
+            bytes: totals.parameters,
+            trainable_count: totals.n_trainable,
+            trainable_bytes: totals.trainable,
+            frozen_bytes: totals.frozen,
+        },
+        buffers: BufferSummary {
+            bytes: totals.buffers,
+        },
+        run_kind: analysis.state.run_kind,
+        before_trace: BeforeTraceSummary {
+            activation_bytes: totals.activations_before_trace,
+            optimizer_state_bytes: totals.optimizer_state_before_trace,
+            bucket_bytes: totals.buckets,
         },
         recorded_on_cuda: analysis.devices.recorded_on_cuda,
         peak_bytes: analysis.peak.bytes,

@@ -30,6 +30,12 @@ pub use schedule::{
 
 use crate::analyzer::Analysis;
 use crate::diag::{Setting, Warned, Warning};
+use crate::units::Bytes;
+
+/// The op name of DistributedDataParallel's gradient-bucket blocks in a
+/// schedule (made before the trace or rebuilt inside it); the distributed
+/// what-if finds them by it.
+pub const BUCKET_OP: &str = "ddp_gradient_bucket";
 
 /// Which optimizer implementation the simulated CUDA run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +59,29 @@ pub struct OrchestratorConfig {
     /// How the trace's autocast regions run on CUDA.
     #[serde(default)]
     pub autocast: AutocastConfig,
+    /// The user's figures for the parameters, in place of what the trace
+    /// shows (a model with weights the forward never reads, quantized
+    /// storage, a trace without shapes).
+    #[serde(default)]
+    pub parameters: ParameterOverride,
+}
+
+/// Parameter bytes the user gives. `total` is every parameter, `frozen` the
+/// part that gets no gradient; either may be given alone (the other part
+/// then comes from the trace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParameterOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<Bytes>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<Bytes>,
+}
+
+impl ParameterOverride {
+    /// Whether the user gave any figure.
+    pub fn is_set(&self) -> bool {
+        self.total.is_some() || self.frozen.is_some()
+    }
 }
 
 impl OrchestratorConfig {
@@ -63,6 +92,7 @@ impl OrchestratorConfig {
             iterations: 3,
             optimizer_path: OptimizerPath::CudaDefault,
             autocast: AutocastConfig::standard(),
+            parameters: ParameterOverride::default(),
         }
     }
 }
@@ -80,6 +110,23 @@ pub struct OrchestrationFacts {
     /// per rule (negative: removed), in rule order; empty without autocast.
     #[serde(default)]
     pub autocast_bytes: Vec<RuleBytes>,
+    /// The model's state as scheduled (the trace's, or the user's figures).
+    #[serde(default)]
+    pub state: StateFacts,
+}
+
+/// The parameters and buffers the schedule holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateFacts {
+    pub n_parameters: u32,
+    /// Every parameter, with or without a gradient.
+    pub parameter_bytes: Bytes,
+    /// The parameters that get a gradient.
+    pub trainable_bytes: Bytes,
+    /// The parameters that get none.
+    pub frozen_bytes: Bytes,
+    /// The model's buffers.
+    pub buffer_bytes: Bytes,
 }
 
 /// The bytes one rule added to (negative: removed from) the captured
@@ -117,6 +164,10 @@ pub enum OrchestrateError {
     TooManyIterations(u32),
     #[error("the orchestrated schedule is inconsistent, which is a bug in memcast: please report it with the trace, details {0:?}")]
     Inconsistent(String),
+    #[error("the model's parameters cannot be recovered from this trace: it was recorded without shapes (record_shapes=False) and no backward pass sized them by their gradients, so the estimate would leave out every weight; profile with torch.profiler.profile(record_shapes=True), or give the parameter bytes yourself")]
+    ParametersUnknown,
+    #[error("the frozen parameter bytes ({frozen} B) cannot exceed the parameter bytes ({total} B): give every parameter's bytes as the parameter bytes and the part without gradients as the frozen parameter bytes")]
+    ParameterOverrideInconsistent { total: u64, frozen: u64 },
 }
 
 impl OrchestrateError {
@@ -125,6 +176,10 @@ impl OrchestrateError {
         match self {
             OrchestrateError::NoIterations(_) | OrchestrateError::TooManyIterations(_) => {
                 Some(Setting::Iterations)
+            }
+            OrchestrateError::ParametersUnknown
+            | OrchestrateError::ParameterOverrideInconsistent { .. } => {
+                Some(Setting::ParameterBytes)
             }
             OrchestrateError::NoBlocks | OrchestrateError::Inconsistent(_) => None,
         }
@@ -168,7 +223,7 @@ pub fn orchestrate(
         return Err(OrchestrateError::NoBlocks);
     }
     let mut warnings: Vec<Warning> = Vec::new();
-    let (schedule, facts) = rules::apply_all(analysis, config, &mut warnings);
+    let (schedule, facts) = rules::apply_all(analysis, config, &mut warnings)?;
     schedule.check().map_err(OrchestrateError::Inconsistent)?;
     Ok(Warned {
         value: Orchestrated { schedule, facts },

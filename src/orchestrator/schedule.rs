@@ -27,15 +27,18 @@ pub enum Category {
     Temporary,
     /// cuBLAS workspaces: device overhead that goes through the allocator.
     Workspace,
+    /// DistributedDataParallel's gradient buckets, persistent.
+    Bucket,
 }
 
 impl Category {
     /// Every category, in breakdown order.
-    pub const ALL: [Category; 8] = [
+    pub const ALL: [Category; 9] = [
         Category::Parameter,
         Category::Buffer,
         Category::Gradient,
         Category::OptimizerState,
+        Category::Bucket,
         Category::Activation,
         Category::Batch,
         Category::Temporary,

@@ -82,6 +82,10 @@ pub enum Error {
     Gpu(#[from] PresetError),
     #[error(transparent)]
     Report(#[from] ReportError),
+    #[error(
+        "the parameter bytes {0:?} are not a size: give bytes such as 500MiB, 1.5GiB or 124439808"
+    )]
+    ParameterBytes(String),
 }
 
 impl Error {
@@ -90,6 +94,7 @@ impl Error {
     pub fn setting(&self) -> Option<Setting> {
         match self {
             Error::Orchestrate(err) => err.setting(),
+            Error::ParameterBytes(_) => Some(Setting::ParameterBytes),
             Error::Trace(_)
             | Error::Analyze(_)
             | Error::AllocatorConfig(_)
@@ -108,6 +113,13 @@ pub struct Prepared {
     pub optimizer: Option<String>,
     pub parameter_bytes: Bytes,
     pub n_parameters: u32,
+    /// The parameters with and without gradients, and the buffers, as
+    /// scheduled.
+    #[serde(default)]
+    pub state: orchestrator::StateFacts,
+    /// What the run does (training, fine-tuning, a forward pass).
+    #[serde(default)]
+    pub run_kind: analyzer::RunKind,
     /// Samples per batch, when the trace shows it
     /// ([`analyzer::loader_batch_size`]).
     pub batch_size: Option<u32>,
@@ -194,11 +206,14 @@ pub fn prepare_from(
     } else {
         None
     };
+    let state = orchestrated.value.facts.state;
     Ok(Prepared {
         orchestrated: orchestrated.value,
         optimizer: analysis.optimizer.class_name.clone(),
-        parameter_bytes: analysis.parameters.iter().map(|p| p.bytes).sum(),
-        n_parameters: u32::try_from(analysis.parameters.len()).unwrap_or(u32::MAX),
+        parameter_bytes: state.parameter_bytes,
+        n_parameters: state.n_parameters,
+        state,
+        run_kind: analysis.state.run_kind,
         batch_size: analysis.batch_size,
         recipe: analysis.recipe.clone(),
         warnings,

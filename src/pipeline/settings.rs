@@ -39,6 +39,14 @@ pub struct Settings {
     /// `foreach` implementation.
     #[serde(skip_serializing_if = "is_false")]
     pub captured_optimizer: bool,
+    /// Every parameter's bytes (a size such as `500MiB`) in place of what
+    /// the trace shows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<String>,
+    /// The bytes of the parameters that get no gradient, in place of what
+    /// the trace shows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frozen_params: Option<String>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -53,6 +61,8 @@ impl Default for Settings {
             context: None,
             iterations: 3,
             captured_optimizer: false,
+            params: None,
+            frozen_params: None,
         }
     }
 }
@@ -97,6 +107,13 @@ impl Settings {
         if self.captured_optimizer {
             config.orchestrator.optimizer_path = OptimizerPath::Captured;
         }
+        let size = |text: &Option<String>| -> Result<Option<Bytes>, Error> {
+            text.as_deref()
+                .map(|t| presets::parse_size(t).map_err(|_| Error::ParameterBytes(t.to_owned())))
+                .transpose()
+        };
+        config.orchestrator.parameters.total = size(&self.params)?;
+        config.orchestrator.parameters.frozen = size(&self.frozen_params)?;
         Ok(config)
     }
 }
@@ -143,8 +160,18 @@ mod tests {
             context: Some("1GiB".into()),
             iterations: 5,
             captured_optimizer: true,
+            params: Some("500MiB".into()),
+            frozen_params: Some("100MiB".into()),
         };
         let config = settings.config().unwrap();
+        assert_eq!(
+            config.orchestrator.parameters.total,
+            Some(Bytes(500 * Bytes::MIB))
+        );
+        assert_eq!(
+            config.orchestrator.parameters.frozen,
+            Some(Bytes(100 * Bytes::MIB))
+        );
         assert_eq!(config.alloc_conf, "expandable_segments:True");
         assert_eq!(config.reference.overheads.context_bytes, Bytes(Bytes::GIB));
         assert_eq!(config.orchestrator.iterations, 5);
@@ -173,5 +200,10 @@ mod tests {
             ..Settings::default()
         };
         assert!(matches!(context.config(), Err(Error::Gpu(_))));
+        let params = Settings {
+            params: Some("many".into()),
+            ..Settings::default()
+        };
+        assert!(matches!(params.config(), Err(Error::ParameterBytes(_))));
     }
 }

@@ -52,9 +52,23 @@ pub struct RunSummary {
     pub foreach_modelled: bool,
     pub iterations_captured: u32,
     pub iterations_simulated: u32,
-    /// Parameter bytes inferred from the trace.
+    /// Every parameter's bytes, with or without a gradient (the trace's,
+    /// or the user's figure).
     pub parameter_bytes: Bytes,
     pub n_parameters: u32,
+    /// The parameters that get a gradient.
+    #[serde(default)]
+    pub trainable_parameter_bytes: Bytes,
+    /// The parameters that get none (frozen, or all in a forward-only run).
+    #[serde(default)]
+    pub frozen_parameter_bytes: Bytes,
+    /// The model's buffers (BatchNorm statistics, position ids, ...).
+    #[serde(default)]
+    pub buffer_bytes: Bytes,
+    /// What the run does: training, fine_tuning, forward_with_autograd or
+    /// inference.
+    #[serde(default)]
+    pub run_kind: crate::analyzer::RunKind,
     /// Blocks and events in the orchestrated schedule.
     pub n_blocks: u32,
     pub n_events: u32,
@@ -105,6 +119,9 @@ pub struct Breakdown {
     pub buffers: Bytes,
     pub gradients: Bytes,
     pub optimizer_state: Bytes,
+    /// DistributedDataParallel's gradient buckets (absent when none).
+    #[serde(default, skip_serializing_if = "Bytes::is_zero")]
+    pub buckets: Bytes,
     pub activations: Bytes,
     pub batch: Bytes,
     pub temporaries: Bytes,
@@ -122,6 +139,7 @@ impl Breakdown {
             + self.buffers
             + self.gradients
             + self.optimizer_state
+            + self.buckets
             + self.activations
             + self.batch
             + self.temporaries
@@ -139,6 +157,7 @@ impl Breakdown {
             Category::Batch => &mut self.batch,
             Category::Temporary => &mut self.temporaries,
             Category::Workspace => &mut self.overheads,
+            Category::Bucket => &mut self.buckets,
         };
         *slot += size;
     }

@@ -16,6 +16,8 @@
 //! - It never panics on user data: anything that is not a usable trace is a
 //!   [`TraceError`] whose message names the capture setting to fix.
 
+mod args;
+pub use args::dtype_size;
 mod raw;
 mod stream;
 
@@ -109,12 +111,15 @@ pub struct OpEvent {
     pub sequence_number: Option<i64>,
     /// `Fwd thread id`: 0 on forward ops, the forward thread's id on backward ops.
     pub fwd_thread_id: Option<i64>,
-    /// `Input Dims`, one shape per argument (`[]` for non-tensors and tensor
-    /// lists). Kept only for `AccumulateGrad` ops, the only ones later stages
-    /// read (parameter shapes); empty for every other op.
-    pub input_dims: Vec<Vec<i64>>,
-    /// `Input type`, one dtype name per argument; kept like `input_dims`.
-    pub input_types: Vec<NameId>,
+    /// Its tensor arguments (`Input Dims`, `Input type`, `Input Strides`): a
+    /// range of [`OpArgs::tensors`] (see [`Trace::tensor_args`]); empty for
+    /// the ops [`ARGS_KEPT`] drops and without `record_shapes`.
+    #[serde(default)]
+    pub tensors: Span,
+    /// Its integer `Concrete Inputs`: a range of [`OpArgs::concrete`], kept
+    /// for view ops only (their dims and sizes).
+    #[serde(default)]
+    pub concrete: Span,
     /// When the first argument of `Input Dims` is a tensor list, its length.
     /// Kept only for `aten::stack` and `aten::cat`, with which a data
     /// loader's collate function stacks one tensor per sample.
@@ -280,6 +285,66 @@ pub struct DistributedInfo {
     pub world_size: Option<i64>,
 }
 
+/// A range of an arena: `len` items from `start`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Span {
+    pub start: u32,
+    pub len: u32,
+}
+
+impl Span {
+    /// The range as indices.
+    pub fn range(self) -> std::ops::Range<usize> {
+        let start = self.start as usize;
+        start..start.saturating_add(self.len as usize)
+    }
+}
+
+/// One tensor argument of an op as `record_shapes` wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorArg {
+    /// The argument's position in the op's signature.
+    pub position: u16,
+    /// Its position in a `TensorList` argument.
+    pub list_index: Option<u16>,
+    /// The dtype name (`float`, `long int`, `c10::BFloat16`, ...); `None` for
+    /// a tensor-list element, for which the profiler records none.
+    pub dtype: Option<NameId>,
+    /// Its dims, in [`OpArgs::numbers`].
+    pub dims: Span,
+    /// Its strides, when recorded with as many entries as dims.
+    pub strides: Option<Span>,
+}
+
+/// An integer (or a list of integers) `Concrete Inputs` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcreteArg {
+    pub position: u16,
+    /// The value(s), in [`OpArgs::numbers`].
+    pub values: Span,
+    /// Written as a list (`"[2, 2]"`), not a single integer.
+    pub list: bool,
+}
+
+/// The tensor arguments and concrete values of every op, in three arenas
+/// ([`OpEvent::tensors`] and [`OpEvent::concrete`] are ranges of them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpArgs {
+    pub tensors: Vec<TensorArg>,
+    pub concrete: Vec<ConcreteArg>,
+    /// Dims, strides and concrete values.
+    pub numbers: Vec<i64>,
+}
+
+impl OpArgs {
+    /// The numbers of a span (empty when out of range).
+    pub fn slice(&self, span: Span) -> &[i64] {
+        self.numbers.get(span.range()).unwrap_or_default()
+    }
+}
+
 /// A parsed trace: only the events later stages need, names interned.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trace {
@@ -300,6 +365,9 @@ pub struct Trace {
     /// ([`OpEvent::tensor_args`]).
     #[serde(default)]
     pub tensor_args: Vec<TensorInput>,
+    /// The ops' tensor arguments and concrete values.
+    #[serde(default)]
+    pub op_args: OpArgs,
     /// Number of GPU-side events (`kernel`, `gpu_memcpy`, `cuda_runtime`, ...).
     pub n_gpu_events: usize,
     /// Number of entries in `traceEvents`, kept or not.
@@ -318,6 +386,27 @@ impl Trace {
         self.names.get(id.index()).map_or("", String::as_str)
     }
 
+    /// The tensor arguments of an op, in argument order.
+    pub fn tensor_args(&self, op: &OpEvent) -> &[TensorArg] {
+        self.op_args
+            .tensors
+            .get(op.tensors.range())
+            .unwrap_or_default()
+    }
+
+    /// The integer concrete values of an op (view ops only).
+    pub fn concrete_args(&self, op: &OpEvent) -> &[ConcreteArg] {
+        self.op_args
+            .concrete
+            .get(op.concrete.range())
+            .unwrap_or_default()
+    }
+
+    /// The numbers of a span of [`OpArgs::numbers`].
+    pub fn numbers(&self, span: Span) -> &[i64] {
+        self.op_args.slice(span)
+    }
+
     /// Whether the trace was recorded with GPU activity (CUDA or ROCm): GPU
     /// memory events, GPU-side events or GPU device properties.
     pub fn recorded_on_cuda(&self) -> bool {
@@ -327,40 +416,43 @@ impl Trace {
     }
 }
 
-/// Which ops keep their argument shapes while the trace is read. Shapes are
-/// most of a trace's bytes and later stages read only a few ops' shapes, so
-/// the reader drops the others as it parses (it cannot ask later; it never
-/// holds the file). The list is the analyzer's: the parameter shapes on
-/// `AccumulateGrad`, and the tensor-list length of the collate ops for the
-/// batch size ([`crate::analyzer::COLLATE_OPS`],
-/// [`crate::analyzer::ACCUMULATE_GRAD`]; a test there checks that this list
-/// covers them). The analyzer checks op names itself and never relies on
-/// this filter for correctness.
+/// Which ops keep their arguments while the trace is read. Every op keeps
+/// its tensor arguments: the analyzer's `resident` module reads the forward
+/// ops' (a model's state), `AccumulateGrad`'s give parameter shapes, and the
+/// autocast rules follow dtypes from op to op, casts and backward nodes
+/// included. Concrete values are kept for view ops only (their dims). A test
+/// in the analyzer checks this list against what it reads; the analyzer
+/// checks op names itself and never relies on this filter for correctness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArgsKept {
-    /// Ops whose name contains one of these keep `Input Dims` and `Input type`.
-    pub shapes_of_ops_containing: &'static [&'static str],
-    /// Ops with one of these names keep the length of a tensor-list first argument.
-    pub list_len_of_ops: &'static [&'static str],
+    /// Ops with one of these names drop their tensor arguments.
+    pub no_shapes_of_ops: &'static [&'static str],
+    /// Ops whose name ends with one of these drop them too (backward nodes).
+    pub no_shapes_of_ops_ending: &'static [&'static str],
+    /// Ops with one of these names keep their integer concrete values.
+    pub concrete_of_ops: &'static [&'static str],
 }
 
-/// The ops whose argument shapes the reader keeps (see [`ArgsKept`]).
+/// The ops whose arguments the reader keeps (see [`ArgsKept`]).
 pub const ARGS_KEPT: ArgsKept = ArgsKept {
-    shapes_of_ops_containing: &["AccumulateGrad"],
-    list_len_of_ops: &["aten::stack", "aten::cat"],
+    no_shapes_of_ops: &[],
+    no_shapes_of_ops_ending: &[],
+    concrete_of_ops: crate::analyzer::resident::VIEW_OPS,
 };
 
 impl ArgsKept {
-    /// Whether an op of this name keeps its shapes.
+    /// Whether an op of this name keeps its tensor arguments.
     pub fn keeps_shapes(&self, op: &str) -> bool {
-        self.shapes_of_ops_containing
-            .iter()
-            .any(|part| op.contains(part))
+        !self.no_shapes_of_ops.contains(&op)
+            && !self
+                .no_shapes_of_ops_ending
+                .iter()
+                .any(|end| op.ends_with(end))
     }
 
-    /// Whether an op of this name keeps its tensor-list length.
-    pub fn keeps_list_len(&self, op: &str) -> bool {
-        self.list_len_of_ops.contains(&op)
+    /// Whether an op of this name keeps its integer concrete values.
+    pub fn keeps_concrete(&self, op: &str) -> bool {
+        self.concrete_of_ops.contains(&op)
     }
 }
 

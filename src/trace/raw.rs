@@ -17,9 +17,12 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use serde_json::value::RawValue;
+
+use super::args::{read_op_args, RawOpArgs, Scratch};
 use super::{
-    count_warning, AnnotationEvent, Device, Dtype, FlowEvent, MemoryEvent, NameId, OpEvent,
-    PythonEvent, TensorInput, Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
+    count_warning, AnnotationEvent, Device, FlowEvent, MemoryEvent, NameId, OpEvent, PythonEvent,
+    Span, TensorInput, Trace, TraceError, ARGS_KEPT, MAX_EVENT_BYTES,
 };
 use crate::diag::{Warned, Warning};
 use crate::units::Nanos;
@@ -44,6 +47,8 @@ pub(super) struct Builder {
     n_no_tid: usize,
     /// The first `[memory]` size beyond [`MAX_EVENT_BYTES`], if any.
     size_out_of_range: Option<i64>,
+    /// The argument parser's reusable buffers.
+    scratch: Scratch,
 }
 
 impl Builder {
@@ -71,21 +76,47 @@ impl Builder {
             annotations,
             python,
             flows,
+            op_args,
             tensor_args,
             n_gpu_events,
             n_events,
         } = tail.trace;
         let mine = &mut self.trace;
         mine.memory.extend(memory);
-        let shift = u32::try_from(mine.tensor_args.len()).unwrap_or(u32::MAX);
+        let shift = |span: Span, by: usize| Span {
+            start: span
+                .start
+                .saturating_add(u32::try_from(by).unwrap_or(u32::MAX)),
+            len: span.len,
+        };
+        let (n_tensors, n_concrete, n_numbers) = (
+            mine.op_args.tensors.len(),
+            mine.op_args.concrete.len(),
+            mine.op_args.numbers.len(),
+        );
+        mine.op_args
+            .tensors
+            .extend(op_args.tensors.into_iter().map(|mut t| {
+                t.dtype = t.dtype.map(map);
+                t.dims = shift(t.dims, n_numbers);
+                t.strides = t.strides.map(|s| shift(s, n_numbers));
+                t
+            }));
+        mine.op_args
+            .concrete
+            .extend(op_args.concrete.into_iter().map(|mut c| {
+                c.values = shift(c.values, n_numbers);
+                c
+            }));
+        mine.op_args.numbers.extend(op_args.numbers);
+        let args_shift = u32::try_from(mine.tensor_args.len()).unwrap_or(u32::MAX);
         mine.tensor_args.extend(tensor_args);
         mine.ops.extend(ops.into_iter().map(|mut op| {
             op.name = map(op.name);
-            op.tensor_args = op.tensor_args.start.saturating_add(shift)
-                ..op.tensor_args.end.saturating_add(shift);
-            for t in &mut op.input_types {
-                *t = map(*t);
-            }
+            op.tensors = shift(op.tensors, n_tensors);
+            op.concrete = shift(op.concrete, n_concrete);
+            op.tensor_args = op.tensor_args.start.saturating_add(args_shift)
+                ..op.tensor_args.end.saturating_add(args_shift);
             op
         }));
         mine.annotations
@@ -306,16 +337,56 @@ impl Builder {
         };
         let start = Nanos::from_micros_f64(ts);
         let dur = Nanos::from_micros_f64(dur);
-        let name = self.intern(ev.name.as_deref().unwrap_or(""));
+        let op_name = ev.name.as_deref().unwrap_or("");
+        let name = self.intern(op_name);
         let tid = self.tid(ev.tid);
         let args = ev.args;
         match ev.cat {
             Cat::CpuOp => {
-                let input_types = args.input_types.iter().map(|t| self.intern(t)).collect();
+                let keep_concrete = ARGS_KEPT.keeps_concrete(op_name);
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let mut op_args = std::mem::take(&mut self.trace.op_args);
+                let read = read_op_args(
+                    args.op_args,
+                    keep_concrete,
+                    &mut op_args,
+                    &mut scratch,
+                    &mut |dtype| self.intern(dtype),
+                );
+                self.trace.op_args = op_args;
+                self.scratch = scratch;
+                // The autocast rules' view of the same arguments: element
+                // count and coarse dtype of each tensor (list elements too).
                 let first = u32::try_from(self.trace.tensor_args.len()).unwrap_or(u32::MAX);
-                args.push_tensor_args(&mut self.trace.tensor_args);
+                let (from, len) = (read.tensors.start as usize, read.tensors.len as usize);
+                let parsed = self
+                    .trace
+                    .op_args
+                    .tensors
+                    .get(from..from.saturating_add(len))
+                    .unwrap_or_default();
+                for t in parsed {
+                    let numel = self
+                        .trace
+                        .op_args
+                        .slice(t.dims)
+                        .iter()
+                        .try_fold(1_u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+                        .unwrap_or(0);
+                    let dtype = t
+                        .dtype
+                        .and_then(|id| self.trace.names.get(id.index()))
+                        .and_then(|n| super::Dtype::from_name(n));
+                    if dtype.is_none() && t.list_index.is_none() {
+                        continue;
+                    }
+                    self.trace.tensor_args.push(TensorInput {
+                        numel,
+                        dtype,
+                        in_list: t.list_index.is_some(),
+                    });
+                }
                 let last = u32::try_from(self.trace.tensor_args.len()).unwrap_or(u32::MAX);
-                let tensor_args = first..last;
                 self.trace.ops.push(OpEvent {
                     name,
                     tid,
@@ -324,10 +395,10 @@ impl Builder {
                     external_id: args.external_id,
                     sequence_number: args.sequence_number,
                     fwd_thread_id: args.fwd_thread_id,
-                    input_dims: args.input_dims,
-                    input_types,
-                    tensor_list_len: args.tensor_list_len,
-                    tensor_args,
+                    tensors: read.tensors,
+                    concrete: read.concrete,
+                    tensor_list_len: read.first_list_len,
+                    tensor_args: first..last,
                 });
             }
             Cat::PythonFunction => self.trace.python.push(PythonEvent {
@@ -465,15 +536,15 @@ impl<'de> Visitor<'de> for EntryVisitor {
                 EventKey::Dur => ev.dur = map.next_value::<LooseF64>()?.0,
                 EventKey::Id => ev.id = map.next_value::<LooseInt>()?.0,
                 EventKey::Args => {
-                    // Only some ops' shapes are kept (ARGS_KEPT). The
+                    // Only some ops' arguments are kept (ARGS_KEPT). The
                     // exporter writes `name` before `args`; if it did not,
-                    // keep both to be safe.
+                    // keep them to be safe.
                     let name = ev.name.as_deref();
                     let keep_shapes = name.is_none_or(|name| ARGS_KEPT.keeps_shapes(name));
-                    let keep_list_len = name.is_none_or(|name| ARGS_KEPT.keeps_list_len(name));
+                    let keep_concrete = name.is_none_or(|name| ARGS_KEPT.keeps_concrete(name));
                     map.next_value_seed(ArgsSeed {
                         keep_shapes,
-                        keep_list_len,
+                        keep_concrete,
                         args: &mut ev.args,
                     })?;
                 }
@@ -564,41 +635,13 @@ struct RawArgs<'de> {
     python_id: Option<i64>,
     python_parent_id: Option<i64>,
     python_module_id: Option<i64>,
-    input_dims: Vec<Vec<i64>>,
-    input_types: Vec<Cow<'de, str>>,
-    tensor_list_len: Option<u32>,
-    /// Every op's tensor arguments: (element count, argument, in a list).
-    arg_numels: Few<(u64, u16, bool), 8>,
-    /// Every op's argument types.
-    arg_types: Few<Option<Dtype>, 12>,
-}
-
-impl RawArgs<'_> {
-    /// Appends the tensor arguments to `out`: `Input Dims` entries whose
-    /// `Input type` names a tensor, and the elements of tensor lists.
-    fn push_tensor_args(&self, out: &mut Vec<TensorInput>) {
-        out.extend(self.arg_numels.iter().filter_map(|&(numel, arg, in_list)| {
-            if in_list {
-                return Some(TensorInput {
-                    numel,
-                    dtype: None,
-                    in_list,
-                });
-            }
-            let dtype = self.arg_types.get(usize::from(arg)).flatten()?;
-            Some(TensorInput {
-                numel,
-                dtype: Some(dtype),
-                in_list,
-            })
-        }));
-    }
+    op_args: RawOpArgs<'de>,
 }
 
 /// Reads `args` into the event's record; anything but an object is ignored.
 struct ArgsSeed<'a, 'de> {
     keep_shapes: bool,
-    keep_list_len: bool,
+    keep_concrete: bool,
     args: &'a mut RawArgs<'de>,
 }
 
@@ -633,34 +676,28 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
                 ArgKey::PythonParentId => &mut args.python_parent_id,
                 ArgKey::PythonModuleId => &mut args.python_module_id,
                 ArgKey::InputDims if self.keep_shapes => {
-                    let shapes = map.next_value::<Shapes>()?;
-                    args.arg_numels = numels_of(&shapes.0);
-                    args.input_dims = shapes.0;
-                    if self.keep_list_len {
-                        args.tensor_list_len = shapes.1;
-                    }
-                    continue;
-                }
-                ArgKey::InputDims => {
-                    let numels = map.next_value::<ArgNumels>()?;
-                    if self.keep_list_len {
-                        args.tensor_list_len = numels.first_list_len;
-                    }
-                    args.arg_numels = numels.args;
+                    args.op_args.dims = Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
                     continue;
                 }
                 ArgKey::InputType if self.keep_shapes => {
-                    args.input_types = map.next_value::<LooseStrList<'de>>()?.0;
-                    for t in &args.input_types {
-                        args.arg_types.push(Dtype::from_name(t));
-                    }
+                    args.op_args.types = Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
                     continue;
                 }
-                ArgKey::InputType => {
-                    args.arg_types = map.next_value::<ArgTypes>()?.0;
+                ArgKey::InputStrides if self.keep_shapes => {
+                    args.op_args.strides =
+                        Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
                     continue;
                 }
-                ArgKey::Other => {
+                ArgKey::ConcreteInputs if self.keep_concrete => {
+                    args.op_args.concrete =
+                        Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
+                    continue;
+                }
+                ArgKey::InputDims
+                | ArgKey::InputType
+                | ArgKey::InputStrides
+                | ArgKey::ConcreteInputs
+                | ArgKey::Other => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
                 }
@@ -708,6 +745,8 @@ enum ArgKey {
     PythonModuleId,
     InputDims,
     InputType,
+    InputStrides,
+    ConcreteInputs,
     Other,
 }
 
@@ -735,6 +774,8 @@ impl<'de> de::Deserialize<'de> for ArgKey {
                     "Python module id" => ArgKey::PythonModuleId,
                     "Input Dims" => ArgKey::InputDims,
                     "Input type" => ArgKey::InputType,
+                    "Input Strides" => ArgKey::InputStrides,
+                    "Concrete Inputs" => ArgKey::ConcreteInputs,
                     _ => ArgKey::Other,
                 })
             }
@@ -941,554 +982,30 @@ impl<'de> de::Deserialize<'de> for CountSeq {
     }
 }
 
-/// A list of strings (`Input type`); non-strings read as `""`.
-#[derive(Default)]
-struct LooseStrList<'de>(Vec<Cow<'de, str>>);
-
-impl<'de> de::Deserialize<'de> for LooseStrList<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = LooseStrList<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a list of strings")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(item) = seq.next_element::<LooseStr<'de>>()? {
-                    out.push(item.0.unwrap_or_default());
-                }
-                Ok(LooseStrList(out))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(LooseStrList::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(LooseStrList::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(LooseStrList::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(LooseStrList::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(LooseStrList::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(LooseStrList::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                drain_map(map)?;
-                Ok(LooseStrList::default())
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// `Input Dims`: one shape per argument; anything that is not a list of
-/// integers (a tensor list, a scalar) reads as an empty shape.
-/// `Input Dims`: one shape per argument, and the length of the first
-/// argument when it is a tensor list.
-#[derive(Default)]
-struct Shapes(Vec<Vec<i64>>, Option<u32>);
-
-impl<'de> de::Deserialize<'de> for Shapes {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Shapes;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a list of shapes")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                let mut first_list_len = None;
-                while let Some(shape) = seq.next_element::<Shape>()? {
-                    if out.is_empty() {
-                        first_list_len = shape.1;
-                    }
-                    out.push(shape.0);
-                }
-                Ok(Shapes(out, first_list_len))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Shapes::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Shapes::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Shapes::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Shapes::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Shapes::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Shapes::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                drain_map(map)?;
-                Ok(Shapes::default())
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// One argument of `Input Dims`: a tensor's shape (empty for anything else),
-/// and the number of shapes when the argument is a tensor list.
-#[derive(Default)]
-struct Shape(Vec<i64>, Option<u32>);
-
-/// One element of an `Input Dims` argument: a dimension, or a whole shape
-/// (the argument is then a tensor list).
-enum Dim {
-    Int(i64),
-    List,
-    Other,
-}
-
-impl<'de> de::Deserialize<'de> for Dim {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Dim;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a dimension")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Dim, E> {
-                Ok(Dim::Int(v))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Dim, E> {
-                Ok(i64::try_from(v).map_or(Dim::Other, Dim::Int))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Dim, E> {
-                Ok(integral(v).map_or(Dim::Other, Dim::Int))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Dim, E> {
-                Ok(Dim::Other)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Dim, E> {
-                Ok(Dim::Other)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Dim, E> {
-                Ok(Dim::Other)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Dim, A::Error> {
-                drain_seq(seq)?;
-                Ok(Dim::List)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Dim, A::Error> {
-                drain_map(map)?;
-                Ok(Dim::Other)
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-impl<'de> de::Deserialize<'de> for Shape {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Shape;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a shape")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut dims = Vec::new();
-                let mut all_ints = true;
-                let mut lists = 0u32;
-                let mut len = 0u32;
-                while let Some(dim) = seq.next_element::<Dim>()? {
-                    len = len.saturating_add(1);
-                    match dim {
-                        Dim::Int(d) => dims.push(d),
-                        Dim::List => {
-                            lists = lists.saturating_add(1);
-                            all_ints = false;
-                        }
-                        Dim::Other => all_ints = false,
-                    }
-                }
-                let list_len = (len > 0 && lists == len).then_some(len);
-                Ok(Shape(if all_ints { dims } else { Vec::new() }, list_len))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Shape::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Shape::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Shape::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-                Ok(Shape::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Shape::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Shape::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                drain_map(map)?;
-                Ok(Shape::default())
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// The element count of each tensor shape (the `AccumulateGrad` path, whose
-/// shapes are kept whole).
-fn numels_of(shapes: &[Vec<i64>]) -> Few<(u64, u16, bool), 8> {
-    let mut out = Few::default();
-    for (i, dims) in shapes.iter().enumerate() {
-        out.push((
-            numel(dims.iter().copied()),
-            u16::try_from(i).unwrap_or(u16::MAX),
-            false,
-        ));
-    }
-    out
-}
-
-/// A short list kept inline (no allocation for an op's few arguments),
-/// spilling to a `Vec` past `N` items: the reader makes one per op.
-#[derive(Debug, Clone)]
-pub(super) struct Few<T, const N: usize> {
-    inline: [T; N],
-    len: usize,
-    spill: Vec<T>,
-}
-
-impl<T: Copy + Default, const N: usize> Default for Few<T, N> {
-    fn default() -> Self {
-        Few {
-            inline: [T::default(); N],
-            len: 0,
-            spill: Vec::new(),
-        }
-    }
-}
-
-impl<T: Copy + Default, const N: usize> Few<T, N> {
-    fn push(&mut self, item: T) {
-        match self.inline.get_mut(self.len) {
-            Some(slot) => *slot = item,
-            None => self.spill.push(item),
-        }
-        self.len += 1;
-    }
-
-    fn get(&self, i: usize) -> Option<T> {
-        if i < N {
-            self.inline.get(i).copied().filter(|_| i < self.len)
-        } else {
-            self.spill.get(i - N).copied()
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &T> + '_ {
-        self.inline
-            .get(..self.len.min(N))
-            .unwrap_or(&[])
-            .iter()
-            .chain(self.spill.iter())
-    }
-}
-
-/// The product of dimensions (a negative one counts as 0).
-fn numel(dims: impl Iterator<Item = i64>) -> u64 {
-    dims.fold(1u64, |n, d| n.saturating_mul(u64::try_from(d).unwrap_or(0)))
-}
-
-/// `Input Dims` read for element counts only: one entry per tensor-shaped
-/// argument, one per element of a tensor list.
-#[derive(Default)]
-struct ArgNumels {
-    args: Few<(u64, u16, bool), 8>,
-    first_list_len: Option<u32>,
-}
-
-/// One argument of `Input Dims` by element count.
-enum ArgNumel {
-    Tensor(u64),
-    List(Vec<u64>),
-    Other,
-}
-
-impl<'de> de::Deserialize<'de> for ArgNumels {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ArgNumels;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a list of shapes")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgNumels, A::Error> {
-                let mut out = ArgNumels::default();
-                let mut index: u16 = 0;
-                while let Some(arg) = seq.next_element::<ArgNumel>()? {
-                    match arg {
-                        ArgNumel::Tensor(n) => out.args.push((n, index, false)),
-                        ArgNumel::List(ns) => {
-                            if index == 0 {
-                                out.first_list_len = u32::try_from(ns.len()).ok();
-                            }
-                            for n in ns {
-                                out.args.push((n, index, true));
-                            }
-                        }
-                        ArgNumel::Other => {}
-                    }
-                    index = index.saturating_add(1);
-                }
-                Ok(out)
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgNumels, E> {
-                Ok(ArgNumels::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgNumels, E> {
-                Ok(ArgNumels::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgNumels, E> {
-                Ok(ArgNumels::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgNumels, E> {
-                Ok(ArgNumels::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgNumels, E> {
-                Ok(ArgNumels::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<ArgNumels, E> {
-                Ok(ArgNumels::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgNumels, A::Error> {
-                drain_map(map)?;
-                Ok(ArgNumels::default())
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-impl<'de> de::Deserialize<'de> for ArgNumel {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ArgNumel;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a shape")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgNumel, A::Error> {
-                // A shape (integers) or a tensor list (shapes); anything
-                // mixed is neither.
-                let mut product = 1u64;
-                let mut lists: Vec<u64> = Vec::new();
-                let (mut ints, mut other) = (0u32, false);
-                while let Some(item) = seq.next_element::<ListItem>()? {
-                    match item {
-                        ListItem::Int(d) => {
-                            ints += 1;
-                            product = product.saturating_mul(u64::try_from(d).unwrap_or(0));
-                        }
-                        ListItem::Shape(n) => lists.push(n),
-                        ListItem::Other => other = true,
-                    }
-                }
-                Ok(match (other, ints, lists.is_empty()) {
-                    (false, _, true) => ArgNumel::Tensor(product),
-                    (false, 0, false) => ArgNumel::List(lists),
-                    _ => ArgNumel::Other,
-                })
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgNumel, E> {
-                Ok(ArgNumel::Other)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgNumel, E> {
-                Ok(ArgNumel::Other)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgNumel, E> {
-                Ok(ArgNumel::Other)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgNumel, E> {
-                Ok(ArgNumel::Other)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgNumel, E> {
-                Ok(ArgNumel::Other)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<ArgNumel, E> {
-                Ok(ArgNumel::Other)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgNumel, A::Error> {
-                drain_map(map)?;
-                Ok(ArgNumel::Other)
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// An element of an `Input Dims` argument: a dimension, the element count
-/// of a whole shape (a tensor-list element), or something else.
-enum ListItem {
-    Int(i64),
-    Shape(u64),
-    Other,
-}
-
-impl<'de> de::Deserialize<'de> for ListItem {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ListItem;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a dimension or a shape")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ListItem, E> {
-                Ok(ListItem::Int(v))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ListItem, E> {
-                Ok(i64::try_from(v).map_or(ListItem::Other, ListItem::Int))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ListItem, E> {
-                Ok(integral(v).map_or(ListItem::Other, ListItem::Int))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<ListItem, E> {
-                Ok(ListItem::Other)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ListItem, E> {
-                Ok(ListItem::Other)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<ListItem, E> {
-                Ok(ListItem::Other)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ListItem, A::Error> {
-                let mut product = 1u64;
-                let mut ok = true;
-                while let Some(dim) = seq.next_element::<Dim>()? {
-                    match dim {
-                        Dim::Int(d) => {
-                            product = product.saturating_mul(u64::try_from(d).unwrap_or(0))
-                        }
-                        Dim::List | Dim::Other => ok = false,
-                    }
-                }
-                Ok(if ok {
-                    ListItem::Shape(product)
-                } else {
-                    ListItem::Other
-                })
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ListItem, A::Error> {
-                drain_map(map)?;
-                Ok(ListItem::Other)
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// `Input type` read as dtypes, without keeping the strings.
-#[derive(Default)]
-struct ArgTypes(Few<Option<Dtype>, 12>);
-
-impl<'de> de::Deserialize<'de> for ArgTypes {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = ArgTypes;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a list of type names")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArgTypes, A::Error> {
-                let mut out = Few::default();
-                while let Some(item) = seq.next_element::<LooseStr<'de>>()? {
-                    out.push(item.0.as_deref().and_then(Dtype::from_name));
-                }
-                Ok(ArgTypes(out))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ArgTypes, E> {
-                Ok(ArgTypes::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ArgTypes, E> {
-                Ok(ArgTypes::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ArgTypes, E> {
-                Ok(ArgTypes::default())
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<ArgTypes, E> {
-                Ok(ArgTypes::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ArgTypes, E> {
-                Ok(ArgTypes::default())
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<ArgTypes, E> {
-                Ok(ArgTypes::default())
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ArgTypes, A::Error> {
-                drain_map(map)?;
-                Ok(ArgTypes::default())
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn few_keeps_its_items_in_order_past_its_inline_room() {
-        let mut few: Few<u32, 2> = Few::default();
-        assert_eq!(few.get(0), None);
-        for i in 0..5 {
-            few.push(i);
-        }
-        assert_eq!(few.iter().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
-        assert_eq!(
-            (few.get(1), few.get(4), few.get(5)),
-            (Some(1), Some(4), None)
-        );
-    }
-
+    /// The autocast rules' view of an op's arguments comes from the same
+    /// parse: element counts and dtypes of tensors, list elements without a
+    /// dtype, scalars and odd entries left out.
     #[test]
     fn tensor_args_count_elements_and_keep_list_elements() {
-        let numels: ArgNumels = parse_one("[[2, 3], [], [[1, 4], [2]], 5, \"x\", [[1], 2]]");
+        let json = r#"{"traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::cat", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+             "args": {"Input Dims": [[2, 3], [], [[1, 4], [2]], 5, "x", [[1], 2]],
+                      "Input type": ["c10::BFloat16", "Scalar", "TensorList", "", "float", 3]}},
+            {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 2,
+             "args": {"Addr": 1, "Bytes": 8, "Total Allocated": 8, "Total Reserved": 8,
+                      "Device Type": 0, "Device Id": -1}}]}"#;
+        let trace = crate::trace::parse(json.as_bytes()).unwrap().value;
+        let op = trace.ops.first().unwrap();
         assert_eq!(
-            numels.args.iter().copied().collect::<Vec<_>>(),
-            [(6, 0, false), (1, 1, false), (4, 2, true), (2, 2, true)]
-        );
-        assert_eq!(numels.first_list_len, None);
-        let types: ArgTypes =
-            parse_one("[\"c10::BFloat16\", \"Scalar\", \"TensorList\", \"\", \"float\", 3]");
-        assert_eq!(
-            types.0.iter().copied().collect::<Vec<_>>(),
-            [Some(Dtype::Bf16), None, None, None, Some(Dtype::F32), None]
-        );
-        let args = RawArgs {
-            arg_numels: numels.args,
-            arg_types: types.0,
-            ..RawArgs::default()
-        };
-        // The scalar (`Scalar`, dims `[]`) is not a tensor; list elements have no dtype.
-        let mut pushed = Vec::new();
-        args.push_tensor_args(&mut pushed);
-        assert_eq!(
-            pushed,
+            trace.tensor_args_of(op),
             [
                 TensorInput {
                     numel: 6,
-                    dtype: Some(Dtype::Bf16),
+                    dtype: Some(crate::trace::Dtype::Bf16),
                     in_list: false
                 },
                 TensorInput {
@@ -1503,8 +1020,6 @@ mod tests {
                 },
             ]
         );
-        let numels: ArgNumels = parse_one("[[[3, 4], [3, 4], [3, 4]], []]");
-        assert_eq!(numels.first_list_len, Some(3));
     }
 
     fn parse_one<T: de::DeserializeOwned>(json: &str) -> T {
@@ -1527,13 +1042,34 @@ mod tests {
     }
 
     #[test]
-    fn shapes_keep_tensor_dims_and_blank_tensor_lists() {
-        let shapes: Shapes = parse_one("[[2, 3], [], [[1], [2]], 5, \"x\"]");
-        assert_eq!(shapes.0, [vec![2, 3], vec![], vec![], vec![], vec![]]);
-        assert_eq!(shapes.1, None);
-        let shapes: Shapes = parse_one("[[[3, 4], [3, 4], [3, 4]], []]");
-        assert_eq!(shapes.0, [Vec::<i64>::new(), Vec::new()]);
-        assert_eq!(shapes.1, Some(3));
+    fn op_arguments_are_read_from_the_raw_json() {
+        let json = r#"{"traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 1, "dur": 2,
+             "args": {"Concrete Inputs": ["", "", ""], "Input type": ["float", "float", "float"],
+                      "Input Strides": [[64, 1], [64, 1], [1]], "Input Dims": [[2, 64], [10, 64], [10]]}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::view", "ts": 4, "dur": 1,
+             "args": {"Concrete Inputs": ["", "[2, -1]"], "Input type": ["float", "ScalarList"],
+                      "Input Strides": [[1], []], "Input Dims": [[20], []]}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 6, "dur": 1,
+             "args": {"Input type": ["ScalarList"], "Input Dims": [[]]}},
+            {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 1, "args": {"Addr": 1, "Bytes": 8}}
+        ]}"#;
+        let trace = crate::trace::parse(json.as_bytes()).unwrap().value;
+        let linear = &trace.ops[0];
+        let args = trace.tensor_args(linear);
+        assert_eq!(args.len(), 3);
+        assert_eq!(trace.numbers(args[1].dims), &[10, 64]);
+        assert_eq!(
+            args[1].strides.map(|s| trace.numbers(s).to_vec()),
+            Some(vec![64, 1])
+        );
+        assert_eq!(trace.name(args[2].dtype.unwrap()), "float");
+        // concrete values only for view ops
+        assert!(trace.concrete_args(linear).is_empty());
+        let view = trace.concrete_args(&trace.ops[1]);
+        assert_eq!(view.len(), 1);
+        assert_eq!(trace.numbers(view[0].values), &[2, -1]);
+        assert!(trace.tensor_args(&trace.ops[2]).is_empty());
     }
 
     #[test]

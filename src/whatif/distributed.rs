@@ -332,7 +332,7 @@ pub(crate) fn buckets(bytes: u64) -> Vec<u64> {
 
 /// The op name of DDP gradient-bucket blocks, in this what-if and in the
 /// schedule of a trace recorded under DDP.
-pub const BUCKET_OP: &str = "ddp_gradient_bucket";
+pub use crate::orchestrator::BUCKET_OP;
 
 /// The schedule without DDP gradient buckets: a trace recorded under DDP
 /// already holds them, and every strategy (one GPU included) places its own

@@ -155,6 +155,8 @@ pub fn estimate_schedule(
         optimizer: prepared.optimizer.clone(),
         parameter_bytes: prepared.parameter_bytes,
         n_parameters: prepared.n_parameters,
+        state: prepared.state,
+        run_kind: prepared.run_kind,
         batch_size: prepared.batch_size,
         recipe: prepared.recipe.clone(),
         // The warnings of the trace stages belong to the input, not the variant.

@@ -37,6 +37,9 @@ mod replay;
 mod replay_cut;
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
+// The model's resident state: parameters with and without gradients, buffers,
+// run kind, state made before the trace, DDP buckets, traces without shapes.
+mod state;
 // Source-text checks of the architecture invariants.
 mod tidy;
 // Trace reader: fixtures, tolerant parsing, bad-input errors.

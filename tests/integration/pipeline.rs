@@ -326,7 +326,7 @@ fn adagrad_state_built_before_profiling_is_added() {
     assert!(report
         .warnings
         .iter()
-        .any(|w| w.code == "constructor_state_added"));
+        .any(|w| w.code == "optimizer_state_before_trace"));
 }
 
 #[test]

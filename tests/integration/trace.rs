@@ -55,18 +55,27 @@ fn every_fixture_has_the_memory_events_its_sidecar_counts() {
             "{name}: {:?}",
             fixture.parse_warnings
         );
-        // AccumulateGrad ops keep their shapes; other ops drop them.
-        let acc = t
-            .ops
-            .iter()
-            .filter(|o| t.name(o.name) == "torch::autograd::AccumulateGrad");
-        assert!(acc.clone().all(|o| !o.input_dims.is_empty()), "{name}");
-        assert!(acc.count() > 0, "{name}");
+        // AccumulateGrad and the layer ops keep their tensor arguments (the
+        // parameters come from them); allocation-only ops drop theirs.
+        let of = |ops: &[&str]| {
+            let found: Vec<_> = t
+                .ops
+                .iter()
+                .filter(|o| ops.contains(&t.name(o.name)))
+                .collect();
+            assert!(!found.is_empty(), "{name}: none of {ops:?}");
+            found.iter().all(|o| !t.tensor_args(o).is_empty())
+        };
+        assert!(of(&["torch::autograd::AccumulateGrad"]), "{name}");
+        assert!(
+            of(&["aten::linear", "aten::conv2d", "aten::addmm", "aten::mm"]),
+            "{name}"
+        );
         assert!(t
             .ops
             .iter()
-            .filter(|o| t.name(o.name) == "aten::conv2d" || t.name(o.name) == "aten::mm")
-            .all(|o| o.input_dims.is_empty()));
+            .filter(|o| t.name(o.name) == "aten::empty")
+            .all(|o| t.tensor_args(o).is_empty()));
     }
 }
 

@@ -167,6 +167,16 @@ fn print_table(out: &mut String, report: &Report) {
     }
     structure.push(format!("loop: {}", recipe.training_loop.label()));
     let _ = writeln!(out, "run: {}", structure.join(", "));
+    let _ = writeln!(
+        out,
+        "model: {} ({} parameters: {} GiB, {} GiB trainable, {} GiB frozen; buffers {} GiB)",
+        summary.run_kind.label(),
+        summary.n_parameters,
+        gib(summary.parameter_bytes),
+        gib(summary.trainable_parameter_bytes),
+        gib(summary.frozen_parameter_bytes),
+        gib(summary.buffer_bytes),
+    );
     let _ = writeln!(out, "peak");
     row(out, "total (reserved+context)", peak.total_bytes);
     row(out, "reserved", peak.reserved_bytes);

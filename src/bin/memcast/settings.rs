@@ -36,6 +36,15 @@ pub struct SettingsArgs {
     /// `foreach` implementation.
     #[arg(long)]
     captured_optimizer: bool,
+    /// Every parameter's bytes (e.g. 500MiB), in place of what the trace
+    /// shows: for weights the forward never reads, quantized storage, or a
+    /// trace recorded without shapes.
+    #[arg(long = "params", value_name = "SIZE")]
+    params: Option<String>,
+    /// The bytes of the parameters that get no gradient (frozen), in place
+    /// of what the trace shows.
+    #[arg(long = "frozen-params", value_name = "SIZE")]
+    frozen_params: Option<String>,
 }
 
 impl SettingsArgs {
@@ -49,6 +58,8 @@ impl SettingsArgs {
             context: self.context.clone(),
             iterations: self.iterations,
             captured_optimizer: self.captured_optimizer,
+            params: self.params.clone(),
+            frozen_params: self.frozen_params.clone(),
         };
         settings.gpus = settings.gpu_specs();
         settings

@@ -15,6 +15,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::BatchSizes => "--batch",
         Setting::TargetBatch => "--at",
         Setting::WorldSize => "--world-size",
+        Setting::ParameterBytes => "--params",
     }
 }
 

@@ -20,6 +20,9 @@ pub(super) fn category_of(block: &Block) -> Category {
         BlockRole::Gradient { .. } => Category::Gradient,
         BlockRole::OptimizerState => Category::OptimizerState,
         BlockRole::Batch => Category::Batch,
+        BlockRole::Parameter => Category::Parameter,
+        BlockRole::Buffer => Category::Buffer,
+        BlockRole::Bucket => Category::Bucket,
         BlockRole::Other => {
             let step_temporary = block.alloc_phase == analyzer::Phase::OptimizerStep
                 && block.free_phase == Some(analyzer::Phase::OptimizerStep)
@@ -241,7 +244,13 @@ fn item_of(
         category: category_of(block),
         iteration,
         phase: block.alloc_phase,
-        op: name_of(analysis, block.alloc_op_name),
+        // DDP's buckets go by one op name, so the distributed what-if can
+        // find them.
+        op: if block.role == BlockRole::Bucket {
+            Some(crate::orchestrator::BUCKET_OP.to_owned())
+        } else {
+            name_of(analysis, block.alloc_op_name)
+        },
         layer: name_of(analysis, block.layer),
         alloc: Key::captured(
             block.alloc_ts.saturating_add(offset),

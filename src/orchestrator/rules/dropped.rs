@@ -48,7 +48,10 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
         RuleId::HostStepCounters => rule_host_step_counters(analysis, block),
         RuleId::Parameters
         | RuleId::BatchnormBuffers
+        | RuleId::ModelBuffers
         | RuleId::ConstructorOptimizerState
+        | RuleId::ActivationsBeforeTrace
+        | RuleId::DdpBuckets
         | RuleId::Activations
         | RuleId::AutocastFp32Ops
         | RuleId::AutocastLowerOps

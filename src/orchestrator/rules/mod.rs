@@ -47,7 +47,7 @@ use super::schedule::{
     BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
     ScheduledBlock,
 };
-use super::{OrchestrationFacts, OrchestratorConfig, RuleBytes, RuleCount};
+use super::{OrchestrateError, OrchestrationFacts, OrchestratorConfig, RuleBytes, RuleCount};
 use crate::analyzer::Analysis;
 use crate::diag::Warning;
 use crate::trace::NameId;
@@ -62,7 +62,10 @@ use order::Key;
 pub enum RuleId {
     Parameters,
     BatchnormBuffers,
+    ModelBuffers,
     ConstructorOptimizerState,
+    ActivationsBeforeTrace,
+    DdpBuckets,
     OtherDevice,
     CpuScratch,
     CpuCollectiveTemporaries,
@@ -87,10 +90,13 @@ pub enum RuleId {
 
 impl RuleId {
     /// Every rule, in the order they apply (and the report lists them).
-    pub const ALL: [RuleId; 23] = [
+    pub const ALL: [RuleId; 26] = [
         RuleId::Parameters,
         RuleId::BatchnormBuffers,
+        RuleId::ModelBuffers,
         RuleId::ConstructorOptimizerState,
+        RuleId::ActivationsBeforeTrace,
+        RuleId::DdpBuckets,
         RuleId::OtherDevice,
         RuleId::CpuScratch,
         RuleId::CpuCollectiveTemporaries,
@@ -130,7 +136,10 @@ impl RuleId {
         match self {
             RuleId::Parameters => "parameters",
             RuleId::BatchnormBuffers => "batchnorm_buffers",
+            RuleId::ModelBuffers => "model_buffers",
             RuleId::ConstructorOptimizerState => "constructor_optimizer_state",
+            RuleId::ActivationsBeforeTrace => "activations_before_trace",
+            RuleId::DdpBuckets => "ddp_buckets",
             RuleId::OtherDevice => "other_device",
             RuleId::CpuScratch => "cpu_scratch",
             RuleId::CpuCollectiveTemporaries => "cpu_collective_temporaries",
@@ -157,9 +166,12 @@ impl RuleId {
     /// What the rule does.
     pub const fn summary(self) -> &'static str {
         match self {
-            RuleId::Parameters => "one persistent block per parameter inferred from AccumulateGrad shapes, allocated first, in module order, as model.to(device) does",
+            RuleId::Parameters => "one persistent block per parameter, with or without a gradient (the analyzer's resident state: AccumulateGrad shapes and the tensors the forward reads that were never allocated in the trace; or the bytes the user gave), allocated first, in module order, as model.to(device) does; a model built inside the trace keeps its own blocks",
             RuleId::BatchnormBuffers => "running_mean, running_var (the BatchNorm weight's shape and dtype) and num_batches_tracked (8 bytes) of every BatchNorm layer, allocated after its parameters",
-            RuleId::ConstructorOptimizerState => "state built in the optimizer constructor before profiling (Adagrad's sum, one block per parameter) added by calculation",
+            RuleId::ConstructorOptimizerState => "optimizer state made before the trace (in the constructor, like Adagrad's sum, or in steps a profiler schedule did not record): the state tensors of each trainable parameter, from the optimizer class and what its step runs, allocated at setup",
+            RuleId::ModelBuffers => "buffers other than BatchNorm's that the forward reads and the trace never allocated (position ids, rotary caches), allocated at setup",
+            RuleId::ActivationsBeforeTrace => "activations made before the trace (an earlier batch, a KV cache the first iteration reads), allocated at setup and freed after their last read",
+            RuleId::DdpBuckets => "DistributedDataParallel's gradient buckets made when the model was wrapped (the tensors its all-reduce reads that the trace never allocated), allocated at setup and freed when the reducer rebuilds its own inside the trace",
             RuleId::OtherDevice => "only blocks of the profiled device are kept: CPU blocks of a CPU trace, CUDA blocks of a CUDA trace (its CPU blocks are host memory)",
             RuleId::CpuScratch => "operator-internal blocks of CPU-only kernels (oneDNN/mkldnn weight reorders, flagged by the analyzer) are dropped",
             RuleId::CpuCollectiveTemporaries => "blocks a CPU-backend (gloo) collective allocates and frees inside a c10d:: op are dropped: NCCL reduces on the device without them (its own memory is outside the caching allocator)",
@@ -224,9 +236,10 @@ pub(crate) fn apply_all(
     analysis: &Analysis,
     config: &OrchestratorConfig,
     warnings: &mut Vec<Warning>,
-) -> (Schedule, OrchestrationFacts) {
+) -> Result<(Schedule, OrchestrationFacts), OrchestrateError> {
     let mut counts = RuleCounts::new();
-    let mut items = setup::setup_items(analysis, &mut counts, warnings);
+    let (mut items, state) =
+        setup::setup_items(analysis, config.parameters, &mut counts, warnings)?;
 
     // Captured blocks over the planned iterations, as CUDA autocast runs them.
     let changes = autocast::changes(analysis, &config.autocast, warnings);
@@ -289,10 +302,11 @@ pub(crate) fn apply_all(
             .into_iter()
             .map(|(rule, bytes)| RuleBytes { rule, bytes })
             .collect(),
+        state,
     };
     let mut schedule = into_schedule(items, iterations::iteration_spans(analysis, &plan));
     schedule.phases = windows;
-    (schedule, facts)
+    Ok((schedule, facts))
 }
 
 /// Turns items into a schedule: blocks in allocation order, events sorted by

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use super::captured::category_of;
 use super::lifetimes::{rule_batch_handover, rule_gradients, Handover};
 use super::order::Key;
-use super::setup::{module_class, rule_constructor_state};
+use super::setup::module_class;
 use super::*;
 use crate::analyzer::{self, Block, BlockRole};
 use crate::analyzer::{
@@ -47,6 +47,7 @@ impl Loop {
             dtype: Some("float".to_owned()),
             bytes: Bytes(bytes),
             layer: Some(NameId(layer)),
+            sized_by_gradient: false,
         };
         let iterations = (0..3)
             .map(|i| {
@@ -112,6 +113,10 @@ impl Loop {
                 recipe: analyzer::RunRecipe::default(),
                 autocast: Vec::new(),
                 op_inputs: Vec::new(),
+                state: crate::analyzer::resident::ModelState {
+                    has_shapes: true,
+                    ..Default::default()
+                },
             },
             next_event: 0,
         }
@@ -245,6 +250,7 @@ fn run(analysis: &Analysis, iterations: u32, path: OptimizerPath) -> (Schedule, 
         iterations,
         optimizer_path: path,
         autocast: Default::default(),
+        parameters: Default::default(),
     };
     let out = orchestrate(analysis, &config).unwrap();
     out.value.schedule.check().unwrap();
@@ -312,7 +318,7 @@ fn parameters_come_first_in_module_order_and_stay() {
     for (id, _) in blocks_of(&schedule, Category::Parameter) {
         assert_eq!(free_time(&schedule, id), None);
     }
-    assert!(warnings.iter().any(|w| w.code == "parameters_inferred"));
+    assert!(!warnings.iter().any(|w| w.code == "no_parameters"));
 }
 
 #[test]
@@ -324,28 +330,148 @@ fn module_class_strips_the_instance_counter() {
 }
 
 #[test]
-fn adagrad_state_is_added_only_when_the_trace_lacks_it() {
-    let mut lp = Loop::new("Adagrad");
-    lp.block(
-        0,
-        500,
-        None,
-        4_000,
-        P::Backward,
-        BlockRole::Gradient { param: 0 },
-    );
-    let added = rule_constructor_state(&lp.analysis, 10);
-    assert_eq!(
-        added.iter().map(|i| i.size.get()).collect::<Vec<_>>(),
-        vec![4_000, 40, 40]
-    );
-    assert!(added
+fn state_made_before_the_trace_is_allocated_at_setup() {
+    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
+    let item = |kind, bytes: u64, last_read: Option<i64>| StateItem {
+        kind,
+        trainable: false,
+        bytes: Bytes(bytes),
+        shape: Vec::new(),
+        dtype: None,
+        layer: None,
+        source: StateSource::OptimizerClass,
+        first_read: None,
+        last_read: last_read.map(Nanos),
+        block: None,
+    };
+    let mut lp = Loop::training("Adagrad");
+    lp.analysis.state.items = vec![
+        item(StateKind::Parameter, 1_000, None),
+        item(StateKind::Buffer, 16, None),
+        item(StateKind::OptimizerState, 4_000, None),
+        item(StateKind::OptimizerState, 40, None),
+        item(StateKind::Activation, 64, Some(300)),
+        item(StateKind::Bucket, 4_080, Some(1_200)),
+    ];
+    let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
+    let setup: Vec<(Category, u64, bool)> = schedule
+        .blocks
         .iter()
-        .all(|i| i.category == Category::OptimizerState && i.free.is_none()));
-    lp.analysis.optimizer.n_state_blocks = 3;
-    assert!(rule_constructor_state(&lp.analysis, 10).is_empty());
-    let sgd = Loop::new("SGD");
-    assert!(rule_constructor_state(&sgd.analysis, 10).is_empty());
+        .enumerate()
+        .filter(|(_, b)| b.phase == Phase::Setup)
+        .map(|(i, b)| (b.category, b.size.get(), free_time(&schedule, i).is_some()))
+        .collect();
+    // the trainable parameters (BatchNorm's with its buffers), then the
+    // frozen one, the other buffer, the optimizer state, the activation
+    // (freed after its last read) and the buckets (freed when rebuilt)
+    assert_eq!(
+        setup,
+        vec![
+            (Category::Parameter, 4_000, false),
+            (Category::Parameter, 40, false),
+            (Category::Parameter, 40, false),
+            (Category::Buffer, 40, false),
+            (Category::Buffer, 40, false),
+            (Category::Buffer, 8, false),
+            (Category::Parameter, 1_000, false),
+            (Category::Buffer, 16, false),
+            (Category::OptimizerState, 4_000, false),
+            (Category::OptimizerState, 40, false),
+            (Category::Activation, 64, true),
+            (Category::Bucket, 4_080, true),
+        ]
+    );
+}
+
+#[test]
+fn the_parameter_bytes_given_replace_the_frozen_part() {
+    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
+    use crate::orchestrator::ParameterOverride;
+    let mut lp = Loop::training("Adam");
+    lp.analysis.state.has_shapes = true;
+    lp.analysis.state.items = vec![StateItem {
+        kind: StateKind::Parameter,
+        trainable: false,
+        bytes: Bytes(1_000),
+        shape: vec![250],
+        dtype: None,
+        layer: None,
+        source: StateSource::OpArgument {
+            op: "aten::linear".to_owned(),
+            argument: 1,
+            known_op: true,
+        },
+        first_read: None,
+        last_read: None,
+        block: None,
+    }];
+    let parameters = |total: Option<u64>, frozen: Option<u64>| {
+        let config = OrchestratorConfig {
+            iterations: 3,
+            optimizer_path: OptimizerPath::Captured,
+            parameters: ParameterOverride {
+                total: total.map(Bytes),
+                frozen: frozen.map(Bytes),
+            },
+            autocast: Default::default(),
+        };
+        orchestrate(&lp.analysis, &config).map(|o| {
+            let s = o.value.schedule;
+            (
+                s.blocks
+                    .iter()
+                    .filter(|b| b.category == Category::Parameter)
+                    .map(|b| b.size.get())
+                    .sum::<u64>(),
+                o.warnings.iter().any(|w| w.code == "parameters_from_user"),
+            )
+        })
+    };
+    // trainable 4,080 from the trace, frozen 1,000 found
+    assert_eq!(parameters(None, None).unwrap(), (5_080, false));
+    assert_eq!(parameters(Some(10_080), None).unwrap(), (10_080, true));
+    assert_eq!(parameters(None, Some(3_000)).unwrap(), (7_080, true));
+    assert_eq!(parameters(Some(9_000), Some(3_000)).unwrap(), (7_080, true));
+    assert!(matches!(
+        parameters(Some(1_000), Some(3_000)),
+        Err(crate::orchestrator::OrchestrateError::ParameterOverrideInconsistent { .. })
+    ));
+}
+
+/// A model built inside the profiled region: a trainable parameter whose
+/// block the trace allocated is that block, not a second setup block.
+#[test]
+fn a_parameter_built_in_the_trace_is_not_added_again() {
+    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
+    let mut lp = Loop::training("Adam");
+    lp.analysis.state.has_shapes = true;
+    let setup_parameters = |lp: &Loop| {
+        let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
+        schedule
+            .blocks
+            .iter()
+            .filter(|b| b.category == Category::Parameter && b.phase == Phase::Setup)
+            .map(|b| b.size.get())
+            .sum::<u64>()
+    };
+    assert_eq!(setup_parameters(&lp), 4_080);
+    lp.analysis.state.items = vec![StateItem {
+        kind: StateKind::Parameter,
+        trainable: true,
+        bytes: Bytes(4_000),
+        shape: vec![1_000],
+        dtype: None,
+        layer: None,
+        source: StateSource::OpArgument {
+            op: "aten::linear".to_owned(),
+            argument: 1,
+            known_op: true,
+        },
+        first_read: None,
+        last_read: None,
+        block: Some(0),
+    }];
+    assert_eq!(setup_parameters(&lp), 80);
 }
 
 #[test]
@@ -768,6 +894,7 @@ proptest::proptest! {
             iterations,
             optimizer_path: if foreach { OptimizerPath::CudaDefault } else { OptimizerPath::Captured },
             autocast: Default::default(),
+            parameters: Default::default(),
         };
         let first = orchestrate(&lp.analysis, &config).unwrap();
         proptest::prop_assert_eq!(first.value.schedule.check(), Ok(()));
@@ -786,6 +913,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
         iterations: 0,
         optimizer_path: OptimizerPath::CudaDefault,
         autocast: Default::default(),
+        parameters: Default::default(),
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),
@@ -795,6 +923,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
         iterations: u32::MAX,
         optimizer_path: OptimizerPath::CudaDefault,
         autocast: Default::default(),
+        parameters: Default::default(),
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),

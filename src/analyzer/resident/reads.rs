@@ -1,0 +1,705 @@
+//! Pre-trace reads: the tensors the forward pass reads that were never
+//! allocated inside the trace, each counted once. The rule and its evidence
+//! are described in [`super`]; this is the engine, over a neutral model of
+//! the trace (top-level ops with their tensor arguments, module calls,
+//! blocks) that [`super`] builds from the analysis.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::views::{contiguous_strides, extent, view_outputs, Concrete, Layout};
+
+/// One tensor argument of an op (`Input Dims` / `Input type` / `Input Strides`).
+#[derive(Debug, Clone)]
+pub struct Arg {
+    pub pos: u16,
+    /// Position inside a `TensorList` argument.
+    pub list: Option<u16>,
+    /// `None` for a tensor-list element (the profiler records no dtype there).
+    pub dtype: Option<Dtype>,
+    pub layout: Layout,
+}
+
+/// A dtype as `Input type` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dtype {
+    /// Bytes per element.
+    pub size: u64,
+    /// Its name id.
+    pub name: u32,
+    /// A floating-point (or complex) type.
+    pub floating: bool,
+}
+
+/// One top-level op as the engine sees it.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub name: String,
+    pub start: i64,
+    /// Index into the module calls, `None` without `with_stack` (one pseudo
+    /// call per forward pass is used then).
+    pub call: Option<usize>,
+    /// Its forward pass (an iteration, or a micro-batch of one), numbered
+    /// in time order.
+    pub iteration: usize,
+    /// The backward passes started before it (to tell micro-batches apart).
+    pub pass: usize,
+    pub args: Vec<Arg>,
+    pub concrete: Vec<Concrete>,
+    /// A conditionally viewing op (`to`, `reshape`, `contiguous`) that copied.
+    pub copied: bool,
+}
+
+/// One call of a module instance (an `nn.Module: Linear_3` frame).
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The instance (`Linear_3`: `k` counts instances of a class, and an
+    /// instance called twice keeps its `k`).
+    pub instance: u32,
+    /// Its class (`Linear`).
+    pub class: u32,
+    pub start: i64,
+    /// A wrapper (DistributedDataParallel) whose own reads are not state.
+    pub wrapper: bool,
+    /// Hugging Face's `Conv1D`: `torch.addmm(bias, x, weight)`.
+    pub conv1d: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockUse {
+    /// Could hold a tensor the forward reads.
+    Live,
+    /// Persistent and made outside the forward: may be a model built in the trace.
+    Construction,
+    /// A gradient or optimizer state: never a forward input.
+    Ignored,
+}
+
+#[derive(Debug, Clone)]
+pub struct Blk {
+    pub alloc: i64,
+    pub free: Option<i64>,
+    pub size: u64,
+    pub usage: BlockUse,
+    /// The layout a batch block was stacked to by the loader's collate.
+    pub batch_dims: Option<Vec<i64>>,
+    /// The analysis block it stands for.
+    pub source: Option<usize>,
+}
+
+/// What a state read is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReadKind {
+    Parameter,
+    Buffer,
+    /// Made before the trace but of the batch: an earlier batch, a KV cache.
+    Activation,
+}
+
+/// One state tensor found, after de-duplication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub instance: Option<u32>,
+    pub dims: Vec<i64>,
+    pub dtype: Option<u32>,
+    pub bytes: u64,
+    pub kind: ReadKind,
+    /// Its block was allocated inside the trace (a model built inside the
+    /// profiled region): counted once, through that block.
+    pub in_trace: bool,
+    /// That block (an index into the engine's blocks).
+    pub block: Option<usize>,
+    /// A weight argument of a known op (linear, conv, embedding, norms).
+    pub known_role: bool,
+    pub op: String,
+    pub arg: u16,
+    pub first_read: i64,
+    pub last_read: i64,
+}
+
+/// Argument positions that hold module state in known ops: the weight and
+/// bias of linear and convolution layers, embedding tables, the affine
+/// parameters of the norms and BatchNorm's running statistics, and Hugging
+/// Face's `Conv1D` (`torch.addmm(bias, x, weight)`, in a `Conv1D` frame).
+pub fn weight_args(op: &str, conv1d: bool) -> &'static [u16] {
+    match op {
+        "aten::linear"
+        | "aten::conv1d"
+        | "aten::conv2d"
+        | "aten::conv3d"
+        | "aten::conv_transpose1d"
+        | "aten::conv_transpose2d"
+        | "aten::conv_transpose3d"
+        | "aten::convolution"
+        | "aten::_convolution" => &[1, 2],
+        "aten::embedding" | "aten::embedding_bag" | "aten::_embedding_bag" => &[0],
+        "aten::layer_norm" | "aten::group_norm" => &[2, 3],
+        "aten::rms_norm" => &[2],
+        "aten::batch_norm" | "aten::instance_norm" => &[1, 2, 3, 4],
+        "aten::prelu" => &[1],
+        "aten::bilinear" => &[2, 3],
+        "aten::_native_multi_head_attention" => &[5, 6, 7, 8],
+        // Hugging Face Conv1D: torch.addmm(bias, x, weight)
+        "aten::addmm" if conv1d => &[0, 2],
+        _ => &[],
+    }
+}
+
+/// Arguments of known ops that are buffers (BatchNorm running statistics).
+fn buffer_args(op: &str) -> &'static [u16] {
+    match op {
+        "aten::batch_norm" | "aten::instance_norm" => &[3, 4],
+        _ => &[],
+    }
+}
+
+/// Views that select positions of a tensor (how buffers such as position ids
+/// and rotary caches are read) rather than re-arrange a weight.
+fn positional_view(op: &str) -> bool {
+    matches!(
+        op,
+        "aten::slice"
+            | "aten::select"
+            | "aten::narrow"
+            | "aten::unbind"
+            | "aten::alias"
+            | "aten::expand"
+            | "aten::unsqueeze"
+            | "aten::squeeze"
+            | "aten::to"
+            | "aten::view"
+            | "aten::reshape"
+            | "aten::contiguous"
+            | "aten::type_as"
+            | "aten::expand_as"
+            | "aten::detach"
+    )
+}
+
+type Binding = (Vec<i64>, Option<u32>);
+
+/// Live in-trace blocks by size, each bound to the first tensor read from it.
+struct LiveBlocks<'a> {
+    blocks: &'a [Blk],
+    events: Vec<(i64, bool, usize)>,
+    next: usize,
+    by_size: BTreeMap<u64, Vec<(usize, Option<Binding>)>>,
+    construction: BTreeMap<u64, Vec<usize>>,
+}
+
+impl<'a> LiveBlocks<'a> {
+    fn new(blocks: &'a [Blk]) -> Self {
+        let mut events = Vec::with_capacity(blocks.len() * 2);
+        for (i, b) in blocks.iter().enumerate() {
+            if b.usage == BlockUse::Ignored {
+                continue;
+            }
+            events.push((b.alloc, true, i));
+            if let Some(f) = b.free {
+                events.push((f, false, i));
+            }
+        }
+        // at one instant, allocations first
+        events.sort_by_key(|&(t, alloc, i)| (t, !alloc, i));
+        LiveBlocks {
+            blocks,
+            events,
+            next: 0,
+            by_size: BTreeMap::new(),
+            construction: BTreeMap::new(),
+        }
+    }
+
+    /// Applies every event before `t` (a block freed at `t` still counts).
+    fn advance(&mut self, t: i64) {
+        while let Some(&(time, alloc, i)) = self.events.get(self.next) {
+            if time >= t {
+                break;
+            }
+            self.next += 1;
+            let Some(b) = self.blocks.get(i) else {
+                continue;
+            };
+            match (b.usage, alloc) {
+                (BlockUse::Construction, true) => {
+                    self.construction.entry(b.size).or_default().push(i)
+                }
+                (BlockUse::Construction, false) => {
+                    if let Some(v) = self.construction.get_mut(&b.size) {
+                        v.retain(|&j| j != i);
+                    }
+                }
+                (_, true) => {
+                    let bound = b.batch_dims.clone().map(|d| (d, None));
+                    self.by_size.entry(b.size).or_default().push((i, bound));
+                }
+                (_, false) => {
+                    if let Some(v) = self.by_size.get_mut(&b.size) {
+                        v.retain(|&(j, _)| j != i);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a live block of exactly `size` bytes could hold a tensor of
+    /// `dims`/`dtype`. A fresh output is read from the latest block: an
+    /// unbound block allocated after every block bound to this shape is
+    /// bound to it; else a block bound to this shape explains the read; else
+    /// the latest unbound block is bound.
+    fn explain(&mut self, size: u64, dims: &[i64], dtype: Option<u32>) -> bool {
+        let Some(live) = self.by_size.get_mut(&size) else {
+            return false;
+        };
+        let same = |b: &Binding| b.0 == dims && (b.1.is_none() || dtype.is_none() || b.1 == dtype);
+        let last_same = live
+            .iter()
+            .filter(|(_, b)| b.as_ref().is_some_and(same))
+            .map(|(i, _)| *i)
+            .max();
+        let last_free = live
+            .iter()
+            .filter(|(_, b)| b.is_none())
+            .map(|(i, _)| *i)
+            .max();
+        match (last_free, last_same) {
+            (Some(free), same) if same.is_none_or(|s| free > s) => {
+                if let Some(slot) = live.iter_mut().find(|(i, _)| *i == free) {
+                    slot.1 = Some((dims.to_vec(), dtype));
+                }
+                true
+            }
+            (_, same) => same.is_some(),
+        }
+    }
+
+    /// A live block of exactly `size` bytes that may be a model built in the trace.
+    fn construction_block(&self, size: u64) -> Option<usize> {
+        self.construction
+            .get(&size)
+            .and_then(|v| v.first().copied())
+    }
+
+    /// A live block of `size` allocated at or after `since` (inside this call).
+    fn allocated_since(&self, size: u64, since: i64) -> bool {
+        self.by_size.get(&size).is_some_and(|v| {
+            v.iter()
+                .any(|&(i, _)| self.blocks.get(i).is_some_and(|b| b.alloc >= since))
+        })
+    }
+}
+
+/// One read that may be state, before the consensus over slots.
+struct Read {
+    call_key: (u32, i64),
+    slot: u64,
+    place: u64,
+    state: bool,
+    dims: Vec<i64>,
+    dtype: Option<u32>,
+    elem: u64,
+    kind: ReadKind,
+    in_trace: bool,
+    block: Option<usize>,
+    known_role: bool,
+    op_known: bool,
+    data_input: bool,
+    co_operand: bool,
+    op: String,
+    arg: u16,
+    iteration: usize,
+    time: i64,
+}
+
+fn hash_of<T: std::hash::Hash>(t: &T) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(t)
+}
+
+/// The state tensors the forward reads. `calls[i].class`, `.instance` are
+/// name ids; `class_name` resolves a class id; `default_elem` is the element
+/// size assumed for tensor-list elements (no dtype recorded).
+pub fn pre_trace_reads(
+    ops: &[Op],
+    calls: &[Call],
+    blocks: &[Blk],
+    default_elem: u64,
+    default_dtype: Option<u32>,
+) -> Vec<Found> {
+    let mut live = LiveBlocks::new(blocks);
+    let mut derived: HashMap<Layout, (bool, Option<u32>)> = HashMap::new();
+    let mut iteration = usize::MAX;
+    let mut nth: HashMap<(u32, i64, &str), u32> = HashMap::new();
+    let mut reads: Vec<Read> = Vec::new();
+    for op in ops {
+        live.advance(op.start);
+        let call = op.call.and_then(|c| calls.get(c));
+        if call.is_some_and(|c| c.wrapper) {
+            continue;
+        }
+        if op.iteration != iteration {
+            iteration = op.iteration;
+            derived.clear();
+        }
+        // Without module frames, one pseudo call per forward pass.
+        let (class, call_start, call_key) = match call {
+            Some(c) => (c.class, c.start, (c.instance, c.start)),
+            None => (u32::MAX, i64::MIN, (u32::MAX, op.iteration as i64)),
+        };
+        let weights = weight_args(&op.name, call.is_some_and(|c| c.conv1d));
+        let buffers = buffer_args(&op.name);
+        let known_op = !weights.is_empty();
+        let n = nth
+            .entry((call_key.0, call_key.1, op.name.as_str()))
+            .or_insert(0);
+        *n += 1;
+        let nth_here = *n;
+        let mut arg0_state: Option<bool> = None;
+        let first_read = reads.len();
+        let mut activations: Vec<Vec<i64>> = Vec::new();
+        for a in &op.args {
+            let strides = if a.layout.strides.len() == a.layout.dims.len() {
+                a.layout.strides.clone()
+            } else {
+                contiguous_strides(&a.layout.dims)
+            };
+            let layout = Layout {
+                dims: a.layout.dims.clone(),
+                strides,
+            };
+            let dtype = a.dtype.map(|d| d.name).or(default_dtype);
+            if let Some(&(is_state, d)) = derived.get(&layout) {
+                if dtype.is_none() || d.is_none() || d == dtype {
+                    if !is_state {
+                        activations.push(layout.dims.clone());
+                    }
+                    if a.pos == 0 && a.list.is_none() {
+                        arg0_state = Some(is_state);
+                    }
+                    continue;
+                }
+            }
+            let elem = a.dtype.map_or(default_elem, |d| d.size);
+            let size = extent(&layout.dims, &layout.strides).saturating_mul(elem);
+            let known_role = a.list.is_none() && weights.contains(&a.pos);
+            // state?, and the block of a model built in the trace
+            let (state, block) = if size == 0 {
+                (false, None)
+            } else if known_role {
+                if call.is_some() && live.allocated_since(size, call_start) {
+                    (false, None)
+                } else {
+                    (true, live.construction_block(size))
+                }
+            } else if live.explain(size, &layout.dims, dtype) {
+                (false, None)
+            } else {
+                (true, live.construction_block(size))
+            };
+            let in_trace = block.is_some();
+            if !state {
+                activations.push(layout.dims.clone());
+            }
+            if a.pos == 0 && a.list.is_none() {
+                arg0_state = Some(state);
+            }
+            let integer = a.dtype.is_some_and(|d| !d.floating);
+            let kind = if buffers.contains(&a.pos)
+                || integer
+                || (!known_role && positional_view(&op.name))
+            {
+                ReadKind::Buffer
+            } else {
+                ReadKind::Parameter
+            };
+            let slot = hash_of(&(
+                class,
+                op.name.as_str(),
+                nth_here,
+                a.pos,
+                a.list,
+                &layout.dims,
+                dtype,
+            ));
+            let place = hash_of(&(call_key.0, op.name.as_str(), nth_here, a.pos, a.list));
+            reads.push(Read {
+                call_key,
+                slot,
+                place,
+                state,
+                dims: layout.dims.clone(),
+                dtype,
+                elem,
+                kind,
+                in_trace,
+                block,
+                known_role,
+                op_known: known_op,
+                data_input: known_op && !known_role,
+                co_operand: false,
+                op: op.name.clone(),
+                arg: a.pos,
+                iteration: op.iteration,
+                time: op.start,
+            });
+        }
+        for r in reads.get_mut(first_read..).unwrap_or_default() {
+            r.co_operand = r.dims.len() >= 2
+                && activations
+                    .iter()
+                    .any(|d| d.len() == r.dims.len() && d.first() == r.dims.first());
+        }
+        // the op's outputs, when it is a view of its first argument
+        if let (Some(is_state), Some(first)) = (
+            arg0_state,
+            op.args.iter().find(|a| a.pos == 0 && a.list.is_none()),
+        ) {
+            let other = op
+                .args
+                .iter()
+                .find(|a| a.pos == 1 && a.list.is_none())
+                .map(|a| a.layout.dims.as_slice());
+            let input = Layout {
+                dims: first.layout.dims.clone(),
+                strides: if first.layout.strides.len() == first.layout.dims.len() {
+                    first.layout.strides.clone()
+                } else {
+                    contiguous_strides(&first.layout.dims)
+                },
+            };
+            if let Some(outs) = view_outputs(&op.name, &input, &op.concrete, other, op.copied) {
+                for out in outs {
+                    // An identity (a no-copy `to`, `contiguous`) makes no new layout:
+                    // an activation read through it is read through its own block.
+                    if is_state || out != input {
+                        derived.insert(out, (is_state, first.dtype.map(|d| d.name)));
+                    }
+                }
+            }
+        }
+    }
+    classify(reads)
+}
+
+/// Consensus over slots, data inputs and early reads, then each instance's
+/// largest call.
+fn classify(mut reads: Vec<Read>) -> Vec<Found> {
+    use std::collections::{BTreeSet, HashSet};
+    let state_slots: HashSet<u64> = reads.iter().filter(|r| r.state).map(|r| r.slot).collect();
+    let iterations: BTreeSet<usize> = reads.iter().map(|r| r.iteration).collect();
+    let first_iteration = iterations.first().copied().unwrap_or(0);
+    let mut state_iterations: HashMap<u64, BTreeSet<usize>> = HashMap::new();
+    let mut any_iterations: HashMap<u64, BTreeSet<usize>> = HashMap::new();
+    for r in &reads {
+        any_iterations
+            .entry(r.place)
+            .or_default()
+            .insert(r.iteration);
+        if r.state {
+            state_iterations
+                .entry(r.place)
+                .or_default()
+                .insert(r.iteration);
+        }
+    }
+    for r in &mut reads {
+        if !state_slots.contains(&r.slot) {
+            r.state = false;
+            continue;
+        }
+        r.state = true;
+        if r.in_trace {
+            continue;
+        }
+        let early = iterations.len() >= 2
+            && state_iterations
+                .get(&r.place)
+                .is_some_and(|s| s.len() == 1 && s.contains(&first_iteration))
+            && any_iterations.get(&r.place).is_some_and(|s| s.len() >= 2);
+        if (r.data_input && r.op_known) || (early && r.co_operand) {
+            r.kind = ReadKind::Activation;
+        }
+    }
+    // per call multisets, then the largest per instance
+    type Key = (Vec<i64>, Option<u32>, ReadKind, bool);
+    let mut per_call: BTreeMap<(u32, i64), BTreeMap<Key, Vec<usize>>> = BTreeMap::new();
+    for (i, r) in reads.iter().enumerate().filter(|(_, r)| r.state) {
+        per_call
+            .entry(r.call_key)
+            .or_default()
+            .entry((r.dims.clone(), r.dtype, r.kind, r.in_trace))
+            .or_default()
+            .push(i);
+    }
+    let mut per_instance: BTreeMap<u32, BTreeMap<Key, Vec<usize>>> = BTreeMap::new();
+    for ((instance, _), keys) in per_call {
+        let slot = per_instance.entry(instance).or_default();
+        for (key, idx) in keys {
+            let entry = slot.entry(key).or_default();
+            if idx.len() > entry.len() {
+                *entry = idx;
+            }
+        }
+    }
+    let mut last_state_read: HashMap<u64, i64> = HashMap::new();
+    for r in reads.iter().filter(|r| r.state) {
+        let slot = last_state_read.entry(r.place).or_insert(r.time);
+        *slot = (*slot).max(r.time);
+    }
+    let mut found = Vec::new();
+    for (instance, keys) in per_instance {
+        for ((dims, dtype, kind, in_trace), idx) in keys {
+            for &i in &idx {
+                let Some(r) = reads.get(i) else { continue };
+                let numel: u64 = dims.iter().map(|&d| d.max(0) as u64).product();
+                let last = last_state_read.get(&r.place).copied().unwrap_or(r.time);
+                found.push(Found {
+                    instance: (instance != u32::MAX).then_some(instance),
+                    dims: dims.clone(),
+                    dtype,
+                    bytes: numel.saturating_mul(r.elem),
+                    kind,
+                    in_trace,
+                    block: r.block,
+                    known_role: r.known_role,
+                    op: r.op.clone(),
+                    arg: r.arg,
+                    first_read: r.time,
+                    last_read: last,
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Allocation, copy and bookkeeping ops, and autograd's backward nodes: they
+/// never read a model's state as a layer does (a copy's source is read by
+/// the op that made it; `as_strided` views of DDP's buckets span whole
+/// buckets), so their arguments are not reads.
+pub fn is_bookkeeping(op: &str) -> bool {
+    const OPS: &[&str] = &[
+        "aten::empty",
+        "aten::empty_strided",
+        "aten::empty_like",
+        "aten::as_strided",
+        "aten::as_strided_",
+        "aten::_to_copy",
+        "aten::copy_",
+        "aten::resolve_conj",
+        "aten::resolve_neg",
+        "aten::fill_",
+        "aten::zero_",
+        "aten::item",
+        "aten::_local_scalar_dense",
+        "aten::resize_",
+        "aten::set_",
+        "aten::is_nonzero",
+        "aten::result_type",
+    ];
+    OPS.contains(&op)
+        || ["Backward0", "Backward1", "Backward2"]
+            .iter()
+            .any(|e| op.ends_with(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F32: Dtype = Dtype {
+        size: 4,
+        name: 1,
+        floating: true,
+    };
+
+    fn arg(pos: u16, dims: &[i64], strides: Option<&[i64]>) -> Arg {
+        Arg {
+            pos,
+            list: None,
+            dtype: Some(F32),
+            layout: Layout {
+                dims: dims.to_vec(),
+                strides: strides.map_or_else(|| contiguous_strides(dims), <[i64]>::to_vec),
+            },
+        }
+    }
+
+    fn op(name: &str, start: i64, call: usize, iteration: usize, args: Vec<Arg>) -> Op {
+        Op {
+            name: name.to_owned(),
+            start,
+            call: Some(call),
+            iteration,
+            pass: iteration,
+            args,
+            concrete: Vec::new(),
+            copied: false,
+        }
+    }
+
+    fn call(instance: u32, class: u32, start: i64) -> Call {
+        Call {
+            instance,
+            class,
+            start,
+            wrapper: false,
+            conv1d: false,
+        }
+    }
+
+    /// A batch `x` [2, 8] allocated in the trace goes through a Linear (weight
+    /// [4, 8], bias [4]) in two iterations, then a custom module multiplies it
+    /// by the transpose of its own [4, 8] weight.
+    #[test]
+    fn each_pre_trace_tensor_counts_once_and_views_are_not_new() {
+        let calls = vec![
+            call(0, 0, 5),
+            call(0, 0, 105),
+            call(1, 1, 40),
+            call(1, 1, 140),
+        ];
+        let mut ops = Vec::new();
+        for (it, base) in [(0_usize, 0_i64), (1, 100)] {
+            let linear = vec![
+                arg(0, &[2, 8], None),
+                arg(1, &[4, 8], None),
+                arg(2, &[4], None),
+            ];
+            ops.push(op("aten::linear", base + 10, it, it, linear));
+            ops.push(op(
+                "aten::t",
+                base + 41,
+                2 + it,
+                it,
+                vec![arg(0, &[4, 8], None)],
+            ));
+            let mm = vec![arg(0, &[2, 8], None), arg(1, &[8, 4], Some(&[1, 8]))];
+            ops.push(op("aten::mm", base + 42, 2 + it, it, mm));
+        }
+        let x = |alloc: i64| Blk {
+            alloc,
+            free: Some(alloc + 90),
+            size: 64,
+            usage: BlockUse::Live,
+            batch_dims: None,
+            source: None,
+        };
+        let found = pre_trace_reads(&ops, &calls, &[x(1), x(101)], 4, Some(1));
+        let mut got: Vec<(Option<u32>, Vec<i64>, ReadKind)> = found
+            .iter()
+            .map(|f| (f.instance, f.dims.clone(), f.kind))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (Some(0), vec![4], ReadKind::Parameter),
+                (Some(0), vec![4, 8], ReadKind::Parameter),
+                (Some(1), vec![4, 8], ReadKind::Parameter),
+            ]
+        );
+        assert!(found
+            .iter()
+            .all(|f| !f.in_trace && f.bytes == f.dims.iter().product::<i64>() as u64 * 4));
+    }
+}

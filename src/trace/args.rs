@@ -1,0 +1,507 @@
+//! The tensor arguments of an op (`Input Dims`, `Input type`, `Input Strides`,
+//! `Concrete Inputs`), read from the raw JSON text of those four values by a
+//! small hand-written parser straight into the trace's arenas: no serde value
+//! per dimension, no allocation per op.
+//!
+//! The values are lists with one entry per argument: a shape (a list of
+//! integers, `[]` for a non-tensor), a list of shapes (a `TensorList`), a
+//! dtype name, a concrete value as a string (`"[2, 2]"`, `"1"`, `""`). The
+//! parser is tolerant: anything else in an entry makes that entry empty, and
+//! it never reads past its input.
+
+use super::{ConcreteArg, NameId, OpArgs, Span, TensorArg};
+
+/// Types in `Input type` that are not tensors.
+const NOT_TENSOR_TYPES: &[&str] = &["", "Scalar", "ScalarList", "TensorList", "GenericList"];
+
+/// The most arguments, list elements or dimensions read per op; the rest
+/// are ignored (real ops have a handful).
+const MAX_ITEMS: usize = 4096;
+
+/// One shape of `Input Dims` or `Input Strides`: argument, tensor-list
+/// element, numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ShapeItem {
+    pub arg: u16,
+    pub list_index: Option<u16>,
+    pub span: Span,
+}
+
+/// Reusable buffers of the parser (kept by the builder between ops).
+#[derive(Debug, Default)]
+pub(super) struct Scratch {
+    dims: Vec<ShapeItem>,
+    strides: Vec<ShapeItem>,
+    stride_numbers: Vec<i64>,
+    /// Byte ranges of the dtype names in `Input type`.
+    types: Vec<(usize, usize)>,
+}
+
+/// A cursor over raw JSON bytes.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        Cursor { bytes, at: 0 }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        while let Some(&b) = self.bytes.get(self.at) {
+            if b.is_ascii_whitespace() {
+                self.at += 1;
+            } else {
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        if self.peek() == Some(byte) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// An integer (a JSON number without fraction or exponent).
+    fn int(&mut self) -> Option<i64> {
+        self.peek()?;
+        let start = self.at;
+        if self.bytes.get(self.at) == Some(&b'-') {
+            self.at += 1;
+        }
+        while self.bytes.get(self.at).is_some_and(u8::is_ascii_digit) {
+            self.at += 1;
+        }
+        let text = std::str::from_utf8(self.bytes.get(start..self.at)?).ok()?;
+        match self.bytes.get(self.at) {
+            Some(b'.' | b'e' | b'E') => None,
+            _ => text.parse().ok(),
+        }
+    }
+
+    /// A string without escapes (the profiler writes none in these fields).
+    fn string(&mut self) -> Option<&'a str> {
+        if !self.eat(b'"') {
+            return None;
+        }
+        let start = self.at;
+        while let Some(&b) = self.bytes.get(self.at) {
+            match b {
+                b'"' => {
+                    let text = std::str::from_utf8(self.bytes.get(start..self.at)?).ok();
+                    self.at += 1;
+                    return text;
+                }
+                b'\\' => return None,
+                _ => self.at += 1,
+            }
+        }
+        None
+    }
+
+    /// Skips one JSON value of any kind (used after something unexpected).
+    fn skip_value(&mut self) {
+        let mut depth = 0_usize;
+        while let Some(b) = self.peek() {
+            match b {
+                b'[' | b'{' => depth += 1,
+                b']' | b'}' => {
+                    if depth == 0 {
+                        return;
+                    }
+                    depth -= 1;
+                    if depth == 0 {
+                        self.at += 1;
+                        return;
+                    }
+                }
+                b'"' => {
+                    self.at += 1;
+                    while let Some(&c) = self.bytes.get(self.at) {
+                        self.at += 1;
+                        if c == b'\\' {
+                            self.at += 1;
+                        } else if c == b'"' {
+                            break;
+                        }
+                    }
+                    if depth == 0 {
+                        return;
+                    }
+                    continue;
+                }
+                b',' if depth == 0 => return,
+                _ => {}
+            }
+            self.at += 1;
+        }
+    }
+
+    /// Steps over a `,` between list items; `false` at the end of the list.
+    fn next_item(&mut self, first: bool) -> bool {
+        if self.eat(b']') {
+            return false;
+        }
+        if !first && !self.eat(b',') {
+            // malformed: stop reading this list
+            self.at = self.bytes.len();
+            return false;
+        }
+        self.peek().is_some()
+    }
+}
+
+/// Reads a list of integers into `numbers`; `None` (and nothing kept) when
+/// the value is not one.
+fn int_list(c: &mut Cursor<'_>, numbers: &mut Vec<i64>) -> Option<Span> {
+    if !c.eat(b'[') {
+        return None;
+    }
+    let start = numbers.len();
+    let mut first = true;
+    while c.next_item(first) {
+        first = false;
+        match c.int() {
+            Some(v) if numbers.len() - start < MAX_ITEMS => numbers.push(v),
+            Some(_) => {}
+            None => {
+                numbers.truncate(start);
+                c.skip_value();
+                while c.next_item(false) {
+                    c.skip_value();
+                }
+                return None;
+            }
+        }
+    }
+    span(start, numbers.len())
+}
+
+fn span(start: usize, end: usize) -> Option<Span> {
+    Some(Span {
+        start: u32::try_from(start).ok()?,
+        len: u32::try_from(end.checked_sub(start)?).ok()?,
+    })
+}
+
+/// Parses `Input Dims` or `Input Strides`: one shape per argument, or a list
+/// of shapes for a tensor list. Returns the length of the first argument's
+/// list when it is a tensor list.
+fn shapes(raw: &[u8], numbers: &mut Vec<i64>, out: &mut Vec<ShapeItem>) -> Option<u32> {
+    out.clear();
+    let mut c = Cursor::new(raw);
+    if !c.eat(b'[') {
+        return None;
+    }
+    let mut first_list_len = None;
+    let mut arg = 0_usize;
+    let mut first = true;
+    while c.next_item(first) && arg < MAX_ITEMS {
+        first = false;
+        let position = u16::try_from(arg).unwrap_or(u16::MAX);
+        // A list of lists (a tensor list) or a list of integers (a shape).
+        let save = c.at;
+        if c.eat(b'[') && c.peek() == Some(b'[') {
+            let mut n = 0_usize;
+            let mut first_el = true;
+            while c.next_item(first_el) {
+                first_el = false;
+                match int_list(&mut c, numbers) {
+                    Some(s) if n < MAX_ITEMS => out.push(ShapeItem {
+                        arg: position,
+                        list_index: Some(u16::try_from(n).unwrap_or(u16::MAX)),
+                        span: s,
+                    }),
+                    _ => c.skip_value(),
+                }
+                n += 1;
+            }
+            if arg == 0 {
+                first_list_len = u32::try_from(n).ok();
+            }
+        } else {
+            c.at = save;
+            match int_list(&mut c, numbers) {
+                Some(s) => out.push(ShapeItem {
+                    arg: position,
+                    list_index: None,
+                    span: s,
+                }),
+                None => c.skip_value(),
+            }
+        }
+        arg += 1;
+    }
+    first_list_len
+}
+
+/// Parses `Input type` into the byte range of each argument's dtype name.
+fn types(raw: &[u8], out: &mut Vec<(usize, usize)>) {
+    out.clear();
+    let mut c = Cursor::new(raw);
+    if !c.eat(b'[') {
+        return;
+    }
+    let mut first = true;
+    while c.next_item(first) && out.len() < MAX_ITEMS {
+        first = false;
+        let start = c.peek().map(|_| c.at + 1);
+        match (start, c.string()) {
+            (Some(start), Some(s)) => out.push((start, start + s.len())),
+            _ => {
+                c.skip_value();
+                out.push((0, 0));
+            }
+        }
+    }
+}
+
+/// Parses `Concrete Inputs`: the integer and integer-list values.
+fn concrete(raw: &[u8], numbers: &mut Vec<i64>, out: &mut Vec<ConcreteArg>) {
+    let mut c = Cursor::new(raw);
+    if !c.eat(b'[') {
+        return;
+    }
+    let mut first = true;
+    let mut arg = 0_usize;
+    while c.next_item(first) && arg < MAX_ITEMS {
+        first = false;
+        let position = u16::try_from(arg).unwrap_or(u16::MAX);
+        arg += 1;
+        let Some(text) = c.string() else {
+            c.skip_value();
+            continue;
+        };
+        let text = text.trim();
+        let start = numbers.len();
+        if let Ok(v) = text.parse::<i64>() {
+            numbers.push(v);
+            if let Some(values) = span(start, numbers.len()) {
+                out.push(ConcreteArg {
+                    position,
+                    values,
+                    list: false,
+                });
+            }
+        } else if text.starts_with('[') {
+            let mut inner = Cursor::new(text.as_bytes());
+            if let Some(values) = int_list(&mut inner, numbers) {
+                out.push(ConcreteArg {
+                    position,
+                    values,
+                    list: true,
+                });
+            }
+        }
+    }
+}
+
+/// The raw JSON text of an op's argument fields.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct RawOpArgs<'de> {
+    pub dims: Option<&'de [u8]>,
+    pub types: Option<&'de [u8]>,
+    pub strides: Option<&'de [u8]>,
+    pub concrete: Option<&'de [u8]>,
+}
+
+/// What [`read_op_args`] appended for one op.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ReadArgs {
+    pub tensors: Span,
+    pub concrete: Span,
+    /// The length of the first argument when it is a tensor list.
+    pub first_list_len: Option<u32>,
+}
+
+/// Reads an op's tensor arguments into `args`, interning dtype names with
+/// `intern`; `keep_concrete` also keeps its integer concrete values.
+pub(super) fn read_op_args(
+    raw: RawOpArgs<'_>,
+    keep_concrete: bool,
+    args: &mut OpArgs,
+    scratch: &mut Scratch,
+    intern: &mut dyn FnMut(&str) -> NameId,
+) -> ReadArgs {
+    let mut read = ReadArgs::default();
+    let tensors_start = args.tensors.len();
+    if let Some(dims) = raw.dims {
+        read.first_list_len = shapes(dims, &mut args.numbers, &mut scratch.dims);
+        let type_text = raw.types.unwrap_or_default();
+        types(type_text, &mut scratch.types);
+        scratch.stride_numbers.clear();
+        if let Some(s) = raw.strides {
+            shapes(s, &mut scratch.stride_numbers, &mut scratch.strides);
+        } else {
+            scratch.strides.clear();
+        }
+        for item in &scratch.dims {
+            let ty = scratch
+                .types
+                .get(usize::from(item.arg))
+                .and_then(|&(a, b)| type_text.get(a..b))
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .unwrap_or("");
+            let dtype = match item.list_index {
+                None if !NOT_TENSOR_TYPES.contains(&ty) => Some(intern(ty)),
+                Some(_) if ty == "TensorList" => None,
+                _ => continue,
+            };
+            let strides = scratch
+                .strides
+                .iter()
+                .find(|s| s.arg == item.arg && s.list_index == item.list_index)
+                .filter(|s| s.span.len == item.span.len)
+                .and_then(|s| {
+                    let from = usize::try_from(s.span.start).ok()?;
+                    let to = from.checked_add(usize::try_from(s.span.len).ok()?)?;
+                    let values = scratch.stride_numbers.get(from..to)?;
+                    let start = args.numbers.len();
+                    args.numbers.extend_from_slice(values);
+                    span(start, args.numbers.len())
+                });
+            args.tensors.push(TensorArg {
+                position: item.arg,
+                list_index: item.list_index,
+                dtype,
+                dims: item.span,
+                strides,
+            });
+        }
+    }
+    read.tensors = span(tensors_start, args.tensors.len()).unwrap_or_default();
+    if keep_concrete {
+        if let Some(raw) = raw.concrete {
+            let start = args.concrete.len();
+            concrete(raw, &mut args.numbers, &mut args.concrete);
+            read.concrete = span(start, args.concrete.len()).unwrap_or_default();
+        }
+    }
+    read
+}
+
+/// Bytes per element of a dtype name as `record_shapes` writes it.
+pub fn dtype_size(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "float" | "int" | "unsigned int" | "c10::complex<c10::Half>" => 4,
+        "double" | "long int" | "long long int" | "unsigned long" | "c10::complex<float>" => 8,
+        "c10::Half" | "c10::BFloat16" | "short int" | "unsigned short" => 2,
+        "bool"
+        | "signed char"
+        | "unsigned char"
+        | "c10::Float8_e4m3fn"
+        | "c10::Float8_e5m2"
+        | "c10::Float8_e4m3fnuz"
+        | "c10::Float8_e5m2fnuz" => 1,
+        "c10::complex<double>" => 16,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(
+        dims: &str,
+        types: &str,
+        strides: &str,
+        concrete: &str,
+    ) -> (OpArgs, ReadArgs, Vec<String>) {
+        let mut args = OpArgs::default();
+        let mut names: Vec<String> = Vec::new();
+        let mut intern = |s: &str| {
+            names.push(s.to_owned());
+            NameId(u32::try_from(names.len() - 1).unwrap())
+        };
+        let raw = RawOpArgs {
+            dims: Some(dims.as_bytes()),
+            types: Some(types.as_bytes()),
+            strides: Some(strides.as_bytes()),
+            concrete: Some(concrete.as_bytes()),
+        };
+        let r = read_op_args(raw, true, &mut args, &mut Scratch::default(), &mut intern);
+        (args, r, names)
+    }
+
+    #[test]
+    fn a_conv_keeps_its_three_tensors_and_their_strides() {
+        let (args, r, names) = read(
+            "[[16, 3, 64, 64], [64, 3, 7, 7], [], [], [], [], []]",
+            r#"["float", "float", "", "ScalarList", "ScalarList", "ScalarList", "Scalar"]"#,
+            "[[12288, 4096, 64, 1], [147, 49, 7, 1], [], [], [], [], []]",
+            r#"["", "", "", "[2, 2]", "[3, 3]", "[1, 1]", "1"]"#,
+        );
+        assert_eq!(r.tensors.len, 2);
+        let w = &args.tensors[1];
+        assert_eq!(w.position, 1);
+        assert_eq!(names[w.dtype.unwrap().index()], "float");
+        assert_eq!(args.slice(w.dims), &[64, 3, 7, 7]);
+        assert_eq!(args.slice(w.strides.unwrap()), &[147, 49, 7, 1]);
+        let c: Vec<(u16, Vec<i64>, bool)> = args
+            .concrete
+            .iter()
+            .map(|c| (c.position, args.slice(c.values).to_vec(), c.list))
+            .collect();
+        assert_eq!(
+            c,
+            vec![
+                (3, vec![2, 2], true),
+                (4, vec![3, 3], true),
+                (5, vec![1, 1], true),
+                (6, vec![1], false)
+            ]
+        );
+    }
+
+    #[test]
+    fn tensor_lists_zero_dim_tensors_and_bad_values() {
+        let (args, r, _) = read(
+            "[[], [[8, 64], [0]], [], [1.5, 2]]",
+            r#"["float", "TensorList", "Scalar", "float"]"#,
+            "[[], [[64, 1], [1]], [], []]",
+            r#"["", "", "9223372036854775807", "x"]"#,
+        );
+        // a 0-dim float, two list elements (no dtype), the malformed shape dropped
+        assert_eq!(r.tensors.len, 3);
+        assert_eq!(args.tensors[0].position, 0);
+        assert!(args.slice(args.tensors[0].dims).is_empty());
+        assert_eq!(args.tensors[1].list_index, Some(0));
+        assert_eq!(args.tensors[1].dtype, None);
+        assert_eq!(args.slice(args.tensors[2].dims), &[0]);
+        assert_eq!(r.first_list_len, None);
+        assert_eq!(args.concrete.len(), 1);
+        assert_eq!(args.slice(args.concrete[0].values), &[i64::MAX]);
+        let (_, r, _) = read(
+            "[[[3], [3], [3]], []]",
+            r#"["TensorList", "Scalar"]"#,
+            "",
+            "",
+        );
+        assert_eq!(r.first_list_len, Some(3));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        for text in [
+            "",
+            "[",
+            "]",
+            "[[[",
+            "[1,",
+            "[\"a\\",
+            "{}",
+            "[[1, [2]], 3]",
+            "[[-], [--1]]",
+            "[,]",
+        ] {
+            let _ = read(text, text, text, text);
+        }
+    }
+}
