@@ -35,6 +35,27 @@ pub(super) struct Scratch {
     stride_numbers: Vec<i64>,
     /// Byte ranges of the dtype names in `Input type`.
     types: Vec<(usize, usize)>,
+    /// The dtype names met so far and their interned ids: a trace names a
+    /// handful of dtypes millions of times, so a byte comparison here saves
+    /// a UTF-8 check and a hash per tensor.
+    dtype_ids: Vec<(Box<[u8]>, NameId)>,
+}
+
+/// At most this many dtype names are remembered (more go through `intern`).
+const DTYPE_IDS_KEPT: usize = 64;
+
+impl Scratch {
+    /// The id of the dtype name `name`, interned on first sight.
+    fn dtype_id(&mut self, name: &[u8], intern: &mut dyn FnMut(&str) -> NameId) -> Option<NameId> {
+        if let Some((_, id)) = self.dtype_ids.iter().find(|(n, _)| **n == *name) {
+            return Some(*id);
+        }
+        let id = intern(std::str::from_utf8(name).ok()?);
+        if self.dtype_ids.len() < DTYPE_IDS_KEPT {
+            self.dtype_ids.push((name.into(), id));
+        }
+        Some(id)
+    }
 }
 
 /// A cursor over raw JSON bytes.
@@ -71,22 +92,41 @@ impl<'a> Cursor<'a> {
     /// An integer (a JSON number without fraction or exponent).
     fn int(&mut self) -> Option<i64> {
         self.peek()?;
-        let start = self.at;
-        if self.bytes.get(self.at) == Some(&b'-') {
+        let negative = self.bytes.get(self.at) == Some(&b'-');
+        if negative {
             self.at += 1;
         }
-        while self.bytes.get(self.at).is_some_and(u8::is_ascii_digit) {
+        // Accumulated as a negative number so that i64::MIN fits; digits are
+        // read in place (no UTF-8 check or `str::parse` per number: a trace has
+        // millions of them).
+        let mut value: Option<i64> = Some(0);
+        let mut digits = 0_usize;
+        while let Some(&b) = self.bytes.get(self.at) {
+            if !b.is_ascii_digit() {
+                break;
+            }
+            value = value
+                .and_then(|v| v.checked_mul(10))
+                .and_then(|v| v.checked_sub(i64::from(b - b'0')));
+            digits += 1;
             self.at += 1;
         }
-        let text = std::str::from_utf8(self.bytes.get(start..self.at)?).ok()?;
         match self.bytes.get(self.at) {
             Some(b'.' | b'e' | b'E') => None,
-            _ => text.parse().ok(),
+            _ if digits == 0 => None,
+            _ if negative => value,
+            _ => value.and_then(i64::checked_neg),
         }
     }
 
     /// A string without escapes (the profiler writes none in these fields).
     fn string(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.string_bytes()?).ok()
+    }
+
+    /// The bytes of a string without escapes, not checked as UTF-8 (the
+    /// caller compares them with known names or checks them itself).
+    fn string_bytes(&mut self) -> Option<&'a [u8]> {
         if !self.eat(b'"') {
             return None;
         }
@@ -94,7 +134,7 @@ impl<'a> Cursor<'a> {
         while let Some(&b) = self.bytes.get(self.at) {
             match b {
                 b'"' => {
-                    let text = std::str::from_utf8(self.bytes.get(start..self.at)?).ok();
+                    let text = self.bytes.get(start..self.at);
                     self.at += 1;
                     return text;
                 }
@@ -252,7 +292,7 @@ fn types(raw: &[u8], out: &mut Vec<(usize, usize)>) {
     while c.next_item(first) && out.len() < MAX_ITEMS {
         first = false;
         let start = c.peek().map(|_| c.at + 1);
-        match (start, c.string()) {
+        match (start, c.string_bytes()) {
             (Some(start), Some(s)) => out.push((start, start + s.len())),
             _ => {
                 c.skip_value();
@@ -341,16 +381,23 @@ pub(super) fn read_op_args(
         } else {
             scratch.strides.clear();
         }
-        for item in &scratch.dims {
-            let ty = scratch
+        for i in 0..scratch.dims.len() {
+            let Some(&item) = scratch.dims.get(i) else {
+                break;
+            };
+            let ty: &[u8] = scratch
                 .types
                 .get(usize::from(item.arg))
                 .and_then(|&(a, b)| type_text.get(a..b))
-                .and_then(|t| std::str::from_utf8(t).ok())
-                .unwrap_or("");
+                .unwrap_or_default();
             let dtype = match item.list_index {
-                None if !NOT_TENSOR_TYPES.contains(&ty) => Some(intern(ty)),
-                Some(_) if ty == "TensorList" => None,
+                None if !NOT_TENSOR_TYPES.iter().any(|t| t.as_bytes() == ty) => {
+                    match scratch.dtype_id(ty, intern) {
+                        Some(id) => Some(id),
+                        None => continue,
+                    }
+                }
+                Some(_) if ty == b"TensorList" => None,
                 _ => continue,
             };
             let strides = scratch
@@ -503,5 +550,35 @@ mod tests {
         ] {
             let _ = read(text, text, text, text);
         }
+    }
+
+    #[test]
+    fn integers_are_read_in_place_with_their_limits() {
+        let int = |text: &str| Cursor::new(text.as_bytes()).int();
+        assert_eq!(int("0"), Some(0));
+        assert_eq!(int(" 42,"), Some(42));
+        assert_eq!(int("-7]"), Some(-7));
+        assert_eq!(int("9223372036854775807"), Some(i64::MAX));
+        assert_eq!(int("-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(int("9223372036854775808"), None);
+        assert_eq!(int("-"), None);
+        assert_eq!(int("1.5"), None);
+        assert_eq!(int("2e3"), None);
+        assert_eq!(int("x"), None);
+    }
+
+    #[test]
+    fn dtype_names_are_interned_once_and_checked() {
+        let mut scratch = Scratch::default();
+        let calls = std::cell::Cell::new(0);
+        let mut intern = |name: &str| {
+            calls.set(calls.get() + 1);
+            NameId(u32::try_from(name.len()).unwrap_or(0))
+        };
+        let a = scratch.dtype_id(b"float", &mut intern);
+        let b = scratch.dtype_id(b"float", &mut intern);
+        assert_eq!(a, b);
+        assert_eq!(scratch.dtype_id(&[0xff, 0xfe], &mut intern), None);
+        assert_eq!(calls.get(), 1);
     }
 }
