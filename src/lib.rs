@@ -1,4 +1,4 @@
-//! memcast estimates the GPU memory of a PyTorch training job from a
+//! memcast estimates the GPU memory of a PyTorch job (training, fine-tuning, inference) from a
 //! `torch.profiler` trace captured on the CPU, with the xMem pipeline.
 //!
 //! Steps, each a pure stage with one entry function:

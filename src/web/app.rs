@@ -375,7 +375,7 @@ fn App() -> impl IntoView {
         <header>
             <h1>"memcast"</h1>
             <p class="tagline">
-                "How much GPU memory will your PyTorch training job need? Drop a CPU profiler trace to find out — it never leaves your browser."
+                "How much GPU memory will your PyTorch job need — training, fine-tuning or inference? Drop a CPU profiler trace to find out — it never leaves your browser."
             </p>
         </header>
         <main>

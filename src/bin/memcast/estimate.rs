@@ -1,4 +1,4 @@
-//! `memcast estimate`: the peak GPU memory of a training job from its CPU
+//! `memcast estimate`: the peak GPU memory of a PyTorch job from its CPU
 //! trace, and whether it fits on each GPU.
 
 use std::fmt::Write as _;

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Estimate the GPU memory of a PyTorch training job from a CPU profiler trace.
+/// Estimate the GPU memory of a PyTorch job (training, fine-tuning or inference) from a CPU profiler trace.
 #[derive(Debug, Parser)]
 #[command(name = "memcast", version, about)]
 struct Cli {
@@ -29,7 +29,7 @@ struct Cli {
 enum Command {
     /// Read a trace and show iterations, phases, blocks, parameters and layers.
     Analyze(analyze::AnalyzeArgs),
-    /// Estimate the peak GPU memory of the profiled training job.
+    /// Estimate the peak GPU memory of the profiled job.
     Estimate(estimate::Args),
     /// List the GPU presets (CUDA-visible bytes, context and cuBLAS workspace).
     Presets {
