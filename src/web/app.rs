@@ -18,6 +18,7 @@ use super::charts::{self, Band};
 use super::controls::{Status, StatusLine, TraceInput, WhatIfSection};
 use super::format::{exact, gib, open_state, seconds, short, thousands};
 use super::gpus::{Choice, GpuChooser};
+use super::params::{ParamFigures, ParamsForm};
 use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
 use crate::pipeline::{Config, Settings};
@@ -109,6 +110,7 @@ fn App() -> impl IntoView {
     let shown = RwSignal::new(None::<Shown>);
     let error = RwSignal::new(None::<String>);
     let choice = Choice::new();
+    let figures = ParamFigures::new();
     // Settings the page has no control for (from a permalink made with
     // other options); the page's choices override the GPUs and allocator.
     let base = StoredValue::new(Settings::default());
@@ -129,6 +131,10 @@ fn App() -> impl IntoView {
         match permalink::decode(&href) {
             Ok(shared) => {
                 choice.restore(&shared.settings.gpus, &shared.settings.alloc_conf);
+                figures.restore(
+                    shared.settings.params.as_deref(),
+                    shared.settings.frozen_params.as_deref(),
+                );
                 base.set_value(shared.settings.clone());
                 whatif_result.set(shared.whatif.clone());
                 link.set(href.clone());
@@ -143,10 +149,15 @@ fn App() -> impl IntoView {
         }
     }
 
-    let settings = move || Settings {
-        gpus: choice.gpus(),
-        alloc_conf: choice.alloc_conf.get_untracked(),
-        ..base.get_value()
+    let settings = move || {
+        let (params, frozen_params) = figures.get();
+        Settings {
+            gpus: choice.gpus(),
+            alloc_conf: choice.alloc_conf.get_untracked(),
+            params,
+            frozen_params,
+            ..base.get_value()
+        }
     };
     let next_job = move || {
         let next = job.get_value().wrapping_add(1);
@@ -369,6 +380,14 @@ fn App() -> impl IntoView {
         });
     };
     let changed = Callback::new(move |()| resimulate());
+    // Parameter figures change the orchestrated schedule: run the trace again.
+    let rerun = Callback::new(move |()| match input.get_value() {
+        Some(file) => submit(Queued::Run(file)),
+        None if shown.with_untracked(Option::is_some) => error.set(Some(
+            "the parameter figures need the trace: drop it (or try the demo) again".into(),
+        )),
+        None => {}
+    });
     let failed = Callback::new(move |message: String| error.set(Some(message)));
 
     view! {
@@ -392,6 +411,7 @@ fn App() -> impl IntoView {
             {move || shown.get().map(|shown| view! { <Verdict shown=shown /> })}
 
             <GpuChooser choice=choice changed=changed failed=failed />
+            <ParamsForm figures=figures apply=rerun />
 
             {move || shown.get().map(|shown| view! { <Results shown=shown link=link /> })}
 
@@ -612,12 +632,16 @@ fn Results(
                 <dt>"Allocated (live tensors)"</dt><dd id="peak-allocated">{format!("{} — {}", gib(peak.allocated_bytes), exact(peak.allocated_bytes))}</dd>
                 <dt>"CUDA context"</dt><dd>{format!("{} — {}", gib(peak.context_bytes), exact(peak.context_bytes))}</dd>
                 <dt>"Where"</dt><dd id="peak-where">{where_peak}</dd>
-                <dt>"Run"</dt><dd>{format!("{} iterations simulated ({} captured), optimizer {}{}, {} parameters ({}), target GPU {}",
+                <dt>"Run"</dt><dd id="run-facts">{format!("{}: {} iterations simulated ({} captured), optimizer {}{}, target GPU {}",
+                    report.summary.run_kind.label().replace('_', " "),
                     report.summary.iterations_simulated, report.summary.iterations_captured,
                     report.summary.optimizer.clone().unwrap_or_else(|| "unknown".into()),
                     if report.summary.foreach_modelled { " (foreach)" } else { "" },
-                    thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
                     report.reference_gpu)}</dd>
+                <dt>"Model"</dt><dd id="model-facts">{format!("{} parameter tensors, {} ({} trainable, {} frozen), buffers {}",
+                    thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
+                    short(report.summary.trainable_parameter_bytes), short(report.summary.frozen_parameter_bytes),
+                    short(report.summary.buffer_bytes))}</dd>
                 <dt>"GPUs"</dt><dd>{shown.settings.gpus.join(", ")}{(!shown.settings.alloc_conf.is_empty()).then(|| format!(" — PYTORCH_CUDA_ALLOC_CONF={}", shown.settings.alloc_conf))}</dd>
             </dl>
 

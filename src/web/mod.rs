@@ -12,6 +12,7 @@ mod charts;
 mod controls;
 mod format;
 mod gpus;
+mod params;
 mod whatif;
 pub mod worker;
 

@@ -11,6 +11,7 @@ import { inflateRawSync } from "node:zlib";
 import path from "node:path";
 import {
   serveDist, launchBrowser, fixture, openApp, cliRun, bytesOf, screenshot, ROOT,
+  allNogradFixtures, nogradFixture,
 } from "./harness.mjs";
 
 let site;
@@ -205,4 +206,69 @@ test("an old #e=v1. permalink still opens with its numbers", async () => {
   assert.equal(await page.inputValue("#target-gpu"), shared.report.reference_gpu);
   assert.deepEqual(problems, [], "the page threw");
   await page.close();
+});
+
+/** The fragment of a permalink, decoded (`#e=v2.` + base64url(deflate(json))). */
+function decodeLink(link) {
+  const fragment = link.slice(link.indexOf("#") + 1);
+  assert.ok(fragment.startsWith("e=v2."), link);
+  return JSON.parse(inflateRawSync(Buffer.from(fragment.slice("e=v2.".length), "base64url")).toString("utf8"));
+}
+
+test("inference, forward-only, frozen and LoRA traces: the page's report is the CLI's, and shows the run kind and the parameter split", async () => {
+  const { page, problems } = await openApp(browser, site.url);
+  for (const file of allNogradFixtures()) {
+    const name = path.basename(file);
+    await page.setInputFiles("#file-input", file);
+    await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 120_000 });
+    await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+    const shown = await reportJson(page);
+    const gpus = shown.gpus.map((g) => g.preset).flatMap((g) => ["--gpu", g]);
+    const expected = JSON.parse(cliRun(["estimate", "--json", file, ...gpus]));
+    assert.deepEqual(shown, expected, `${name}: the page's report is the CLI's`);
+    const run = await page.textContent("#run-facts");
+    assert.ok(run.startsWith(expected.summary.run_kind.replace(/_/g, " ")), `${name}: ${run}`);
+    assert.ok(expected.summary.frozen_parameter_bytes > 0, `${name}: frozen parameters found`);
+    assert.match(await page.textContent("#model-facts"), /trainable.*frozen/);
+  }
+  assert.deepEqual(problems, [], "the page threw");
+  await page.close();
+});
+
+test("parameter figures typed on the page are the CLI's --params and --frozen-params, and the link carries them", async () => {
+  const file = nogradFixture("resnet18_frozen_sgd_bs16.json.gz");
+  const { page, problems } = await openApp(browser, site.url);
+  await page.setInputFiles("#file-input", file);
+  await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
+  const before = await reportJson(page);
+  await page.click(".params-override summary");
+  await page.fill("#params", "200MiB");
+  await page.fill("#frozen-params", "190MiB");
+  await page.press("#params", "Enter");
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  const shown = await reportJson(page);
+  assert.equal(shown.summary.frozen_parameter_bytes, 190 * 2 ** 20, "the user's frozen part");
+  assert.ok(shown.warnings.some((w) => w.code === "parameters_from_user"), "the report says the figure came from the user");
+  assert.ok(shown.peak.allocated_bytes > before.peak.allocated_bytes, "more parameters, a higher peak");
+  const gpus = shown.gpus.map((g) => g.preset).flatMap((g) => ["--gpu", g]);
+  const figures = ["--params", "200MiB", "--frozen-params", "190MiB"];
+  const expected = JSON.parse(cliRun(["estimate", "--json", file, ...gpus, ...figures]));
+  assert.deepEqual(shown, expected, "the page's report is the CLI's with the same figures");
+  const pageLink = await page.inputValue("#permalink");
+  const settings = decodeLink(pageLink).settings;
+  assert.equal(settings.params, "200MiB");
+  assert.equal(settings.frozen_params, "190MiB");
+  const cliLink = cliRun(["estimate", file, "--link", site.url, ...gpus, ...figures]).trim();
+  assert.equal(cliLink, pageLink, "estimate --link with the figures");
+  await screenshot(page, "params-override");
+  await page.close();
+
+  // The link restores the figures in the form.
+  const other = await browser.newPage();
+  await other.goto(pageLink);
+  await other.locator("#shared-banner").waitFor({ timeout: 30_000 });
+  assert.equal(await other.inputValue("#params"), "200MiB");
+  assert.equal(await other.inputValue("#frozen-params"), "190MiB");
+  await other.close();
+  assert.deepEqual(problems, [], "the page threw");
 });

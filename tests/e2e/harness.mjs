@@ -36,6 +36,25 @@ export function fixture(name) {
   return file;
 }
 
+/** A real fixture from ../shared/fixtures/traces-nograd (inference, forward-only, frozen, LoRA). */
+export function nogradFixture(name) {
+  const file = path.join(SHARED, "fixtures", "traces-nograd", name);
+  if (!existsSync(file)) {
+    throw new Error(`missing shared fixture ${file}: the tests need ../shared beside the checkout`);
+  }
+  return file;
+}
+
+/** Every trace in ../shared/fixtures/traces-nograd; throws when there is none. */
+export function allNogradFixtures() {
+  const dir = path.join(SHARED, "fixtures", "traces-nograd");
+  const names = existsSync(dir) ? readdirSync(dir).filter((n) => n.endsWith(".json.gz")).sort() : [];
+  if (names.length === 0) {
+    throw new Error(`no fixtures in ${dir}: the tests need ../shared beside the checkout`);
+  }
+  return names.map(nogradFixture);
+}
+
 /** The file the worker runs to warm up before it says "ready" (the demo). */
 export const WARM_UP_PATH = "demo/resnet18_sgd_bs16_pos1.json.gz";
 
