@@ -44,26 +44,7 @@ fn backward_frames(index: &SpanIndex, names: &Names) -> Vec<Span> {
         name.ends_with("): backward")
             && (name.starts_with("torch/_tensor.py(") || name.starts_with("torch/autograd/"))
     };
-    let frames = &index.frames;
-    let mut out: Vec<Span> = frames
-        .spans
-        .iter()
-        .enumerate()
-        .filter(|(idx, f)| {
-            is_backward(names.get(f.name))
-                && !frames
-                    .chain(*idx)
-                    .skip(1)
-                    .filter_map(|p| frames.spans.get(p))
-                    .any(|p| is_backward(names.get(p.name)))
-        })
-        .map(|(_, f)| Span {
-            start: f.start,
-            end: f.end,
-        })
-        .collect();
-    out.sort_by_key(|s| (s.start, s.end));
-    out
+    outermost_frames(index, names, &is_backward)
 }
 
 /// Backward passes found from top-level autograd-engine ops alone, for traces

@@ -237,6 +237,17 @@ pub fn view_outputs(
     let rank = dims.len();
     let arg = |k: usize| concrete.get(k);
     let one = |dims: Vec<i64>, strides: Vec<i64>| Some(vec![Layout { dims, strides }]);
+    // Argument `k` as a list of dimensions, negative ones counted from the end.
+    let dims_arg = |k: usize| -> Option<Vec<usize>> {
+        arg(k)?.ints()?.iter().map(|&p| norm(p, rank)).collect()
+    };
+    // The input's dimensions (and their strides) in the order `order` names.
+    let reordered = |order: &[usize]| {
+        let pick = |of: &[i64]| -> Option<Vec<i64>> {
+            order.iter().map(|&i| of.get(i).copied()).collect()
+        };
+        one(pick(dims)?, pick(strides)?)
+    };
     match name {
         "aten::alias"
         | "aten::detach"
@@ -267,34 +278,10 @@ pub fn view_outputs(
             s.swap(a, b);
             one(d, s)
         }
-        "aten::permute" => {
-            let order = arg(1)?.ints()?;
-            let order: Vec<usize> = order
-                .iter()
-                .map(|&p| norm(p, rank))
-                .collect::<Option<_>>()?;
-            one(
-                order
-                    .iter()
-                    .map(|&i| dims.get(i).copied())
-                    .collect::<Option<_>>()?,
-                order
-                    .iter()
-                    .map(|&i| strides.get(i).copied())
-                    .collect::<Option<_>>()?,
-            )
-        }
+        "aten::permute" => reordered(&dims_arg(1)?),
         "aten::movedim" => {
-            let src: Vec<usize> = arg(1)?
-                .ints()?
-                .iter()
-                .map(|&p| norm(p, rank))
-                .collect::<Option<_>>()?;
-            let dst: Vec<usize> = arg(2)?
-                .ints()?
-                .iter()
-                .map(|&p| norm(p, rank))
-                .collect::<Option<_>>()?;
+            let src = dims_arg(1)?;
+            let dst = dims_arg(2)?;
             let mut order: Vec<Option<usize>> = vec![None; rank];
             for (&s, &d) in src.iter().zip(&dst) {
                 *order.get_mut(d)? = Some(s);
@@ -304,16 +291,7 @@ pub fn view_outputs(
                 .into_iter()
                 .map(|o| o.or_else(|| rest.next()))
                 .collect::<Option<_>>()?;
-            one(
-                order
-                    .iter()
-                    .map(|&i| dims.get(i).copied())
-                    .collect::<Option<_>>()?,
-                order
-                    .iter()
-                    .map(|&i| strides.get(i).copied())
-                    .collect::<Option<_>>()?,
-            )
+            reordered(&order)
         }
         "aten::view" | "aten::_unsafe_view" | "aten::reshape" | "aten::view_as"
         | "aten::reshape_as" => {
