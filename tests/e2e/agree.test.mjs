@@ -11,7 +11,7 @@ import { inflateRawSync } from "node:zlib";
 import path from "node:path";
 import {
   serveDist, launchBrowser, fixture, openApp, cliRun, bytesOf, screenshot, ROOT,
-  allNogradFixtures, nogradFixture,
+  allFixtures,
 } from "./harness.mjs";
 
 let site;
@@ -217,7 +217,7 @@ function decodeLink(link) {
 
 test("inference, forward-only, frozen and LoRA traces: the page's report is the CLI's, and shows the run kind and the parameter split", async () => {
   const { page, problems } = await openApp(browser, site.url);
-  for (const file of allNogradFixtures()) {
+  for (const file of allFixtures("traces-nograd").map((n) => fixture(n, "traces-nograd"))) {
     const name = path.basename(file);
     await page.setInputFiles("#file-input", file);
     await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 120_000 });
@@ -236,7 +236,7 @@ test("inference, forward-only, frozen and LoRA traces: the page's report is the 
 });
 
 test("parameter figures typed on the page are the CLI's --params and --frozen-params, and the link carries them", async () => {
-  const file = nogradFixture("resnet18_frozen_sgd_bs16.json.gz");
+  const file = fixture("resnet18_frozen_sgd_bs16.json.gz", "traces-nograd");
   const { page, problems } = await openApp(browser, site.url);
   await page.setInputFiles("#file-input", file);
   await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });

@@ -27,32 +27,16 @@ const TYPES = {
   ".gz": "application/gzip",
 };
 
-/** A real fixture from ../shared; throws with the path it tried when missing. */
-export function fixture(name) {
-  const file = path.join(SHARED, "fixtures", "traces", name);
+/**
+ * A real fixture from ../shared/fixtures/FOLDER (`traces` by default);
+ * throws with the path it tried when missing.
+ */
+export function fixture(name, folder = "traces") {
+  const file = path.join(SHARED, "fixtures", folder, name);
   if (!existsSync(file)) {
     throw new Error(`missing shared fixture ${file}: the tests need ../shared beside the checkout`);
   }
   return file;
-}
-
-/** A real fixture from ../shared/fixtures/traces-nograd (inference, forward-only, frozen, LoRA). */
-export function nogradFixture(name) {
-  const file = path.join(SHARED, "fixtures", "traces-nograd", name);
-  if (!existsSync(file)) {
-    throw new Error(`missing shared fixture ${file}: the tests need ../shared beside the checkout`);
-  }
-  return file;
-}
-
-/** Every trace in ../shared/fixtures/traces-nograd; throws when there is none. */
-export function allNogradFixtures() {
-  const dir = path.join(SHARED, "fixtures", "traces-nograd");
-  const names = existsSync(dir) ? readdirSync(dir).filter((n) => n.endsWith(".json.gz")).sort() : [];
-  if (names.length === 0) {
-    throw new Error(`no fixtures in ${dir}: the tests need ../shared beside the checkout`);
-  }
-  return names.map(nogradFixture);
 }
 
 /** The file the worker runs to warm up before it says "ready" (the demo). */
@@ -139,9 +123,9 @@ export async function screenshot(page, name) {
   return file;
 }
 
-/** Every CPU trace fixture in ../shared/fixtures/traces, sorted; throws if none. */
-export function allFixtures() {
-  const dir = path.join(SHARED, "fixtures", "traces");
+/** The names of the CPU trace fixtures in ../shared/fixtures/FOLDER (`traces` by default), sorted; throws if none. */
+export function allFixtures(folder = "traces") {
+  const dir = path.join(SHARED, "fixtures", folder);
   if (!existsSync(dir)) {
     throw new Error(`missing shared fixtures folder ${dir}`);
   }
