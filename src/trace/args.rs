@@ -343,7 +343,7 @@ fn concrete(raw: &[u8], numbers: &mut Vec<i64>, out: &mut Vec<ConcreteArg>) {
 }
 
 /// The raw JSON text of an op's argument fields.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub(super) struct RawOpArgs<'de> {
     pub dims: Option<&'de [u8]>,
     pub types: Option<&'de [u8]>,

@@ -18,6 +18,7 @@
 
 mod args;
 pub use args::dtype_size;
+mod plain;
 mod raw;
 mod stream;
 

@@ -425,7 +425,7 @@ impl Builder {
 // One event.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ph {
+pub(super) enum Ph {
     Complete,
     FlowStart,
     FlowEnd,
@@ -433,7 +433,7 @@ enum Ph {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cat {
+pub(super) enum Cat {
     CpuOp,
     PythonFunction,
     UserAnnotation,
@@ -443,41 +443,58 @@ enum Cat {
     Other,
 }
 
-fn classify_ph(ph: &str) -> Ph {
+pub(super) fn classify_ph(ph: &[u8]) -> Ph {
     match ph {
-        "X" => Ph::Complete,
-        "s" => Ph::FlowStart,
-        "f" => Ph::FlowEnd,
+        b"X" => Ph::Complete,
+        b"s" => Ph::FlowStart,
+        b"f" => Ph::FlowEnd,
         _ => Ph::Other,
     }
 }
 
-fn classify_cat(cat: &str) -> Cat {
+pub(super) fn classify_cat(cat: &[u8]) -> Cat {
     match cat {
-        "cpu_op" => Cat::CpuOp,
-        "python_function" => Cat::PythonFunction,
-        "user_annotation" => Cat::UserAnnotation,
-        "fwdbwd" => Cat::FwdBwd,
-        "kernel"
-        | "gpu_memcpy"
-        | "gpu_memset"
-        | "cuda_runtime"
-        | "cuda_driver"
-        | "gpu_user_annotation"
-        | "ac2g" => Cat::Gpu,
+        b"cpu_op" => Cat::CpuOp,
+        b"python_function" => Cat::PythonFunction,
+        b"user_annotation" => Cat::UserAnnotation,
+        b"fwdbwd" => Cat::FwdBwd,
+        b"kernel"
+        | b"gpu_memcpy"
+        | b"gpu_memset"
+        | b"cuda_runtime"
+        | b"cuda_driver"
+        | b"gpu_user_annotation"
+        | b"ac2g" => Cat::Gpu,
         _ => Cat::Other,
     }
 }
 
+#[derive(Debug, PartialEq)]
 pub(super) struct RawEvent<'de> {
-    ph: Ph,
-    cat: Cat,
-    name: Option<Cow<'de, str>>,
-    tid: Option<i64>,
-    ts: Option<f64>,
-    dur: Option<f64>,
-    id: Option<i64>,
-    args: RawArgs<'de>,
+    pub(super) ph: Ph,
+    pub(super) cat: Cat,
+    pub(super) name: Option<Cow<'de, str>>,
+    pub(super) tid: Option<i64>,
+    pub(super) ts: Option<f64>,
+    pub(super) dur: Option<f64>,
+    pub(super) id: Option<i64>,
+    pub(super) args: RawArgs<'de>,
+}
+
+impl RawEvent<'_> {
+    /// An event with no fields yet.
+    pub(super) fn empty() -> Self {
+        RawEvent {
+            ph: Ph::Other,
+            cat: Cat::Other,
+            name: None,
+            tid: None,
+            ts: None,
+            dur: None,
+            id: None,
+            args: RawArgs::default(),
+        }
+    }
 }
 
 /// One entry of `traceEvents`: an event object, or anything else (counted as
@@ -485,6 +502,7 @@ pub(super) struct RawEvent<'de> {
 // One value per entry, on the stack and handed straight to the builder:
 // boxing the event would cost an allocation per entry.
 #[allow(clippy::large_enum_variant)]
+#[derive(Debug, PartialEq)]
 pub(super) enum Entry<'de> {
     Event(RawEvent<'de>),
     Malformed,
@@ -506,29 +524,20 @@ impl<'de> Visitor<'de> for EntryVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry<'de>, A::Error> {
-        let mut ev = RawEvent {
-            ph: Ph::Other,
-            cat: Cat::Other,
-            name: None,
-            tid: None,
-            ts: None,
-            dur: None,
-            id: None,
-            args: RawArgs::default(),
-        };
+        let mut ev = RawEvent::empty();
         while let Some(key) = map.next_key::<EventKey>()? {
             match key {
                 EventKey::Ph => {
                     ev.ph = map
                         .next_value::<LooseStr<'de>>()?
                         .0
-                        .map_or(Ph::Other, |s| classify_ph(&s));
+                        .map_or(Ph::Other, |s| classify_ph(s.as_bytes()));
                 }
                 EventKey::Cat => {
                     ev.cat = map
                         .next_value::<LooseStr<'de>>()?
                         .0
-                        .map_or(Cat::Other, |s| classify_cat(&s));
+                        .map_or(Cat::Other, |s| classify_cat(s.as_bytes()));
                 }
                 EventKey::Name => ev.name = map.next_value::<LooseStr<'de>>()?.0,
                 EventKey::Tid => ev.tid = map.next_value::<LooseInt>()?.0,
@@ -539,12 +548,8 @@ impl<'de> Visitor<'de> for EntryVisitor {
                     // Only some ops' arguments are kept (ARGS_KEPT). The
                     // exporter writes `name` before `args`; if it did not,
                     // keep them to be safe.
-                    let name = ev.name.as_deref();
-                    let keep_shapes = name.is_none_or(|name| ARGS_KEPT.keeps_shapes(name));
-                    let keep_concrete = name.is_none_or(|name| ARGS_KEPT.keeps_concrete(name));
                     map.next_value_seed(ArgsSeed {
-                        keep_shapes,
-                        keep_concrete,
+                        kept: ArgsKeptFor::event(ev.name.as_deref()),
                         args: &mut ev.args,
                     })?;
                 }
@@ -580,7 +585,8 @@ impl<'de> Visitor<'de> for EntryVisitor {
     }
 }
 
-enum EventKey {
+#[derive(Debug, Clone, Copy)]
+pub(super) enum EventKey {
     Ph,
     Cat,
     Name,
@@ -592,6 +598,23 @@ enum EventKey {
     Other,
 }
 
+impl EventKey {
+    /// The field an event key names.
+    pub(super) fn of(key: &[u8]) -> EventKey {
+        match key {
+            b"ph" => EventKey::Ph,
+            b"cat" => EventKey::Cat,
+            b"name" => EventKey::Name,
+            b"tid" => EventKey::Tid,
+            b"ts" => EventKey::Ts,
+            b"dur" => EventKey::Dur,
+            b"id" => EventKey::Id,
+            b"args" => EventKey::Args,
+            _ => EventKey::Other,
+        }
+    }
+}
+
 impl<'de> de::Deserialize<'de> for EventKey {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct KeyVisitor;
@@ -601,17 +624,7 @@ impl<'de> de::Deserialize<'de> for EventKey {
                 f.write_str("an event field name")
             }
             fn visit_str<E: de::Error>(self, key: &str) -> Result<EventKey, E> {
-                Ok(match key {
-                    "ph" => EventKey::Ph,
-                    "cat" => EventKey::Cat,
-                    "name" => EventKey::Name,
-                    "tid" => EventKey::Tid,
-                    "ts" => EventKey::Ts,
-                    "dur" => EventKey::Dur,
-                    "id" => EventKey::Id,
-                    "args" => EventKey::Args,
-                    _ => EventKey::Other,
-                })
+                Ok(EventKey::of(key.as_bytes()))
             }
         }
         deserializer.deserialize_identifier(KeyVisitor)
@@ -621,27 +634,86 @@ impl<'de> de::Deserialize<'de> for EventKey {
 // ---------------------------------------------------------------------------
 // `args`.
 
-#[derive(Default)]
-struct RawArgs<'de> {
-    addr: Option<i64>,
-    bytes: Option<i64>,
-    total_allocated: Option<i64>,
-    total_reserved: Option<i64>,
-    device_type: Option<i64>,
-    device_id: Option<i64>,
-    external_id: Option<i64>,
-    sequence_number: Option<i64>,
-    fwd_thread_id: Option<i64>,
-    python_id: Option<i64>,
-    python_parent_id: Option<i64>,
-    python_module_id: Option<i64>,
-    op_args: RawOpArgs<'de>,
+/// Which argument fields an event keeps ([`ARGS_KEPT`] for its name).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ArgsKeptFor {
+    shapes: bool,
+    concrete: bool,
+}
+
+impl ArgsKeptFor {
+    /// For an event of this name. The exporter writes `name` before `args`;
+    /// if it did not, everything is kept to be safe.
+    pub(super) fn event(name: Option<&str>) -> Self {
+        ArgsKeptFor {
+            shapes: name.is_none_or(|name| ARGS_KEPT.keeps_shapes(name)),
+            concrete: name.is_none_or(|name| ARGS_KEPT.keeps_concrete(name)),
+        }
+    }
+}
+
+impl RawArgs<'_> {
+    /// The integer field an `args` key fills, if it is one.
+    pub(super) fn int_slot(&mut self, key: ArgKey) -> Option<&mut Option<i64>> {
+        Some(match key {
+            ArgKey::Addr => &mut self.addr,
+            ArgKey::Bytes => &mut self.bytes,
+            ArgKey::TotalAllocated => &mut self.total_allocated,
+            ArgKey::TotalReserved => &mut self.total_reserved,
+            ArgKey::DeviceType => &mut self.device_type,
+            ArgKey::DeviceId => &mut self.device_id,
+            ArgKey::ExternalId => &mut self.external_id,
+            ArgKey::SequenceNumber => &mut self.sequence_number,
+            ArgKey::FwdThreadId => &mut self.fwd_thread_id,
+            ArgKey::PythonId => &mut self.python_id,
+            ArgKey::PythonParentId => &mut self.python_parent_id,
+            ArgKey::PythonModuleId => &mut self.python_module_id,
+            ArgKey::InputDims
+            | ArgKey::InputType
+            | ArgKey::InputStrides
+            | ArgKey::ConcreteInputs
+            | ArgKey::Other => return None,
+        })
+    }
+}
+
+impl<'de> RawOpArgs<'de> {
+    /// The raw-text field an `args` key fills when `kept` keeps it.
+    pub(super) fn raw_slot(
+        &mut self,
+        key: ArgKey,
+        kept: ArgsKeptFor,
+    ) -> Option<&mut Option<&'de [u8]>> {
+        match key {
+            ArgKey::InputDims if kept.shapes => Some(&mut self.dims),
+            ArgKey::InputType if kept.shapes => Some(&mut self.types),
+            ArgKey::InputStrides if kept.shapes => Some(&mut self.strides),
+            ArgKey::ConcreteInputs if kept.concrete => Some(&mut self.concrete),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct RawArgs<'de> {
+    pub(super) addr: Option<i64>,
+    pub(super) bytes: Option<i64>,
+    pub(super) total_allocated: Option<i64>,
+    pub(super) total_reserved: Option<i64>,
+    pub(super) device_type: Option<i64>,
+    pub(super) device_id: Option<i64>,
+    pub(super) external_id: Option<i64>,
+    pub(super) sequence_number: Option<i64>,
+    pub(super) fwd_thread_id: Option<i64>,
+    pub(super) python_id: Option<i64>,
+    pub(super) python_parent_id: Option<i64>,
+    pub(super) python_module_id: Option<i64>,
+    pub(super) op_args: RawOpArgs<'de>,
 }
 
 /// Reads `args` into the event's record; anything but an object is ignored.
 struct ArgsSeed<'a, 'de> {
-    keep_shapes: bool,
-    keep_concrete: bool,
+    kept: ArgsKeptFor,
     args: &'a mut RawArgs<'de>,
 }
 
@@ -661,48 +733,15 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let args = self.args;
+        let kept = self.kept;
         while let Some(key) = map.next_key::<ArgKey>()? {
-            let slot = match key {
-                ArgKey::Addr => &mut args.addr,
-                ArgKey::Bytes => &mut args.bytes,
-                ArgKey::TotalAllocated => &mut args.total_allocated,
-                ArgKey::TotalReserved => &mut args.total_reserved,
-                ArgKey::DeviceType => &mut args.device_type,
-                ArgKey::DeviceId => &mut args.device_id,
-                ArgKey::ExternalId => &mut args.external_id,
-                ArgKey::SequenceNumber => &mut args.sequence_number,
-                ArgKey::FwdThreadId => &mut args.fwd_thread_id,
-                ArgKey::PythonId => &mut args.python_id,
-                ArgKey::PythonParentId => &mut args.python_parent_id,
-                ArgKey::PythonModuleId => &mut args.python_module_id,
-                ArgKey::InputDims if self.keep_shapes => {
-                    args.op_args.dims = Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
-                    continue;
-                }
-                ArgKey::InputType if self.keep_shapes => {
-                    args.op_args.types = Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
-                    continue;
-                }
-                ArgKey::InputStrides if self.keep_shapes => {
-                    args.op_args.strides =
-                        Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
-                    continue;
-                }
-                ArgKey::ConcreteInputs if self.keep_concrete => {
-                    args.op_args.concrete =
-                        Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
-                    continue;
-                }
-                ArgKey::InputDims
-                | ArgKey::InputType
-                | ArgKey::InputStrides
-                | ArgKey::ConcreteInputs
-                | ArgKey::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            *slot = map.next_value::<LooseInt>()?.0;
+            if let Some(slot) = args.int_slot(key) {
+                *slot = map.next_value::<LooseInt>()?.0;
+            } else if let Some(slot) = args.op_args.raw_slot(key, kept) {
+                *slot = Some(map.next_value::<&'de RawValue>()?.get().as_bytes());
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
         }
         Ok(())
     }
@@ -730,7 +769,8 @@ impl<'de> Visitor<'de> for ArgsSeed<'_, 'de> {
     }
 }
 
-enum ArgKey {
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ArgKey {
     Addr,
     Bytes,
     TotalAllocated,
@@ -750,6 +790,31 @@ enum ArgKey {
     Other,
 }
 
+impl ArgKey {
+    /// The field an `args` key names.
+    pub(super) fn of(key: &[u8]) -> ArgKey {
+        match key {
+            b"Addr" => ArgKey::Addr,
+            b"Bytes" => ArgKey::Bytes,
+            b"Total Allocated" => ArgKey::TotalAllocated,
+            b"Total Reserved" => ArgKey::TotalReserved,
+            b"Device Type" => ArgKey::DeviceType,
+            b"Device Id" => ArgKey::DeviceId,
+            b"External id" => ArgKey::ExternalId,
+            b"Sequence number" => ArgKey::SequenceNumber,
+            b"Fwd thread id" => ArgKey::FwdThreadId,
+            b"Python id" => ArgKey::PythonId,
+            b"Python parent id" => ArgKey::PythonParentId,
+            b"Python module id" => ArgKey::PythonModuleId,
+            b"Input Dims" => ArgKey::InputDims,
+            b"Input type" => ArgKey::InputType,
+            b"Input Strides" => ArgKey::InputStrides,
+            b"Concrete Inputs" => ArgKey::ConcreteInputs,
+            _ => ArgKey::Other,
+        }
+    }
+}
+
 impl<'de> de::Deserialize<'de> for ArgKey {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct KeyVisitor;
@@ -759,25 +824,7 @@ impl<'de> de::Deserialize<'de> for ArgKey {
                 f.write_str("an args field name")
             }
             fn visit_str<E: de::Error>(self, key: &str) -> Result<ArgKey, E> {
-                Ok(match key {
-                    "Addr" => ArgKey::Addr,
-                    "Bytes" => ArgKey::Bytes,
-                    "Total Allocated" => ArgKey::TotalAllocated,
-                    "Total Reserved" => ArgKey::TotalReserved,
-                    "Device Type" => ArgKey::DeviceType,
-                    "Device Id" => ArgKey::DeviceId,
-                    "External id" => ArgKey::ExternalId,
-                    "Sequence number" => ArgKey::SequenceNumber,
-                    "Fwd thread id" => ArgKey::FwdThreadId,
-                    "Python id" => ArgKey::PythonId,
-                    "Python parent id" => ArgKey::PythonParentId,
-                    "Python module id" => ArgKey::PythonModuleId,
-                    "Input Dims" => ArgKey::InputDims,
-                    "Input type" => ArgKey::InputType,
-                    "Input Strides" => ArgKey::InputStrides,
-                    "Concrete Inputs" => ArgKey::ConcreteInputs,
-                    _ => ArgKey::Other,
-                })
+                Ok(ArgKey::of(key.as_bytes()))
             }
         }
         deserializer.deserialize_identifier(KeyVisitor)
@@ -856,7 +903,7 @@ impl<'de> de::Deserialize<'de> for LooseStr<'de> {
 
 /// A float that is a whole number, as an integer (`as` saturates the
 /// out-of-range ones).
-fn integral(v: f64) -> Option<i64> {
+pub(super) fn integral(v: f64) -> Option<i64> {
     (v.is_finite() && v.fract() == 0.0).then_some(v as i64)
 }
 
@@ -906,7 +953,7 @@ impl<'de> de::Deserialize<'de> for LooseInt {
 
 /// A finite number; numeric strings are accepted too.
 #[derive(Default)]
-struct LooseF64(Option<f64>);
+pub(super) struct LooseF64(pub(super) Option<f64>);
 
 impl<'de> de::Deserialize<'de> for LooseF64 {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

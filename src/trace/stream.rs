@@ -254,6 +254,9 @@ pub(super) struct JsonStream {
     used: u64,
     line: usize,
     column: usize,
+    /// Entries the fast path ([`super::plain`]) read, for the tests.
+    #[cfg(test)]
+    n_plain: usize,
 }
 
 impl JsonStream {
@@ -266,6 +269,8 @@ impl JsonStream {
             used: 0,
             line: 1,
             column: 0,
+            #[cfg(test)]
+            n_plain: 0,
         }
     }
 
@@ -527,10 +532,22 @@ impl JsonStream {
                     self.state = if bare { State::End } else { State::AfterValue };
                     1
                 } else {
-                    let Parsed::Done(entry, n) =
-                        parse_value::<Entry>(item, at_end).map_err(json_at(ws))?
-                    else {
-                        return Ok(Step::NeedMore);
+                    // The fast path for plain entries; serde for the rest
+                    // (and for an entry that may continue in the next piece).
+                    let plain =
+                        super::plain::entry(item).filter(|(_, n)| *n < item.len() || at_end);
+                    let (entry, n) = match plain {
+                        Some(read) => {
+                            #[cfg(test)]
+                            {
+                                self.n_plain += 1;
+                            }
+                            read
+                        }
+                        None => match parse_value::<Entry>(item, at_end).map_err(json_at(ws))? {
+                            Parsed::Done(entry, n) => (entry, n),
+                            Parsed::NeedMore => return Ok(Step::NeedMore),
+                        },
                     };
                     match entry {
                         Entry::Event(ev) => self.builder.add_event(ev),
@@ -879,6 +896,17 @@ mod tests {
             reader.push(chunk)?;
         }
         reader.finish()
+    }
+
+    /// Plain entries take the fast path; the integration tests check that
+    /// it reads real traces as serde alone does.
+    #[test]
+    fn plain_entries_take_the_fast_path() {
+        let text = document(40);
+        let mut json = JsonStream::new();
+        json.push(text.as_bytes()).unwrap();
+        assert_eq!(json.n_plain, 40);
+        assert_eq!(json.finish().unwrap().value.memory.len(), 40);
     }
 
     #[test]

@@ -288,3 +288,42 @@ fn arbitrary_bytes_never_panic() {
         })
         .unwrap();
 }
+
+/// The reader's fast path for plain entries reads real traces exactly as its
+/// serde visitors do: the same file with one key of every entry spelled with
+/// an escape (`"p\u0068"` for `"ph"`, the same key to JSON), which sends every
+/// entry to serde, gives the same trace.
+#[test]
+fn the_fast_path_reads_every_fixture_as_serde_does() {
+    let folders = [
+        "traces",
+        "traces-nograd",
+        "traces-options",
+        "traces-recipes",
+    ];
+    for folder in folders {
+        let dir = common::shared_dir().join("fixtures").join(folder);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|err| panic!("cannot list {dir:?}: {err}"))
+            .filter_map(|entry| entry.ok())
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".json.gz"))
+            .collect();
+        names.sort();
+        assert!(!names.is_empty(), "no fixtures in {dir:?}");
+        for name in names {
+            let text = String::from_utf8(gunzip(&common::read_shared(&format!(
+                "fixtures/{folder}/{name}"
+            ))))
+            .unwrap();
+            let escaped = text.replace("\"ph\":", "\"p\\u0068\":");
+            assert!(escaped.len() > text.len(), "{name}: no \"ph\" keys");
+            let fast = trace::parse(text.as_bytes()).unwrap();
+            assert!(!fast.value.ops.is_empty(), "{name}");
+            assert!(
+                fast == trace::parse(escaped.as_bytes()).unwrap(),
+                "{folder}/{name} reads differently through serde"
+            );
+        }
+    }
+}
