@@ -252,13 +252,15 @@ impl<'de> Scan<'de> {
             .try_fold(0_u64, |v, &d| {
                 v.checked_mul(10)?.checked_add(u64::from(d - b'0'))
             });
-        let exact = significand.filter(|&v| !token.exponent && (!float || v < EXACT_SIGNIFICAND));
-        let Some(significand) = exact else {
+        let pow10 = POW10.get(token.fraction_digits);
+        let exact = significand
+            .filter(|&v| !token.exponent && (!float || (v < EXACT_SIGNIFICAND && pow10.is_some())));
+        let (Some(significand), Some(pow10)) = (exact, pow10) else {
             // Rare in a trace: serde_json converts this number alone.
             return serde_json::from_slice::<f64>(text).ok().map(Number::F64);
         };
         if float {
-            let f = significand as f64 / POW10.get(token.fraction_digits)?;
+            let f = significand as f64 / pow10;
             return Some(Number::F64(if token.negative { -f } else { f }));
         }
         Some(if !token.negative {
@@ -402,6 +404,7 @@ mod tests {
             "1e3",
             "2.5E-3",
             "0.1234567890123456789012",
+            "0.000000000000000000000001",
             "18446744073709551615",
             "18446744073709551616",
             "-9223372036854775808",

@@ -1,8 +1,10 @@
 //! The serde side of the trace reader: visitors that read one entry of
-//! `traceEvents` (or one header value) and the [`Builder`] that reduces each
-//! to a typed record, without building a `serde_json::Value` tree and without
-//! collecting the raw events first. [`super::stream`] finds where each entry
-//! starts and ends in the bytes as they arrive.
+//! `traceEvents` that the fast path ([`super::plain`]) leaves to them (or one
+//! header value), the field names and slots both readers share, and the
+//! [`Builder`] that reduces each event to a typed record, without building a
+//! `serde_json::Value` tree and without collecting the raw events first.
+//! [`super::stream`] finds where each entry starts and ends in the bytes as
+//! they arrive.
 //!
 //! Every visitor is tolerant: a field of an unexpected JSON type is treated as
 //! missing (and counted for a warning) instead of failing the whole file.
@@ -545,9 +547,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
                 EventKey::Dur => ev.dur = map.next_value::<LooseF64>()?.0,
                 EventKey::Id => ev.id = map.next_value::<LooseInt>()?.0,
                 EventKey::Args => {
-                    // Only some ops' arguments are kept (ARGS_KEPT). The
-                    // exporter writes `name` before `args`; if it did not,
-                    // keep them to be safe.
+                    // Only some ops' arguments are kept (ARGS_KEPT).
                     map.next_value_seed(ArgsSeed {
                         kept: ArgsKeptFor::event(ev.name.as_deref()),
                         args: &mut ev.args,

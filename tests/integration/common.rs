@@ -31,19 +31,30 @@ pub fn read_shared(relative: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|err| panic!("cannot read {path:?}: {err}"))
 }
 
-/// The names of every CPU trace fixture (`*.json.gz`) in `shared/fixtures/traces`,
-/// sorted; panics if the folder is missing or empty.
-pub fn trace_fixtures() -> Vec<String> {
-    let dir = shared_dir().join("fixtures/traces");
+/// The fixtures (`*.json.gz`) of one folder under `shared/fixtures`, as paths
+/// relative to `shared/` (`fixtures/{folder}/{name}`), sorted; panics if the
+/// folder is missing or empty.
+pub fn fixtures_in(folder: &str) -> Vec<String> {
+    let dir = shared_dir().join("fixtures").join(folder);
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap_or_else(|err| panic!("cannot list {dir:?}: {err}"))
         .filter_map(|entry| entry.ok())
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .filter(|name| name.ends_with(".json.gz"))
+        .map(|name| format!("fixtures/{folder}/{name}"))
         .collect();
     names.sort();
-    assert!(!names.is_empty(), "no trace fixtures in {dir:?}");
+    assert!(!names.is_empty(), "no fixtures in {dir:?}");
     names
+}
+
+/// The names of every CPU trace fixture (`*.json.gz`) in `shared/fixtures/traces`,
+/// sorted; panics if the folder is missing or empty.
+pub fn trace_fixtures() -> Vec<String> {
+    fixtures_in("traces")
+        .into_iter()
+        .map(|path| path.trim_start_matches("fixtures/traces/").to_owned())
+        .collect()
 }
 
 /// The path of a small hand-written trace in this checkout's `tests/fixtures`.

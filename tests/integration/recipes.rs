@@ -67,28 +67,13 @@ fn meta_of(relative: &str) -> serde_json::Value {
     serde_json::from_slice(&common::read_shared(&path)).unwrap()
 }
 
-/// The fixtures of one folder under `shared/fixtures`, sorted; fails when empty.
-fn fixtures(folder: &str) -> Vec<String> {
-    let dir = common::shared_dir().join("fixtures").join(folder);
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|err| panic!("cannot list {dir:?}: {err}"))
-        .filter_map(|entry| entry.ok())
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.ends_with(".json.gz"))
-        .map(|name| format!("fixtures/{folder}/{name}"))
-        .collect();
-    names.sort();
-    assert!(!names.is_empty(), "no fixtures in {dir:?}");
-    names
-}
-
 /// Every recipe and options fixture, run once for the whole binary.
 fn runs() -> &'static BTreeMap<String, Run> {
     static RUNS: OnceLock<BTreeMap<String, Run>> = OnceLock::new();
     RUNS.get_or_init(|| {
-        fixtures("traces-recipes")
+        common::fixtures_in("traces-recipes")
             .into_iter()
-            .chain(fixtures("traces-options"))
+            .chain(common::fixtures_in("traces-options"))
             .map(|relative| {
                 let (analysis, prepared, report) = run_trace(parse(&relative));
                 let meta = meta_of(&relative);
@@ -384,8 +369,8 @@ fn every_fixture_without_its_frames_keeps_its_peak() {
         .into_iter()
         .map(|n| format!("fixtures/traces/{n}"))
         .collect();
-    names.extend(fixtures("traces-nograd"));
-    names.extend(fixtures("traces-recipes"));
+    names.extend(common::fixtures_in("traces-nograd"));
+    names.extend(common::fixtures_in("traces-recipes"));
     for relative in names {
         let trace = parse(&relative);
         let (_, _, full) = run_trace(trace.clone());

@@ -302,27 +302,15 @@ fn the_fast_path_reads_every_fixture_as_serde_does() {
         "traces-recipes",
     ];
     for folder in folders {
-        let dir = common::shared_dir().join("fixtures").join(folder);
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|err| panic!("cannot list {dir:?}: {err}"))
-            .filter_map(|entry| entry.ok())
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .filter(|name| name.ends_with(".json.gz"))
-            .collect();
-        names.sort();
-        assert!(!names.is_empty(), "no fixtures in {dir:?}");
-        for name in names {
-            let text = String::from_utf8(gunzip(&common::read_shared(&format!(
-                "fixtures/{folder}/{name}"
-            ))))
-            .unwrap();
+        for name in common::fixtures_in(folder) {
+            let text = String::from_utf8(gunzip(&common::read_shared(&name))).unwrap();
             let escaped = text.replace("\"ph\":", "\"p\\u0068\":");
             assert!(escaped.len() > text.len(), "{name}: no \"ph\" keys");
             let fast = trace::parse(text.as_bytes()).unwrap();
             assert!(!fast.value.ops.is_empty(), "{name}");
             assert!(
                 fast == trace::parse(escaped.as_bytes()).unwrap(),
-                "{folder}/{name} reads differently through serde"
+                "{name} reads differently through serde"
             );
         }
     }
