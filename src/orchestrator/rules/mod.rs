@@ -168,7 +168,7 @@ impl RuleId {
         match self {
             RuleId::Parameters => "one persistent block per parameter, with or without a gradient (the analyzer's resident state: AccumulateGrad shapes and the tensors the forward reads that were never allocated in the trace; or the bytes the user gave), allocated first, in module order, as model.to(device) does; a model built inside the trace keeps its own blocks",
             RuleId::BatchnormBuffers => "running_mean, running_var (the BatchNorm weight's shape and dtype) and num_batches_tracked (8 bytes) of every BatchNorm layer, allocated after its parameters",
-            RuleId::ConstructorOptimizerState => "optimizer state made before the trace (in the constructor, like Adagrad's sum, or in steps a profiler schedule did not record): the state tensors of each trainable parameter, from the optimizer class and what its step runs, allocated at setup",
+            RuleId::ConstructorOptimizerState => "optimizer state made before the trace (in the constructor, like Adagrad's sum, or in steps a profiler schedule did not record): the state tensors of each trainable parameter, from the optimizer class and what its step runs, made where the job made them: at setup for a class that builds its state in the constructor (Adagrad), else at the first optimizer step (torch.optim builds state lazily in step())",
             RuleId::ModelBuffers => "buffers other than BatchNorm's that the forward reads and the trace never allocated (position ids, rotary caches), allocated at setup",
             RuleId::ActivationsBeforeTrace => "activations made before the trace (an earlier batch, a KV cache the first iteration reads), allocated at setup and freed after their last read",
             RuleId::DdpBuckets => "DistributedDataParallel's gradient buckets made when the model was wrapped (the tensors its all-reduce reads that the trace never allocated), allocated at setup and freed when the reducer rebuilds its own inside the trace",
@@ -248,6 +248,7 @@ pub(crate) fn apply_all(
     counts.extend(dropped);
     items.extend(captured);
     let windows = iterations::phase_windows(analysis, &plan);
+    setup::place_lazy_optimizer_state(analysis, &windows, &mut items);
 
     let moved = lifetimes::rule_gradients(&mut items, &windows);
     counts.insert(RuleId::Gradients, moved);

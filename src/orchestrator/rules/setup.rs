@@ -4,7 +4,9 @@
 //! which a CPU trace does not allocate. What they are comes from the
 //! analyzer's resident state ([`crate::analyzer::resident`]); these rules
 //! place them: allocated first, in `model.to(device)` order, and kept (or
-//! freed where the trace shows the tensor goes).
+//! freed where the trace shows the tensor goes); optimizer state a lazily
+//! initialising optimizer made moves to the first optimizer step
+//! ([`place_lazy_optimizer_state`]).
 
 use std::collections::BTreeMap;
 
@@ -13,7 +15,7 @@ use super::{count, name_of, Item, RuleCounts, RuleId};
 use crate::analyzer::resident::{StateItem, StateKind, StateSource};
 use crate::analyzer::Analysis;
 use crate::diag::{Setting, Warning};
-use crate::orchestrator::schedule::{Category, Phase};
+use crate::orchestrator::schedule::{Category, Phase, PhaseWindow};
 use crate::orchestrator::{OrchestrateError, ParameterOverride, StateFacts, BUCKET_OP};
 use crate::units::Bytes;
 
@@ -100,7 +102,7 @@ pub(super) fn setup_items(
         warnings.push(Warning::new(
             "optimizer_state_before_trace",
             format!(
-                "{class} allocated no state in the first recorded step, so its state was made before the trace (in its constructor, like Adagrad's, or in steps a profiler schedule did not record): {} bytes of state for the trainable parameters, from the optimizer class and what its step runs, are allocated before the first iteration",
+                "{class} allocated no state in the first recorded step, so its state was made before the trace (in its constructor, like Adagrad's, or in steps a profiler schedule did not record): {} bytes of state for the trainable parameters, from the optimizer class and what its step runs, are allocated where the job made them (at the first optimizer step, or before the first iteration for an optimizer that builds its state in the constructor)",
                 total.get()
             ),
         ));
@@ -233,6 +235,48 @@ fn found_warning(analysis: &Analysis, facts: &StateFacts) -> Warning {
 }
 
 /// A setup item for one resident tensor.
+/// Optimizer classes whose constructor builds their state (`sum` in
+/// `torch/optim/adagrad.py`'s `__init__`); every other `torch.optim` class
+/// builds it lazily, in its first `step()` (`_init_group`: `if len(state) ==
+/// 0`).
+const STATE_IN_CONSTRUCTOR: &[&str] = &["Adagrad"];
+
+/// Optimizer state the trace shows existing before it (a profiler schedule
+/// left out the first steps) was made by the job's first `step()` unless its
+/// class builds it in the constructor: its setup blocks move to the start of
+/// the first simulated optimizer step, where the job's first iteration made
+/// them, so a job recorded with a schedule is simulated as the same job
+/// recorded from its first step. Returns how many blocks moved.
+pub(super) fn place_lazy_optimizer_state(
+    analysis: &Analysis,
+    windows: &[PhaseWindow],
+    items: &mut [Item],
+) -> usize {
+    let lazy = analysis
+        .optimizer
+        .class_name
+        .as_deref()
+        .is_some_and(|class| !STATE_IN_CONSTRUCTOR.contains(&class));
+    let first_step = windows
+        .iter()
+        .filter(|w| w.phase == Phase::OptimizerStep)
+        .min_by_key(|w| w.start);
+    let (true, Some(step)) = (lazy, first_step) else {
+        return 0;
+    };
+    let mut moved = 0;
+    for item in items
+        .iter_mut()
+        .filter(|i| i.phase == Phase::Setup && i.category == Category::OptimizerState)
+    {
+        item.alloc = Key::before_trace(step.start, item.alloc.rank);
+        item.phase = Phase::OptimizerStep;
+        item.iteration = Some(step.iteration);
+        moved += 1;
+    }
+    moved
+}
+
 fn setup_item(
     analysis: &Analysis,
     s: &StateItem,

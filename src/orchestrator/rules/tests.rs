@@ -384,6 +384,64 @@ fn state_made_before_the_trace_is_allocated_at_setup() {
 }
 
 #[test]
+fn lazily_made_optimizer_state_is_made_at_the_first_step() {
+    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
+    let state = |bytes: u64| StateItem {
+        kind: StateKind::OptimizerState,
+        trainable: false,
+        bytes: Bytes(bytes),
+        shape: Vec::new(),
+        dtype: None,
+        layer: None,
+        source: StateSource::OptimizerClass,
+        first_read: None,
+        last_read: None,
+        block: None,
+    };
+    // AdamW builds its state in its first step(), not in its constructor.
+    let mut lp = Loop::training("AdamW");
+    lp.analysis.state.items = vec![state(4_000), state(40)];
+    let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::Captured);
+    let first_step = schedule
+        .phases
+        .iter()
+        .filter(|w| w.phase == Phase::OptimizerStep)
+        .min_by_key(|w| w.start)
+        .unwrap();
+    let made: Vec<(u64, Option<u32>, Option<Nanos>, bool)> = schedule
+        .blocks
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.op.as_deref() == Some("AdamW state made before the trace"))
+        .map(|(i, b)| {
+            let at = schedule
+                .events
+                .iter()
+                .find(|e| e.block.0 as usize == i)
+                .map(|e| e.time);
+            (
+                b.size.get(),
+                b.iteration,
+                at,
+                free_time(&schedule, i).is_some(),
+            )
+        })
+        .collect();
+    let at = Some(first_step.start);
+    assert_eq!(
+        made,
+        vec![
+            (4_000, Some(first_step.iteration), at, false),
+            (40, Some(first_step.iteration), at, false)
+        ]
+    );
+    assert!(schedule
+        .blocks
+        .iter()
+        .all(|b| b.phase != Phase::Setup || b.category != Category::OptimizerState));
+}
+
+#[test]
 fn the_parameter_bytes_given_replace_the_frozen_part() {
     use crate::analyzer::resident::{StateItem, StateKind, StateSource};
     use crate::orchestrator::ParameterOverride;
