@@ -3,7 +3,7 @@
 //! whole lists of parameter-sized tensors instead of one tensor at a time.
 
 use super::order::{Key, FOREACH_FREE_RANK};
-use super::{name_of, windows_of, Item, RuleCounts, RuleId};
+use super::{name_of, update_start, windows_of, Item, RuleCounts, RuleId};
 use crate::analyzer::Analysis;
 use crate::diag::Warning;
 use crate::orchestrator::schedule::{Category, Phase, PhaseWindow};
@@ -70,13 +70,12 @@ pub(super) fn apply_foreach(
         ));
         return false;
     };
-    let steps: Vec<&PhaseWindow> = windows_of(windows, Phase::OptimizerStep).collect();
     let parameters: Vec<(Bytes, Option<String>)> = analysis
         .parameters
         .iter()
         .map(|p| (p.bytes, name_of(analysis, p.layer)))
         .collect();
-    let (dropped, added) = rule_foreach(items, &steps, lists, &parameters);
+    let (dropped, added) = rule_foreach(items, windows, lists, &parameters);
     counts.insert(RuleId::ForeachOptimizer, added);
     warnings.push(Warning::new(
         "optimizer_foreach_modelled",
@@ -90,11 +89,12 @@ pub(super) fn apply_foreach(
 
 /// Rule `foreach_optimizer`: in each optimizer step, drops the captured
 /// per-tensor temporaries and adds the foreach path's lists: one block per
-/// parameter per list, allocated after the step's state creation and freed
-/// when the step ends. Returns `(dropped, added)`.
+/// parameter per list, allocated after the step's state creation (and after
+/// the closure the step ran, [`update_start`]) and freed when the step ends.
+/// Returns `(dropped, added)`.
 fn rule_foreach(
     items: &mut Vec<Item>,
-    steps: &[&PhaseWindow],
+    windows: &[PhaseWindow],
     lists: &[&str],
     parameters: &[(Bytes, Option<String>)],
 ) -> (u32, u32) {
@@ -106,8 +106,8 @@ fn rule_foreach(
     });
     let dropped = (before - items.len()) as u32;
     let mut added = 0u32;
-    for step in steps {
-        let (start, end) = (step.start, step.end);
+    for step in windows_of(windows, Phase::OptimizerStep) {
+        let (start, end) = (update_start(windows, step), step.end);
         let state_done = items
             .iter()
             .filter(|i| {

@@ -366,3 +366,18 @@ fn windows_of(windows: &[PhaseWindow], phase: Phase) -> impl Iterator<Item = &Ph
 fn first_start(windows: &[PhaseWindow], phase: Phase) -> Option<Nanos> {
     windows_of(windows, phase).map(|w| w.start).min()
 }
+
+/// When an optimizer step's update begins: after the closure it ran, if
+/// any. `optimizer.step(closure)` (Lightning's automatic optimization,
+/// LBFGS) calls the closure — forward, zero_grad, backward — first; only
+/// then does `_init_group` build missing state and the update make its
+/// temporaries (`torch/optim/*.py`). The end of the last other phase of the
+/// same iteration inside the step's window, else the window's start.
+fn update_start(windows: &[PhaseWindow], step: &PhaseWindow) -> Nanos {
+    windows
+        .iter()
+        .filter(|w| w.iteration == step.iteration && w.phase != Phase::OptimizerStep)
+        .filter(|w| w.start >= step.start && w.end <= step.end)
+        .map(|w| w.end)
+        .fold(step.start, Nanos::max)
+}

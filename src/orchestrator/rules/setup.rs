@@ -102,8 +102,13 @@ pub(super) fn setup_items(
         warnings.push(Warning::new(
             "optimizer_state_before_trace",
             format!(
-                "{class} allocated no state in the first recorded step, so its state was made before the trace (in its constructor, like Adagrad's, or in steps a profiler schedule did not record): {} bytes of state for the trainable parameters, from the optimizer class and what its step runs, are allocated where the job made them (at the first optimizer step, or before the first iteration for an optimizer that builds its state in the constructor)",
-                total.get()
+                "{class} allocated no state in the first recorded step, so its state was made before the trace (in its constructor, like Adagrad's, or in steps a profiler schedule did not record): {} bytes of state for the trainable parameters, from the optimizer class and what its step runs, are allocated {}",
+                total.get(),
+                if builds_state_lazily(class) {
+                    "at the first optimizer step, where torch.optim builds them"
+                } else {
+                    "before the first iteration, as its constructor does"
+                }
             ),
         ));
     }
@@ -241,11 +246,16 @@ fn found_warning(analysis: &Analysis, facts: &StateFacts) -> Warning {
 /// 0`).
 const STATE_IN_CONSTRUCTOR: &[&str] = &["Adagrad"];
 
+/// Whether an optimizer class builds its state in its first `step()`.
+fn builds_state_lazily(class: &str) -> bool {
+    !STATE_IN_CONSTRUCTOR.contains(&class)
+}
+
 /// Optimizer state the trace shows existing before it (a profiler schedule
 /// left out the first steps) was made by the job's first `step()` unless its
 /// class builds it in the constructor: its setup blocks move to the start of
-/// the first simulated optimizer step, where the job's first iteration made
-/// them, so a job recorded with a schedule is simulated as the same job
+/// the first simulated optimizer step's update (after the closure the step
+/// ran, if any), where the job's first iteration made them, so a job recorded with a schedule is simulated as the same job
 /// recorded from its first step. Returns how many blocks moved.
 pub(super) fn place_lazy_optimizer_state(
     analysis: &Analysis,
@@ -256,7 +266,7 @@ pub(super) fn place_lazy_optimizer_state(
         .optimizer
         .class_name
         .as_deref()
-        .is_some_and(|class| !STATE_IN_CONSTRUCTOR.contains(&class));
+        .is_some_and(builds_state_lazily);
     let first_step = windows
         .iter()
         .filter(|w| w.phase == Phase::OptimizerStep)
@@ -269,7 +279,7 @@ pub(super) fn place_lazy_optimizer_state(
         .iter_mut()
         .filter(|i| i.phase == Phase::Setup && i.category == Category::OptimizerState)
     {
-        item.alloc = Key::before_trace(step.start, item.alloc.rank);
+        item.alloc = Key::before_trace(super::update_start(windows, step), item.alloc.rank);
         item.phase = Phase::OptimizerStep;
         item.iteration = Some(step.iteration);
         moved += 1;

@@ -753,6 +753,32 @@ fn foreach_replaces_per_tensor_step_temporaries_with_lists() {
 }
 
 #[test]
+fn a_step_that_runs_a_closure_updates_after_it() {
+    // Lightning's automatic optimization: `optimizer.step(closure)` runs
+    // forward, zero_grad and backward inside the step; the foreach lists
+    // come after the closure, not during its forward.
+    let mut lp = Loop::training("Adam");
+    for it in &mut lp.analysis.iterations {
+        let base = it.start.get();
+        for span in &mut it.phases {
+            if span.phase == P::OptimizerStep {
+                span.start = Nanos(base + 90);
+            }
+        }
+    }
+    let (schedule, _) = run(&lp.analysis, 3, OptimizerPath::CudaDefault);
+    assert_eq!(live_bytes_at(&schedule, 300, Category::Temporary), 0);
+    assert_eq!(
+        live_bytes_at(&schedule, PERIOD + 300, Category::Temporary),
+        0
+    );
+    assert_eq!(
+        live_bytes_at(&schedule, PERIOD + 712, Category::Temporary),
+        4_080
+    );
+}
+
+#[test]
 fn foreach_is_not_modelled_for_custom_or_foreach_captured_optimizers() {
     let mut custom = Loop::training("Adam");
     custom.analysis.optimizer.torch_optim = Some(false);
