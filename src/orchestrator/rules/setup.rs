@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use super::order::Key;
-use super::{count, name_of, Item, RuleCounts, RuleId};
+use super::{count, name_of, update_start, windows_of, Item, RuleCounts, RuleId};
 use crate::analyzer::resident::{StateItem, StateKind, StateSource};
 use crate::analyzer::Analysis;
 use crate::diag::{Setting, Warning};
@@ -239,7 +239,6 @@ fn found_warning(analysis: &Analysis, facts: &StateFacts) -> Warning {
     )
 }
 
-/// A setup item for one resident tensor.
 /// Optimizer classes whose constructor builds their state (`sum` in
 /// `torch/optim/adagrad.py`'s `__init__`); every other `torch.optim` class
 /// builds it lazily, in its first `step()` (`_init_group`: `if len(state) ==
@@ -255,38 +254,34 @@ fn builds_state_lazily(class: &str) -> bool {
 /// left out the first steps) was made by the job's first `step()` unless its
 /// class builds it in the constructor: its setup blocks move to the start of
 /// the first simulated optimizer step's update (after the closure the step
-/// ran, if any), where the job's first iteration made them, so a job recorded with a schedule is simulated as the same job
-/// recorded from its first step. Returns how many blocks moved.
+/// ran, if any), where the job's first iteration made them, so a job
+/// recorded with a schedule is simulated as the same job recorded from its
+/// first step.
 pub(super) fn place_lazy_optimizer_state(
     analysis: &Analysis,
     windows: &[PhaseWindow],
     items: &mut [Item],
-) -> usize {
+) {
     let lazy = analysis
         .optimizer
         .class_name
         .as_deref()
         .is_some_and(builds_state_lazily);
-    let first_step = windows
-        .iter()
-        .filter(|w| w.phase == Phase::OptimizerStep)
-        .min_by_key(|w| w.start);
+    let first_step = windows_of(windows, Phase::OptimizerStep).min_by_key(|w| w.start);
     let (true, Some(step)) = (lazy, first_step) else {
-        return 0;
+        return;
     };
-    let mut moved = 0;
     for item in items
         .iter_mut()
         .filter(|i| i.phase == Phase::Setup && i.category == Category::OptimizerState)
     {
-        item.alloc = Key::before_trace(super::update_start(windows, step), item.alloc.rank);
+        item.alloc = Key::before_trace(update_start(windows, step), item.alloc.rank);
         item.phase = Phase::OptimizerStep;
         item.iteration = Some(step.iteration);
-        moved += 1;
     }
-    moved
 }
 
+/// A setup item for one resident tensor.
 fn setup_item(
     analysis: &Analysis,
     s: &StateItem,
