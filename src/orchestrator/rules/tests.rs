@@ -329,21 +329,30 @@ fn module_class_strips_the_instance_counter() {
     assert_eq!(module_class("A_0/layer_"), "layer_");
 }
 
-#[test]
-fn state_made_before_the_trace_is_allocated_at_setup() {
-    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
-    let item = |kind, bytes: u64, last_read: Option<i64>| StateItem {
+/// A resident tensor made before the trace, read last at `last_read`.
+fn state_item(
+    kind: crate::analyzer::resident::StateKind,
+    bytes: u64,
+    last_read: Option<i64>,
+) -> crate::analyzer::resident::StateItem {
+    crate::analyzer::resident::StateItem {
         kind,
         trainable: false,
         bytes: Bytes(bytes),
         shape: Vec::new(),
         dtype: None,
         layer: None,
-        source: StateSource::OptimizerClass,
+        source: crate::analyzer::resident::StateSource::OptimizerClass,
         first_read: None,
         last_read: last_read.map(Nanos),
         block: None,
-    };
+    }
+}
+
+#[test]
+fn state_made_before_the_trace_is_allocated_at_setup() {
+    use crate::analyzer::resident::StateKind;
+    let item = state_item;
     let mut lp = Loop::training("Adagrad");
     lp.analysis.state.items = vec![
         item(StateKind::Parameter, 1_000, None),
@@ -385,18 +394,12 @@ fn state_made_before_the_trace_is_allocated_at_setup() {
 
 #[test]
 fn lazily_made_optimizer_state_is_made_at_the_first_step() {
-    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
-    let state = |bytes: u64| StateItem {
-        kind: StateKind::OptimizerState,
-        trainable: false,
-        bytes: Bytes(bytes),
-        shape: Vec::new(),
-        dtype: None,
-        layer: None,
-        source: StateSource::OptimizerClass,
-        first_read: None,
-        last_read: None,
-        block: None,
+    let state = |bytes| {
+        state_item(
+            crate::analyzer::resident::StateKind::OptimizerState,
+            bytes,
+            None,
+        )
     };
     // AdamW builds its state in its first step(), not in its constructor.
     let mut lp = Loop::training("AdamW");
