@@ -86,6 +86,10 @@ pub enum Error {
         "the parameter bytes {0:?} are not a size: give bytes such as 500MiB, 1.5GiB or 124439808"
     )]
     ParameterBytes(String),
+    #[error("the autocast type {0:?} is not one CUDA autocast runs in: give bf16 or fp16")]
+    AutocastDtype(String),
+    #[error("no autocast policy is known for PyTorch {given:?}: give one of {known}")]
+    AutocastPolicy { given: String, known: String },
 }
 
 impl Error {
@@ -96,6 +100,8 @@ impl Error {
             Error::Orchestrate(err) => err.setting(),
             Error::ParameterBytes(_) => Some(Setting::ParameterBytes),
             Error::Trace(_)
+            | Error::AutocastDtype(_)
+            | Error::AutocastPolicy { .. }
             | Error::Analyze(_)
             | Error::AllocatorConfig(_)
             | Error::Gpu(_)

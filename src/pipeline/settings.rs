@@ -16,7 +16,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Config, Error, DEFAULT_TARGET};
-use crate::orchestrator::OptimizerPath;
+use crate::autocast::{Dtype, VERSIONS};
+use crate::orchestrator::{AutocastConfig, AutocastMode, OptimizerPath};
 use crate::presets::{self, PRESETS};
 use crate::units::Bytes;
 
@@ -47,6 +48,21 @@ pub struct Settings {
     /// the trace shows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frozen_params: Option<String>,
+    /// Estimate a trace recorded under CPU autocast with the CPU's dtypes as
+    /// they are, instead of as CUDA autocast runs it.
+    #[serde(skip_serializing_if = "is_false")]
+    pub keep_cpu_dtypes: bool,
+    /// The lower-precision type CUDA autocast runs in (`bf16` or `fp16`)
+    /// instead of the one the trace ran in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autocast_dtype: Option<String>,
+    /// The PyTorch version whose autocast policy applies (a name of
+    /// [`crate::autocast::VERSIONS`]) instead of the newest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autocast_policy: Option<String>,
+    /// Add `torch.amp.GradScaler`'s state (an fp16 run scaling its loss).
+    #[serde(skip_serializing_if = "is_false")]
+    pub grad_scaler: bool,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -63,6 +79,10 @@ impl Default for Settings {
             captured_optimizer: false,
             params: None,
             frozen_params: None,
+            keep_cpu_dtypes: false,
+            autocast_dtype: None,
+            autocast_policy: None,
+            grad_scaler: false,
         }
     }
 }
@@ -114,7 +134,36 @@ impl Settings {
         };
         config.orchestrator.parameters.total = size(&self.params)?;
         config.orchestrator.parameters.frozen = size(&self.frozen_params)?;
+        self.autocast(&mut config.orchestrator.autocast)?;
         Ok(config)
+    }
+
+    /// The autocast choices: mode, type, policy version, GradScaler.
+    fn autocast(&self, autocast: &mut AutocastConfig) -> Result<(), Error> {
+        if self.keep_cpu_dtypes {
+            autocast.mode = AutocastMode::Off;
+        }
+        autocast.dtype = match self.autocast_dtype.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some("bf16") => Some(Dtype::Bf16),
+            Some("fp16") => Some(Dtype::F16),
+            Some(other) => return Err(Error::AutocastDtype(other.to_owned())),
+        };
+        if let Some(version) = self.autocast_policy.as_deref().map(str::trim) {
+            if !VERSIONS.iter().any(|v| v.name == version) {
+                return Err(Error::AutocastPolicy {
+                    given: version.to_owned(),
+                    known: VERSIONS
+                        .iter()
+                        .map(|v| v.name)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            version.clone_into(&mut autocast.version);
+        }
+        autocast.grad_scaler = self.grad_scaler;
+        Ok(())
     }
 }
 
@@ -162,8 +211,19 @@ mod tests {
             captured_optimizer: true,
             params: Some("500MiB".into()),
             frozen_params: Some("100MiB".into()),
+            keep_cpu_dtypes: true,
+            autocast_dtype: Some("fp16".into()),
+            autocast_policy: Some(VERSIONS[VERSIONS.len() - 1].name.into()),
+            grad_scaler: true,
         };
         let config = settings.config().unwrap();
+        let autocast = &config.orchestrator.autocast;
+        assert_eq!(autocast.mode, AutocastMode::Off);
+        assert_eq!(autocast.dtype, Some(Dtype::F16));
+        assert_eq!(autocast.version, VERSIONS[VERSIONS.len() - 1].name);
+        assert!(autocast.grad_scaler);
+        let defaults = Settings::default().config().unwrap();
+        assert_eq!(defaults.orchestrator.autocast, AutocastConfig::default());
         assert_eq!(
             config.orchestrator.parameters.total,
             Some(Bytes(500 * Bytes::MIB))
@@ -205,5 +265,19 @@ mod tests {
             ..Settings::default()
         };
         assert!(matches!(params.config(), Err(Error::ParameterBytes(_))));
+        let dtype = Settings {
+            autocast_dtype: Some("fp8".into()),
+            ..Settings::default()
+        };
+        assert!(matches!(dtype.config(), Err(Error::AutocastDtype(_))));
+        let policy = Settings {
+            autocast_policy: Some("1.0".into()),
+            ..Settings::default()
+        };
+        let message = policy.config().unwrap_err().to_string();
+        assert!(
+            message.contains("\"1.0\"") && message.contains(VERSIONS[0].name),
+            "{message}"
+        );
     }
 }

@@ -13,6 +13,7 @@ use wasm_bindgen_futures::JsFuture;
 use web_sys::{Blob, File, HtmlCanvasElement, Worker};
 
 use super::answer::Answer;
+use super::autocast::{AutocastChoice, AutocastForm};
 use super::bridge;
 use super::charts::{self, Band};
 use super::controls::{Status, StatusLine, TraceInput, WhatIfSection};
@@ -103,6 +104,17 @@ fn show_link(link: &str) {
     }
 }
 
+/// Takes from `last` the choices its orchestration was made with (the
+/// parameter figures and the autocast choices).
+fn orchestrated_as(settings: &mut Settings, last: &Settings) {
+    settings.params.clone_from(&last.params);
+    settings.frozen_params.clone_from(&last.frozen_params);
+    settings.keep_cpu_dtypes = last.keep_cpu_dtypes;
+    settings.autocast_dtype.clone_from(&last.autocast_dtype);
+    settings.autocast_policy.clone_from(&last.autocast_policy);
+    settings.grad_scaler = last.grad_scaler;
+}
+
 /// The root component.
 #[component]
 fn App() -> impl IntoView {
@@ -111,6 +123,7 @@ fn App() -> impl IntoView {
     let error = RwSignal::new(None::<String>);
     let choice = Choice::new();
     let figures = ParamFigures::new();
+    let autocast = AutocastChoice::new();
     // Settings the page has no control for (from a permalink made with
     // other options); the page's choices override the GPUs and allocator.
     let base = StoredValue::new(Settings::default());
@@ -135,6 +148,7 @@ fn App() -> impl IntoView {
                     shared.settings.params.as_deref(),
                     shared.settings.frozen_params.as_deref(),
                 );
+                autocast.restore(&shared.settings);
                 base.set_value(shared.settings.clone());
                 whatif_result.set(shared.whatif.clone());
                 link.set(href.clone());
@@ -151,13 +165,15 @@ fn App() -> impl IntoView {
 
     let settings = move || {
         let (params, frozen_params) = figures.get();
-        Settings {
+        let mut settings = Settings {
             gpus: choice.gpus(),
             alloc_conf: choice.alloc_conf.get_untracked(),
             params,
             frozen_params,
             ..base.get_value()
-        }
+        };
+        autocast.apply_to(&mut settings);
+        settings
     };
     let next_job = move || {
         let next = job.get_value().wrapping_add(1);
@@ -172,28 +188,35 @@ fn App() -> impl IntoView {
         })
     };
     // Builds a request from the current settings and posts it; says whether it
-    // went out (a failure is shown as the page's error).
-    let post_request = move |build: &dyn Fn(u32, Config) -> Request, file: Option<&Blob>| -> bool {
-        let chosen = settings();
-        let sent = chosen
-            .config()
-            .map_err(|err| err.to_string())
-            .and_then(|config| {
-                let request = build(next_job(), config);
-                job_settings.set_value(chosen);
-                worker.with_value(|worker| match worker {
-                    Some(worker) => bridge::post(worker, &request, file),
-                    None => Err("the worker is not running; reload the page".into()),
-                })
-            });
-        match sent {
-            Ok(()) => true,
-            Err(message) => {
-                error.set(Some(message));
-                false
+    // went out (a failure is shown as the page's error). Only a run of the
+    // trace takes the forms' parameter figures and autocast choices; a
+    // re-simulation or what-if reuses the trace's orchestration, so it keeps
+    // the ones that made it (and its link carries those).
+    let post_request =
+        move |build: &dyn Fn(u32, Config) -> Request, file: Option<&Blob>, run: bool| -> bool {
+            let mut chosen = settings();
+            if !run {
+                job_settings.with_value(|last| orchestrated_as(&mut chosen, last));
             }
-        }
-    };
+            let sent = chosen
+                .config()
+                .map_err(|err| err.to_string())
+                .and_then(|config| {
+                    let request = build(next_job(), config);
+                    job_settings.set_value(chosen);
+                    worker.with_value(|worker| match worker {
+                        Some(worker) => bridge::post(worker, &request, file),
+                        None => Err("the worker is not running; reload the page".into()),
+                    })
+                });
+            match sent {
+                Ok(()) => true,
+                Err(message) => {
+                    error.set(Some(message));
+                    false
+                }
+            }
+        };
     let dispatch = move |request: Queued| match request {
         Queued::Run(file) => {
             let build = |job, config| Request::Run {
@@ -201,18 +224,26 @@ fn App() -> impl IntoView {
                 name: file.name.clone(),
                 config,
             };
-            if post_request(&build, Some(&file.blob)) {
+            if post_request(&build, Some(&file.blob), true) {
                 input.set_value(Some(file));
                 working("Sending the file");
             }
         }
         Queued::Resimulate => {
-            if post_request(&|job, config| Request::Resimulate { job, config }, None) {
+            if post_request(
+                &|job, config| Request::Resimulate { job, config },
+                None,
+                false,
+            ) {
                 working("Simulating");
             }
         }
         Queued::WhatIf(what) => {
-            if post_request(&|job, config| Request::WhatIf { job, what, config }, None) {
+            if post_request(
+                &|job, config| Request::WhatIf { job, what, config },
+                None,
+                false,
+            ) {
                 working("Simulating the what-if");
             }
         }
@@ -380,11 +411,12 @@ fn App() -> impl IntoView {
         });
     };
     let changed = Callback::new(move |()| resimulate());
-    // Parameter figures change the orchestrated schedule: run the trace again.
+    // Parameter figures and autocast choices change the orchestrated
+    // schedule: run the trace again.
     let rerun = Callback::new(move |()| match input.get_value() {
         Some(file) => submit(Queued::Run(file)),
         None if shown.with_untracked(Option::is_some) => error.set(Some(
-            "the parameter figures need the trace: drop it (or try the demo) again".into(),
+            "these choices need the trace: drop it (or try the demo) again".into(),
         )),
         None => {}
     });
@@ -412,6 +444,7 @@ fn App() -> impl IntoView {
 
             <GpuChooser choice=choice changed=changed failed=failed />
             <ParamsForm figures=figures apply=rerun />
+            <AutocastForm choice=autocast apply=rerun />
 
             {move || shown.get().map(|shown| view! { <Results shown=shown link=link /> })}
 

@@ -7,6 +7,7 @@
 
 mod answer;
 mod app;
+mod autocast;
 mod bridge;
 mod charts;
 mod controls;

@@ -272,3 +272,49 @@ test("parameter figures typed on the page are the CLI's --params and --frozen-pa
   await other.close();
   assert.deepEqual(problems, [], "the page threw");
 });
+
+test("autocast choices made on the page are the CLI's --autocast-dtype, --autocast-policy and --grad-scaler, and the link carries them", async () => {
+  // A bf16 CPU-autocast training trace of this checkout's own (tests/data).
+  const file = path.join(ROOT, "tests", "data", "traces", "resnet18_bf16_train.json.gz");
+  const { page, problems } = await openApp(browser, site.url);
+  await page.setInputFiles("#file-input", file);
+  await page.locator("#peak-total-bytes").waitFor({ timeout: 60_000 });
+  const before = await reportJson(page);
+  await page.click(".autocast-options summary");
+  await page.selectOption("#autocast-dtype", "fp16");
+  await page.selectOption("#autocast-policy", "2.9");
+  await page.check("#grad-scaler");
+  await page.click(".autocast-options button[type=submit]");
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  const shown = await reportJson(page);
+  const scaler = shown.summary.rules.find((r) => r.rule === "grad_scaler_state");
+  assert.ok(scaler && scaler.blocks > 0, "GradScaler state is in the report");
+  assert.notDeepEqual(shown.summary.rules, before.summary.rules, "the choices changed the orchestration");
+  const gpus = shown.gpus.map((g) => g.preset).flatMap((g) => ["--gpu", g]);
+  const choices = ["--autocast-dtype", "fp16", "--autocast-policy", "2.9", "--grad-scaler"];
+  const expected = JSON.parse(cliRun(["estimate", "--json", file, ...gpus, ...choices]));
+  assert.deepEqual(shown, expected, "the page's report is the CLI's with the same choices");
+  const pageLink = await page.inputValue("#permalink");
+  const settings = decodeLink(pageLink).settings;
+  assert.equal(settings.autocast_dtype, "fp16");
+  assert.equal(settings.autocast_policy, "2.9");
+  assert.equal(settings.grad_scaler, true);
+  const cliLink = cliRun(["estimate", file, "--link", site.url, ...gpus, ...choices]).trim();
+  assert.equal(cliLink, pageLink, "estimate --link with the choices");
+  // Another GPU re-simulates the same orchestration: the link keeps the choices.
+  await page.selectOption("#target-gpu", "l4");
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  assert.equal(decodeLink(await page.inputValue("#permalink")).settings.autocast_dtype, "fp16");
+  await screenshot(page, "autocast-options");
+  await page.close();
+
+  // The link restores the choices in the form.
+  const other = await browser.newPage();
+  await other.goto(pageLink);
+  await other.locator("#shared-banner").waitFor({ timeout: 30_000 });
+  assert.equal(await other.inputValue("#autocast-dtype"), "fp16");
+  assert.equal(await other.inputValue("#autocast-policy"), "2.9");
+  assert.equal(await other.isChecked("#grad-scaler"), true);
+  await other.close();
+  assert.deepEqual(problems, [], "the page threw");
+});

@@ -5,8 +5,6 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use memcast::autocast::Dtype;
-use memcast::orchestrator::AutocastMode;
 use memcast::report::Report;
 use memcast::Bytes;
 
@@ -20,22 +18,6 @@ pub struct Args {
     trace: PathBuf,
     #[command(flatten)]
     settings: SettingsArgs,
-    /// How a trace recorded under CPU autocast is estimated: `cuda` (as CUDA
-    /// autocast runs it: its op policy and cast cache) or `as-traced` (the
-    /// CPU's dtypes as they are).
-    #[arg(long, value_name = "MODE", default_value = "cuda")]
-    autocast: AutocastArg,
-    /// The lower-precision type CUDA autocast runs in (`bf16` or `fp16`;
-    /// same sizes). Default: the one the trace ran in.
-    #[arg(long, value_name = "TYPE")]
-    autocast_dtype: Option<DtypeArg>,
-    /// The PyTorch version whose autocast policy applies (a name of the
-    /// policy table, e.g. 2.12, 2.10, 2.9). Default: the newest.
-    #[arg(long, value_name = "VERSION")]
-    autocast_policy: Option<String>,
-    /// Add `torch.amp.GradScaler` state (an fp16 run scaling its loss).
-    #[arg(long)]
-    grad_scaler: bool,
     /// Print the report as JSON (schema `memcast.estimate/1`).
     #[arg(long)]
     json: bool,
@@ -43,50 +25,10 @@ pub struct Args {
     link: LinkArgs,
 }
 
-/// `--autocast`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum AutocastArg {
-    Cuda,
-    AsTraced,
-}
-
-/// `--autocast-dtype`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum DtypeArg {
-    Bf16,
-    Fp16,
-}
-
-/// Applies the autocast options to `config`.
-fn autocast_options(args: &Args, config: &mut memcast::Config) -> anyhow::Result<()> {
-    let autocast = &mut config.orchestrator.autocast;
-    if let AutocastArg::AsTraced = args.autocast {
-        autocast.mode = AutocastMode::Off;
-    }
-    autocast.dtype = args.autocast_dtype.map(|d| match d {
-        DtypeArg::Bf16 => Dtype::Bf16,
-        DtypeArg::Fp16 => Dtype::F16,
-    });
-    if let Some(version) = &args.autocast_policy {
-        let known: Vec<&str> = memcast::autocast::VERSIONS.iter().map(|v| v.name).collect();
-        anyhow::ensure!(
-            known.contains(&version.as_str()),
-            "unknown --autocast-policy {version:?}; known: {}",
-            known.join(", ")
-        );
-        autocast.version.clone_from(version);
-    }
-    autocast.grad_scaler = args.grad_scaler;
-    Ok(())
-}
-
 /// Runs the estimate and prints it.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let settings = args.settings.settings();
-    let mut config = settings.config()?;
-    // Not in the shared settings (nor the page's link): the page estimates
-    // with the defaults.
-    autocast_options(args, &mut config)?;
+    let config = settings.config()?;
     let estimate = || -> anyhow::Result<Report> {
         let mut source = crate::source::FileSource::open(&args.trace)?;
         Ok(

@@ -45,6 +45,36 @@ pub struct SettingsArgs {
     /// of what the trace shows.
     #[arg(long = "frozen-params", value_name = "SIZE")]
     frozen_params: Option<String>,
+    /// How a trace recorded under CPU autocast is estimated: `cuda` (as CUDA
+    /// autocast runs it: its op policy and cast cache) or `as-traced` (the
+    /// CPU's dtypes as they are).
+    #[arg(long, value_name = "MODE", default_value = "cuda")]
+    autocast: AutocastArg,
+    /// The lower-precision type CUDA autocast runs in (`bf16` or `fp16`;
+    /// same sizes). Default: the one the trace ran in.
+    #[arg(long, value_name = "TYPE")]
+    autocast_dtype: Option<DtypeArg>,
+    /// The PyTorch version whose autocast policy applies (a name of the
+    /// policy table, e.g. 2.12, 2.10, 2.9). Default: the newest.
+    #[arg(long, value_name = "VERSION")]
+    autocast_policy: Option<String>,
+    /// Add `torch.amp.GradScaler` state (an fp16 run scaling its loss).
+    #[arg(long)]
+    grad_scaler: bool,
+}
+
+/// `--autocast`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AutocastArg {
+    Cuda,
+    AsTraced,
+}
+
+/// `--autocast-dtype`, named as [`Settings::autocast_dtype`] names it.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DtypeArg {
+    Bf16,
+    Fp16,
 }
 
 impl SettingsArgs {
@@ -60,6 +90,16 @@ impl SettingsArgs {
             captured_optimizer: self.captured_optimizer,
             params: self.params.clone(),
             frozen_params: self.frozen_params.clone(),
+            keep_cpu_dtypes: self.autocast == AutocastArg::AsTraced,
+            autocast_dtype: self.autocast_dtype.map(|d| {
+                match d {
+                    DtypeArg::Bf16 => "bf16",
+                    DtypeArg::Fp16 => "fp16",
+                }
+                .to_owned()
+            }),
+            autocast_policy: self.autocast_policy.clone(),
+            grad_scaler: self.grad_scaler,
         };
         settings.gpus = settings.gpu_specs();
         settings
