@@ -183,7 +183,7 @@ pub(crate) fn evidence(
                     .map(|(k, p)| (k, p.end.max(op.end)))
             })
             .unwrap_or((0, op.end));
-        let Some(source) = ops.source.get(idx).and_then(|&s| trace.ops.get(s)) else {
+        let Some(source) = ops.source_in(idx, &trace.ops) else {
             continue;
         };
         let first = trace

@@ -109,6 +109,12 @@ impl<T: Interval> Forest<T> {
             .unwrap_or(&[])
     }
 
+    /// The trace event span `idx` came from, in `events` (the trace's list
+    /// of that kind).
+    pub fn source_in<'e, E>(&self, idx: usize, events: &'e [E]) -> Option<&'e E> {
+        self.source.get(idx).and_then(|&s| events.get(s))
+    }
+
     /// Ancestors of `idx`, itself first.
     pub fn chain(&self, idx: usize) -> impl Iterator<Item = usize> + '_ {
         std::iter::successors(Some(idx), move |&i| {

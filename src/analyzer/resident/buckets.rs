@@ -60,13 +60,7 @@ pub(super) fn buckets(
         if span.start > end {
             continue;
         }
-        let Some(source) = input
-            .index
-            .ops
-            .source
-            .get(idx)
-            .and_then(|&s| trace.ops.get(s))
-        else {
+        let Some(source) = input.index.ops.source_in(idx, &trace.ops) else {
             continue;
         };
         for a in trace.tensor_args(source) {

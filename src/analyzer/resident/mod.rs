@@ -368,13 +368,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         if reads::is_bookkeeping(names.get(span.name)) {
             continue;
         }
-        let Some(source) = input
-            .index
-            .ops
-            .source
-            .get(idx)
-            .and_then(|&s| trace.ops.get(s))
-        else {
+        let Some(source) = input.index.ops.source_in(idx, &trace.ops) else {
             continue;
         };
         any_forward_sequence |= source.sequence_number.is_some();
@@ -717,10 +711,7 @@ fn collated_dims(input: &Inputs<'_>, op: Option<usize>) -> Option<Vec<i64>> {
             .get(i)
             .is_some_and(|o| input.names.get(o.name) == "aten::stack")
     })?;
-    let source = ops
-        .source
-        .get(stack)
-        .and_then(|&s| input.trace.ops.get(s))?;
+    let source = ops.source_in(stack, &input.trace.ops)?;
     let args = input.trace.tensor_args(source);
     let first = args
         .iter()

@@ -94,13 +94,7 @@ pub(super) fn state_before_trace(
             continue;
         }
         let name = names.get(o.name);
-        let Some(source) = input
-            .index
-            .ops
-            .source
-            .get(idx)
-            .and_then(|&s| input.trace.ops.get(s))
-        else {
+        let Some(source) = input.index.ops.source_in(idx, &input.trace.ops) else {
             continue;
         };
         let args = input.trace.tensor_args(source);
