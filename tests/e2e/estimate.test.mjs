@@ -5,12 +5,11 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { writeFileSync, mkdtempSync, readFileSync } from "node:fs";
-import { gunzipSync } from "node:zlib";
 import { createHash } from "node:crypto";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import {
-  serveDist, launchBrowser, fixture, allFixtures, cliEstimate, openApp, bytesOf, screenshot, DIST,
+  serveDist, launchBrowser, fixture, longTrace, allFixtures, cliEstimate, openApp, bytesOf, screenshot, DIST,
 } from "./harness.mjs";
 
 let site;
@@ -169,10 +168,7 @@ test("cancel stops the work, restarts the worker and keeps the previous estimate
 
   // A job long enough to cancel in the middle: t5-small's events six times
   // over (≈ 260 MB of plain JSON, seconds of work).
-  const text = gunzipSync(readFileSync(fixture("t5-small_adamw_bs8_pos1.json.gz"))).toString("utf8");
-  const events = text.slice(text.indexOf("[", text.indexOf('"traceEvents"')) + 1, text.lastIndexOf("]"));
-  const long = path.join(mkdtempSync(path.join(tmpdir(), "memcast-long-")), "long.json");
-  writeFileSync(long, `{"traceEvents": [${Array(6).fill(events).join(",")}]}`);
+  const long = longTrace(6);
   await page.setInputFiles("#file-input", long);
   await page.locator("#cancel").waitFor({ timeout: 30_000 });
   // The page stays responsive while the worker parses: a round trip through

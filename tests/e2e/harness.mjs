@@ -4,7 +4,8 @@
 
 import { createServer } from "node:http";
 import { readFile, stat, mkdir, mkdtemp } from "node:fs/promises";
-import { existsSync, readdirSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, writeFileSync, mkdtempSync } from "node:fs";
+import { gunzipSync } from "node:zlib";
 import { execFileSync } from "node:child_process";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -36,6 +37,18 @@ export function fixture(name, folder = "traces") {
   if (!existsSync(file)) {
     throw new Error(`missing shared fixture ${file}: the tests need ../shared beside the checkout`);
   }
+  return file;
+}
+
+/**
+ * A plain JSON trace of the t5-small fixture's events `copies` times over,
+ * written to a temporary file: a job long enough to cancel in the middle.
+ */
+export function longTrace(copies) {
+  const text = gunzipSync(readFileSync(fixture("t5-small_adamw_bs8_pos1.json.gz"))).toString("utf8");
+  const events = text.slice(text.indexOf("[", text.indexOf('"traceEvents"')) + 1, text.lastIndexOf("]"));
+  const file = path.join(mkdtempSync(path.join(tmpdir(), "memcast-long-")), "long.json");
+  writeFileSync(file, `{"traceEvents": [${Array(copies).fill(events).join(",")}]}`);
   return file;
 }
 

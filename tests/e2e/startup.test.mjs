@@ -7,12 +7,9 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { readFileSync, writeFileSync, mkdtempSync } from "node:fs";
-import { gunzipSync } from "node:zlib";
-import { tmpdir } from "node:os";
 import path from "node:path";
 import {
-  serveDist, launchBrowser, fixture, cliEstimate, cliRun, bytesOf, dropFile, recordStartup, startupLog,
+  serveDist, launchBrowser, fixture, longTrace, cliEstimate, cliRun, bytesOf, dropFile, recordStartup, startupLog,
   screenshot,
 } from "./harness.mjs";
 
@@ -133,10 +130,7 @@ test("a file dropped while a cancelled worker restarts is queued, and the previo
   const before = await page.textContent("#peak-total-bytes");
 
   // A job long enough to cancel in the middle: t5-small's events three times over.
-  const text = gunzipSync(readFileSync(fixture("t5-small_adamw_bs8_pos1.json.gz"))).toString("utf8");
-  const events = text.slice(text.indexOf("[", text.indexOf('"traceEvents"')) + 1, text.lastIndexOf("]"));
-  const long = path.join(mkdtempSync(path.join(tmpdir(), "memcast-long-")), "long.json");
-  writeFileSync(long, `{"traceEvents": [${Array(3).fill(events).join(",")}]}`);
+  const long = longTrace(3);
   await page.setInputFiles("#file-input", long);
   await page.locator("#cancel").waitFor({ timeout: 30_000 });
   await page.click("#cancel");

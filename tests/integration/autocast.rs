@@ -6,8 +6,8 @@
 use memcast::analyzer::{self, Analysis, GradMode};
 use memcast::autocast::Dtype;
 use memcast::orchestrator::{self, AutocastMode, RuleId};
-use memcast::trace::{Trace, TraceError, TraceSource};
-use memcast::{Config, Prepared, Warned};
+use memcast::trace::Trace;
+use memcast::{Config, Prepared};
 
 fn data_trace(name: &str) -> Trace {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -17,20 +17,6 @@ fn data_trace(name: &str) -> Trace {
     memcast::trace::parse(&bytes).unwrap().value
 }
 
-struct Parsed(Option<Warned<Trace>>);
-
-impl TraceSource for Parsed {
-    fn size_hint(&self) -> Option<u64> {
-        None
-    }
-    fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError> {
-        Ok(None)
-    }
-    fn parsed(&mut self) -> Option<Result<Warned<Trace>, TraceError>> {
-        self.0.take().map(Ok)
-    }
-}
-
 fn config(mode: AutocastMode) -> Config {
     let mut config = Config::standard();
     config.orchestrator.autocast.mode = mode;
@@ -38,11 +24,7 @@ fn config(mode: AutocastMode) -> Config {
 }
 
 fn prepare(trace: &Trace, config: &Config) -> Prepared {
-    let mut source = Parsed(Some(Warned {
-        value: trace.clone(),
-        warnings: Vec::new(),
-    }));
-    memcast::prepare_from(&mut source, config, &mut |_| {}).unwrap()
+    crate::common::prepare_parsed(trace.clone(), config)
 }
 
 fn analysis(trace: &Trace) -> Analysis {

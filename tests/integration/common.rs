@@ -5,6 +5,10 @@
 
 use std::path::PathBuf;
 
+use memcast::orchestrator::{Category, Schedule};
+use memcast::trace::{Trace, TraceError, TraceSource};
+use memcast::{Bytes, Config, Prepared, Warned};
+
 /// The `shared/` folder beside this checkout (`../shared`), or the folder named
 /// by `MEMCAST_SHARED`.
 pub fn shared_dir() -> PathBuf {
@@ -64,4 +68,39 @@ pub fn local_fixture(name: &str) -> PathBuf {
         .join(name);
     assert!(path.is_file(), "missing test fixture {path:?}");
     path
+}
+
+/// A trace already parsed, handed to the pipeline as a source.
+struct Parsed(Option<Warned<Trace>>);
+
+impl TraceSource for Parsed {
+    fn size_hint(&self) -> Option<u64> {
+        None
+    }
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError> {
+        Ok(None)
+    }
+    fn parsed(&mut self) -> Option<Result<Warned<Trace>, TraceError>> {
+        self.0.take().map(Ok)
+    }
+}
+
+/// Prepares (analyzes and orchestrates) a trace already parsed.
+pub fn prepare_parsed(trace: Trace, config: &Config) -> Prepared {
+    let mut source = Parsed(Some(Warned {
+        value: trace,
+        warnings: Vec::new(),
+    }));
+    memcast::prepare_from(&mut source, config, &mut |_| {})
+        .unwrap_or_else(|err| panic!("prepare: {err}"))
+}
+
+/// The bytes of every block of `category` in a schedule.
+pub fn category_bytes(schedule: &Schedule, category: Category) -> Bytes {
+    schedule
+        .blocks
+        .iter()
+        .filter(|b| b.category == category)
+        .map(|b| b.size)
+        .sum()
 }

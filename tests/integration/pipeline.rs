@@ -176,14 +176,7 @@ fn peak_covers_parameters_gradients_and_optimizer_state() {
     for (name, report) in reports() {
         let prepared = prepared_fixture(name);
         let schedule = &prepared.orchestrated.schedule;
-        let persistent = |category: Category| -> Bytes {
-            schedule
-                .blocks
-                .iter()
-                .filter(|b| b.category == category)
-                .map(|b| b.size)
-                .sum()
-        };
+        let persistent = |category: Category| common::category_bytes(schedule, category);
         let parameters = persistent(Category::Parameter);
         assert_eq!(parameters, prepared.parameter_bytes, "{name}");
         assert!(parameters > Bytes::ZERO, "{name}");

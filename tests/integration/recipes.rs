@@ -10,29 +10,14 @@ use std::sync::OnceLock;
 use memcast::analyzer::{self, Analysis, BlockRole, Phase, TrainingLoop};
 use memcast::orchestrator::{Category, EventKind, Phase as SchedulePhase, Schedule};
 use memcast::report::Report;
-use memcast::trace::{Trace, TraceError, TraceSource};
-use memcast::{Config, Prepared, Warned};
+use memcast::trace::Trace;
+use memcast::{Config, Prepared};
 
 use crate::common;
 
 /// One GPU: the relations are about the schedule, not the verdicts.
 fn config() -> Config {
     Config::for_gpus("a100-80gb", &["a100-80gb".to_owned()]).unwrap()
-}
-
-/// A trace already parsed, handed to the pipeline as a source.
-struct Parsed(Option<Warned<Trace>>);
-
-impl TraceSource for Parsed {
-    fn size_hint(&self) -> Option<u64> {
-        None
-    }
-    fn next_chunk(&mut self) -> Result<Option<&[u8]>, TraceError> {
-        Ok(None)
-    }
-    fn parsed(&mut self) -> Option<Result<Warned<Trace>, TraceError>> {
-        self.0.take().map(Ok)
-    }
 }
 
 /// One fixture: its trace, analysis, prepared schedule, report and sidecar.
@@ -45,11 +30,7 @@ struct Run {
 
 fn run_trace(trace: Trace) -> (Analysis, Prepared, Report) {
     let analysis = analyzer::analyze(&trace, &config().analyzer).unwrap().value;
-    let mut source = Parsed(Some(Warned {
-        value: trace,
-        warnings: Vec::new(),
-    }));
-    let prepared = memcast::prepare_from(&mut source, &config(), &mut |_| {}).unwrap();
+    let prepared = common::prepare_parsed(trace, &config());
     let report = memcast::estimate(&prepared, &config(), &mut |_| {})
         .unwrap()
         .value;

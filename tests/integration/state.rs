@@ -44,15 +44,6 @@ fn setup_bytes(schedule: &Schedule, category: Category) -> Bytes {
         .sum()
 }
 
-fn category_bytes(schedule: &Schedule, category: Category) -> Bytes {
-    schedule
-        .blocks
-        .iter()
-        .filter(|b| b.category == category)
-        .map(|b| b.size)
-        .sum()
-}
-
 const NOGRAD: [&str; 5] = [
     "bert-base-cls_evalgrad_bs8",
     "distilgpt2_lora_adamw_bs8",
@@ -113,9 +104,12 @@ fn every_parameter_is_found_with_or_without_a_gradient() {
             "{name}"
         );
         if !expected.trains() {
-            assert_eq!(category_bytes(schedule, Category::Gradient), Bytes::ZERO);
             assert_eq!(
-                category_bytes(schedule, Category::OptimizerState),
+                common::category_bytes(schedule, Category::Gradient),
+                Bytes::ZERO
+            );
+            assert_eq!(
+                common::category_bytes(schedule, Category::OptimizerState),
                 Bytes::ZERO
             );
         }

@@ -349,6 +349,20 @@ fn state_item(
     }
 }
 
+/// A frozen parameter of `elements` the forward reads as `aten::linear`'s
+/// weight.
+fn linear_weight(bytes: u64, elements: i64) -> crate::analyzer::resident::StateItem {
+    crate::analyzer::resident::StateItem {
+        shape: vec![elements],
+        source: crate::analyzer::resident::StateSource::OpArgument {
+            op: "aten::linear".to_owned(),
+            argument: 1,
+            known_op: true,
+        },
+        ..state_item(crate::analyzer::resident::StateKind::Parameter, bytes, None)
+    }
+}
+
 #[test]
 fn state_made_before_the_trace_is_allocated_at_setup() {
     use crate::analyzer::resident::StateKind;
@@ -446,26 +460,10 @@ fn lazily_made_optimizer_state_is_made_at_the_first_step() {
 
 #[test]
 fn the_parameter_bytes_given_replace_the_frozen_part() {
-    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
     use crate::orchestrator::ParameterOverride;
     let mut lp = Loop::training("Adam");
     lp.analysis.state.has_shapes = true;
-    lp.analysis.state.items = vec![StateItem {
-        kind: StateKind::Parameter,
-        trainable: false,
-        bytes: Bytes(1_000),
-        shape: vec![250],
-        dtype: None,
-        layer: None,
-        source: StateSource::OpArgument {
-            op: "aten::linear".to_owned(),
-            argument: 1,
-            known_op: true,
-        },
-        first_read: None,
-        last_read: None,
-        block: None,
-    }];
+    lp.analysis.state.items = vec![linear_weight(1_000, 250)];
     let parameters = |total: Option<u64>, frozen: Option<u64>| {
         let config = OrchestratorConfig {
             iterations: 3,
@@ -503,7 +501,7 @@ fn the_parameter_bytes_given_replace_the_frozen_part() {
 /// block the trace allocated is that block, not a second setup block.
 #[test]
 fn a_parameter_built_in_the_trace_is_not_added_again() {
-    use crate::analyzer::resident::{StateItem, StateKind, StateSource};
+    use crate::analyzer::resident::StateItem;
     let mut lp = Loop::training("Adam");
     lp.analysis.state.has_shapes = true;
     let setup_parameters = |lp: &Loop| {
@@ -517,20 +515,9 @@ fn a_parameter_built_in_the_trace_is_not_added_again() {
     };
     assert_eq!(setup_parameters(&lp), 4_080);
     lp.analysis.state.items = vec![StateItem {
-        kind: StateKind::Parameter,
         trainable: true,
-        bytes: Bytes(4_000),
-        shape: vec![1_000],
-        dtype: None,
-        layer: None,
-        source: StateSource::OpArgument {
-            op: "aten::linear".to_owned(),
-            argument: 1,
-            known_op: true,
-        },
-        first_read: None,
-        last_read: None,
         block: Some(0),
+        ..linear_weight(4_000, 1_000)
     }];
     assert_eq!(setup_parameters(&lp), 80);
 }
