@@ -4,6 +4,8 @@
 //! Steps, each a pure stage with one entry function:
 //! 1. [`trace`] — read the Chrome trace (`.json` or `.json.gz`) into typed events
 //!    ([`trace::read`]);
+//!    [`scale`] — for a job larger than the traced one (more blocks, a longer
+//!    sequence), the trace that job would give ([`scale::scale`]);
 //! 2. [`analyzer`] — rebuild memory-block lifecycles and attribute them to ops,
 //!    layers and training phases ([`analyzer::analyze`]);
 //! 3. [`orchestrator`] — turn CPU lifetimes into the sequence a CUDA run would
@@ -36,6 +38,7 @@ pub mod pipeline;
 pub mod presets;
 pub mod protocol;
 pub mod replay;
+pub mod scale;
 pub mod report;
 pub mod simulator;
 pub mod trace;

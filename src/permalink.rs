@@ -66,6 +66,29 @@ impl TraceIdentity {
     }
 }
 
+impl TraceIdentity {
+    /// The identity of several traces given together (one job at several
+    /// sequence lengths): the names joined with ` + `, the sizes added, the
+    /// SHA-256 of their hashes in order. One trace is its own identity.
+    pub fn joined(ids: &[TraceIdentity]) -> TraceIdentity {
+        if let [one] = ids {
+            return one.clone();
+        }
+        let mut fingerprint = Fingerprint::default();
+        for id in ids {
+            fingerprint.update(id.sha256.as_bytes());
+        }
+        let name = ids
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let mut joined = fingerprint.finish(&name);
+        joined.size_bytes = ids.iter().map(|i| i.size_bytes).fold(Bytes::ZERO, |a, b| a + b);
+        joined
+    }
+}
+
 /// A [`TraceIdentity`] computed piece by piece as a file streams past.
 #[derive(Debug, Clone, Default)]
 pub struct Fingerprint {

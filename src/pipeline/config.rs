@@ -28,6 +28,9 @@ pub struct Config {
     pub gpus: Vec<GpuTarget>,
     /// Points the report's timeline keeps at most.
     pub max_timeline_points: usize,
+    /// The job to estimate when it is larger than the traced one.
+    #[serde(default)]
+    pub scale: crate::scale::Target,
 }
 
 impl Config {
@@ -56,6 +59,7 @@ impl Config {
             reference,
             gpus,
             max_timeline_points: report::DEFAULT_MAX_POINTS,
+            scale: crate::scale::Target::default(),
         }
     }
 

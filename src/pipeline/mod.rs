@@ -86,6 +86,8 @@ pub enum Error {
         "the parameter bytes {0:?} are not a size: give bytes such as 500MiB, 1.5GiB or 124439808"
     )]
     ParameterBytes(String),
+    #[error(transparent)]
+    Scale(#[from] crate::scale::ScaleError),
     #[error("the autocast type {0:?} is not one CUDA autocast runs in: give bf16 or fp16")]
     AutocastDtype(String),
     #[error("no autocast policy is known for PyTorch {given:?}: give one of {known}")]
@@ -100,6 +102,7 @@ impl Error {
             Error::Orchestrate(err) => err.setting(),
             Error::ParameterBytes(_) => Some(Setting::ParameterBytes),
             Error::Trace(_)
+            | Error::Scale(_)
             | Error::AutocastDtype(_)
             | Error::AutocastPolicy { .. }
             | Error::Analyze(_)
@@ -138,6 +141,9 @@ pub struct Prepared {
     /// asks for it (`AutocastConfig::what_if`).
     #[serde(default)]
     pub autocast: Option<Box<Orchestrated>>,
+    /// What was rebuilt for a job larger than the traced one.
+    #[serde(default)]
+    pub scaled: crate::scale::ScaleFacts,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -189,18 +195,53 @@ pub fn prepare_from(
     config: &Config,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Prepared, Error> {
-    let trace = trace::read(source, &mut |done, total| {
-        progress(Progress {
-            stage: Stage::Parsing,
-            done,
-            total,
-        });
-    })?;
-    let mut warnings = trace.warnings;
+    prepare_many_from(&mut [source], config, progress)
+}
+
+/// Like [`prepare_from`] for one or more traces of one job at different
+/// sequence lengths (`Config::scale` names the length to estimate): each is
+/// read in turn, then the job's trace is rebuilt from them ([`crate::scale`]).
+pub fn prepare_many_from(
+    sources: &mut [&mut dyn TraceSource],
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Prepared, Error> {
+    let mut traces = Vec::with_capacity(sources.len());
+    let mut warnings = Vec::new();
+    for source in sources.iter_mut() {
+        let trace = trace::read(&mut **source, &mut |done, total| {
+            progress(Progress {
+                stage: Stage::Parsing,
+                done,
+                total,
+            });
+        })?;
+        warnings.extend(trace.warnings);
+        traces.push(trace.value);
+    }
+    let (trace, scaled) = if traces.len() == 1 && config.scale.is_identity() {
+        (traces.pop().unwrap_or_default(), crate::scale::ScaleFacts::default())
+    } else {
+        let scaled = crate::scale::scale_many(&traces, &config.scale)?;
+        warnings.extend(scaled.warnings);
+        scaled.value
+    };
+    drop(traces);
+    prepare_trace(&trace, scaled, warnings, config, progress)
+}
+
+/// Analyzes and orchestrates a parsed (and possibly rebuilt) trace.
+fn prepare_trace(
+    trace: &trace::Trace,
+    scaled: crate::scale::ScaleFacts,
+    mut warnings: Vec<Warning>,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Prepared, Error> {
     progress(Progress::start(Stage::Analyzing));
     let mut analyzer_config = config.analyzer.clone();
     analyzer_config.keep_op_inputs |= config.orchestrator.autocast.what_if;
-    let analysis = analyzer::analyze(&trace.value, &analyzer_config)?;
+    let analysis = analyzer::analyze(trace, &analyzer_config)?;
     warnings.extend(analysis.warnings);
     let analysis = analysis.value;
     progress(Progress::start(Stage::Orchestrating));
@@ -224,6 +265,7 @@ pub fn prepare_from(
         recipe: analysis.recipe.clone(),
         warnings,
         autocast,
+        scaled,
     })
 }
 

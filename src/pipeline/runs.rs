@@ -156,6 +156,7 @@ impl<'c> Runs<'c> {
             alloc_conf: config.alloc_conf.clone(),
             rules: facts.rule_counts.clone(),
             recipe: prepared.recipe.clone(),
+            scaled: prepared.scaled.clone(),
         };
         ReportInput {
             schedule,

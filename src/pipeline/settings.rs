@@ -63,6 +63,13 @@ pub struct Settings {
     /// Add `torch.amp.GradScaler`'s state (an fp16 run scaling its loss).
     #[serde(skip_serializing_if = "is_false")]
     pub grad_scaler: bool,
+    /// The number of repeated blocks (layers) of the job to estimate, when
+    /// the trace has fewer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
+    /// The sequence length of the job to estimate, when the trace's differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<u32>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -83,6 +90,8 @@ impl Default for Settings {
             autocast_dtype: None,
             autocast_policy: None,
             grad_scaler: false,
+            layers: None,
+            seq_len: None,
         }
     }
 }
@@ -135,6 +144,10 @@ impl Settings {
         config.orchestrator.parameters.total = size(&self.params)?;
         config.orchestrator.parameters.frozen = size(&self.frozen_params)?;
         self.autocast(&mut config.orchestrator.autocast)?;
+        config.scale = crate::scale::Target {
+            layers: self.layers,
+            seq_len: self.seq_len,
+        };
         Ok(config)
     }
 
@@ -215,8 +228,12 @@ mod tests {
             autocast_dtype: Some("fp16".into()),
             autocast_policy: Some(VERSIONS[VERSIONS.len() - 1].name.into()),
             grad_scaler: true,
+            layers: Some(32),
+            seq_len: Some(4096),
         };
         let config = settings.config().unwrap();
+        assert_eq!(config.scale.layers, Some(32));
+        assert_eq!(config.scale.seq_len, Some(4096));
         let autocast = &config.orchestrator.autocast;
         assert_eq!(autocast.mode, AutocastMode::Off);
         assert_eq!(autocast.dtype, Some(Dtype::F16));

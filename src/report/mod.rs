@@ -80,6 +80,10 @@ pub struct RunSummary {
     /// step, checkpointing, clipping, torch.compile, distributed, the loop.
     #[serde(default)]
     pub recipe: crate::analyzer::RunRecipe,
+    /// What was rebuilt when the job estimated is larger than the traced
+    /// one (`--layers`, `--seq-len`); absent for the traced job.
+    #[serde(default, skip_serializing_if = "crate::scale::ScaleFacts::is_empty")]
+    pub scaled: crate::scale::ScaleFacts,
 }
 
 /// When and where the peak happens.

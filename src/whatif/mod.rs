@@ -162,6 +162,7 @@ pub fn estimate_schedule(
         // The warnings of the trace stages belong to the input, not the variant.
         warnings: Vec::new(),
         autocast: None,
+        scaled: prepared.scaled.clone(),
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }

@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use memcast::report::Report;
 use memcast::Bytes;
 
@@ -14,8 +13,11 @@ use crate::settings::{LinkArgs, SettingsArgs};
 /// Options of `memcast estimate`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The trace written by `prof.export_chrome_trace` (`.json` or `.json.gz`).
-    trace: PathBuf,
+    /// The trace written by `prof.export_chrome_trace` (`.json` or
+    /// `.json.gz`); or two or three traces of one job at different sequence
+    /// lengths, with `--seq-len`.
+    #[arg(required = true, num_args = 1..=3)]
+    traces: Vec<PathBuf>,
     #[command(flatten)]
     settings: SettingsArgs,
     /// Print the report as JSON (schema `memcast.estimate/1`).
@@ -29,19 +31,12 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let settings = args.settings.settings();
     let config = settings.config()?;
-    let estimate = || -> anyhow::Result<Report> {
-        let mut source = crate::source::FileSource::open(&args.trace)?;
-        Ok(
-            memcast::run_from(&mut source, &config, &mut |_| {}, &crate::source::Threads)
-                .with_context(|| format!("failed to estimate {:?}", args.trace))?
-                .value,
-        )
-    };
+    let estimate = || crate::source::estimate_files(&args.traces, &config);
     let mut out = String::new();
     if let Some(base) = &args.link.link {
         // The page fingerprints the file while it estimates; so does this.
         let (report, trace) = std::thread::scope(|scope| {
-            let trace = scope.spawn(|| crate::settings::identify(&args.trace));
+            let trace = scope.spawn(|| crate::settings::identify_all(&args.traces));
             let report = estimate();
             (report, trace.join())
         });

@@ -61,6 +61,16 @@ pub struct SettingsArgs {
     /// Add `torch.amp.GradScaler` state (an fp16 run scaling its loss).
     #[arg(long)]
     grad_scaler: bool,
+    /// Estimate the job with N repeated blocks (layers) per stack, from a
+    /// trace of fewer (e.g. 2 traced, 32 estimated): the repeated block is
+    /// found from its module frames and copied, and the whole job simulated.
+    #[arg(long, value_name = "N")]
+    layers: Option<u32>,
+    /// Estimate the job at sequence length L: from one trace (its recorded
+    /// shapes say which sizes grow with the length) or from two or three
+    /// traces of the job at shorter lengths (each size fitted across them).
+    #[arg(long = "seq-len", value_name = "L")]
+    seq_len: Option<u32>,
 }
 
 /// `--autocast`.
@@ -100,6 +110,8 @@ impl SettingsArgs {
             }),
             autocast_policy: self.autocast_policy.clone(),
             grad_scaler: self.grad_scaler,
+            layers: self.layers,
+            seq_len: self.seq_len,
         };
         settings.gpus = settings.gpu_specs();
         settings
@@ -137,6 +149,16 @@ pub fn identify(path: &Path) -> anyhow::Result<TraceIdentity> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     Ok(fingerprint.finish(&name))
+}
+
+/// The identity of one trace, or of several given together (their names
+/// joined with ` + `, their sizes added, the hash of their hashes).
+pub fn identify_all(paths: &[std::path::PathBuf]) -> anyhow::Result<TraceIdentity> {
+    let ids = paths
+        .iter()
+        .map(|p| identify(p))
+        .collect::<anyhow::Result<Vec<TraceIdentity>>>()?;
+    Ok(permalink::TraceIdentity::joined(&ids))
 }
 
 /// The permalink line for a result.

@@ -272,3 +272,40 @@ impl memcast::Parallel for Threads {
         done.into_iter().map(|(_, run)| run).collect()
     }
 }
+
+/// Estimates one trace, or several of one job at different sequence lengths
+/// (read in turn, then rebuilt at the configured length).
+pub fn estimate_files(
+    paths: &[std::path::PathBuf],
+    config: &memcast::Config,
+) -> anyhow::Result<memcast::report::Report> {
+    let what = || {
+        paths
+            .iter()
+            .map(|p| format!("{p:?}"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    if let [path] = paths {
+        let mut source = FileSource::open(path)?;
+        return Ok(memcast::run_from(&mut source, config, &mut |_| {}, &Threads)
+            .with_context(|| format!("failed to estimate {}", what()))?
+            .value);
+    }
+    let mut sources = paths
+        .iter()
+        .map(|p| FileSource::open(p))
+        .collect::<anyhow::Result<Vec<FileSource>>>()?;
+    let mut dyns: Vec<&mut dyn TraceSource> = sources
+        .iter_mut()
+        .map(|s| s as &mut dyn TraceSource)
+        .collect();
+    let prepared = memcast::pipeline::prepare_many_from(&mut dyns, config, &mut |_| {})
+        .with_context(|| format!("failed to estimate {}", what()))?;
+    Ok(
+        memcast::estimate_with(&prepared, config, &mut |_| {}, &Threads)
+            .with_context(|| format!("failed to estimate {}", what()))?
+            .value,
+    )
+}
+

@@ -1,0 +1,168 @@
+//! The repeated blocks of a trace: `nn.Module: Class_k` frames of one class
+//! that are siblings under one parent module (`LlamaDecoderLayer_0`,
+//! `LlamaDecoderLayer_1` under `LlamaModel_0`), the outermost such group, and
+//! the time each instance ran.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::trace::{PythonEvent, Trace};
+
+/// `nn.Module: Class_k` split into its class and instance number.
+pub(crate) fn module_name(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_prefix("nn.Module: ")?;
+    let (class, k) = rest.rsplit_once('_')?;
+    let k = k.parse().ok()?;
+    (!class.is_empty()).then_some((class, k))
+}
+
+/// One module frame of the trace.
+#[derive(Debug, Clone)]
+pub(crate) struct ModuleFrame {
+    /// Index in [`Trace::python`].
+    pub python: usize,
+    pub class: String,
+    pub k: u32,
+    pub start: i64,
+    pub end: i64,
+    /// The module frames around it, innermost first, as (class, k).
+    pub ancestors: Vec<(String, u32)>,
+}
+
+/// A group of sibling instances of one module class: a stack of blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stack {
+    pub class: String,
+    /// The parent module (`Class_k`), empty at the top.
+    pub parent: String,
+    /// Instance numbers in order.
+    pub instances: Vec<u32>,
+    /// `[memory]` events inside the first call of each instance.
+    pub events: usize,
+}
+
+/// Every module frame, with its module ancestors.
+pub(crate) fn module_frames(trace: &Trace) -> Vec<ModuleFrame> {
+    let by_id: HashMap<i64, usize> = trace
+        .python
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.id.map(|id| (id, i)))
+        .collect();
+    let mut out = Vec::new();
+    for (i, p) in trace.python.iter().enumerate() {
+        let Some((class, k)) = module_name(trace.name(p.name)) else {
+            continue;
+        };
+        out.push(ModuleFrame {
+            python: i,
+            class: class.to_owned(),
+            k,
+            start: p.start.get(),
+            end: p.start.get().saturating_add(p.dur.get()),
+            ancestors: ancestors(trace, p, &by_id),
+        });
+    }
+    out
+}
+
+/// The module frames above `frame`, innermost first (a bounded walk: a
+/// broken parent chain ends it).
+fn ancestors(trace: &Trace, frame: &PythonEvent, by_id: &HashMap<i64, usize>) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    let mut parent = frame.parent_id;
+    let mut steps = 0;
+    while let Some(id) = parent {
+        steps += 1;
+        if steps > 4096 {
+            break;
+        }
+        let Some(p) = by_id.get(&id).and_then(|&i| trace.python.get(i)) else {
+            break;
+        };
+        if let Some((class, k)) = module_name(trace.name(p.name)) {
+            out.push((class.to_owned(), k));
+        }
+        if p.parent_id == Some(id) {
+            break;
+        }
+        parent = p.parent_id;
+    }
+    out
+}
+
+/// The stacks to repeat: sibling groups of one class with two or more
+/// instances, not inside an instance of another group; the one whose first
+/// calls hold the most `[memory]` events, and every other group with as
+/// many instances and at least half its events (T5's encoder and decoder).
+pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
+    let mut groups: BTreeMap<(String, String), BTreeSet<u32>> = BTreeMap::new();
+    for f in frames {
+        let parent = f
+            .ancestors
+            .first()
+            .map(|(c, k)| format!("{c}_{k}"))
+            .unwrap_or_default();
+        groups.entry((f.class.clone(), parent)).or_default().insert(f.k);
+    }
+    let candidates: Vec<((String, String), BTreeSet<u32>)> =
+        groups.into_iter().filter(|(_, ks)| ks.len() >= 2).collect();
+    let member = |class: &str, k: u32| {
+        candidates
+            .iter()
+            .any(|((c, _), ks)| c == class && ks.contains(&k))
+    };
+    let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
+    let mut stacks: Vec<Stack> = Vec::new();
+    for ((class, parent), ks) in &candidates {
+        let nested = frames.iter().any(|f| {
+            &f.class == class
+                && ks.contains(&f.k)
+                && f.ancestors.iter().any(|(c, k)| member(c, *k))
+        });
+        if nested {
+            continue;
+        }
+        let events = ks
+            .iter()
+            .filter_map(|k| frames.iter().find(|f| &f.class == class && f.k == *k))
+            .map(|f| {
+                let lo = ts.partition_point(|&t| t < f.start);
+                let hi = ts.partition_point(|&t| t <= f.end);
+                hi.saturating_sub(lo)
+            })
+            .sum();
+        stacks.push(Stack {
+            class: class.clone(),
+            parent: parent.clone(),
+            instances: ks.iter().copied().collect(),
+            events,
+        });
+    }
+    let Some(best) = stacks.iter().max_by_key(|s| (s.events, s.instances.len())).cloned() else {
+        return Vec::new();
+    };
+    if best.events == 0 {
+        return Vec::new();
+    }
+    stacks.retain(|s| {
+        s == &best || (s.instances.len() == best.instances.len() && s.events * 2 >= best.events)
+    });
+    stacks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_names_split_at_the_last_underscore() {
+        assert_eq!(
+            module_name("nn.Module: LlamaDecoderLayer_12"),
+            Some(("LlamaDecoderLayer", 12))
+        );
+        assert_eq!(module_name("nn.Module: My_Block_3"), Some(("My_Block", 3)));
+        assert_eq!(module_name("nn.Module: Linear"), None);
+        assert_eq!(module_name("forward"), None);
+        assert_eq!(module_name("nn.Module: _3"), None);
+    }
+}

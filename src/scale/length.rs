@@ -1,0 +1,549 @@
+//! `--seq-len L` from one trace: each allocation's size is rescaled by how
+//! it depends on the sequence length T — not at all, as T, or as T² — read
+//! from the shapes `record_shapes` wrote.
+//!
+//! The rule, per block (an allocation and its free, in time order):
+//! - **Shapes bound it from above**: every op that reads the block names its
+//!   dims; the dims equal to T (or to batch × T, a flattened batch) are the
+//!   length's; the block grows at most as T to the fewest such dims any
+//!   reader shows.
+//! - **Data flow bounds it too**: the op that allocated it read inputs whose
+//!   blocks were sized before; an element-wise op, a copy, a reduction or a
+//!   concatenation makes nothing longer than its longest input (the largest
+//!   input power); a matrix product (mm, bmm, matmul, einsum, linear,
+//!   attention, convolution and their backward nodes) at most the sum of its
+//!   inputs' powers (`q @ kᵀ` is T²). Tensors from before the trace are
+//!   weights and buffers (power 0: a rotary `inv_freq` of T entries is not
+//!   the length), except integer inputs and what the data loader makes,
+//!   which the length shapes.
+//! - The power is the smaller bound: a head of 64 at a length of 64 makes
+//!   `[B, H, 64, 64]` look like T² to its readers, but the rotary
+//!   half it came from (`[B, H, T, 64]`) was T, so it is T.
+//!
+//! Every recorded dim, stride and view size of a block's readers is rescaled
+//! the same way, so the analyzer matches reads to the rebuilt blocks.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::fit::div_round;
+use super::{LengthFacts, ScaleError};
+use crate::diag::Warning;
+use crate::trace::{Dtype, TensorArg, TensorInput, Trace};
+
+/// The sequence length of a trace: the last dim of the indices of its first
+/// `aten::embedding` (token ids `[B, T]`), and the batch (their first dim).
+pub(super) fn traced_shape(trace: &Trace) -> Option<(u32, u32)> {
+    let op = trace
+        .ops
+        .iter()
+        .filter(|o| trace.name(o.name) == "aten::embedding")
+        .min_by_key(|o| o.start)?;
+    let indices = trace.tensor_args(op).iter().find(|a| a.position == 1)?;
+    let dims = trace.numbers(indices.dims);
+    let t = u32::try_from(*dims.last()?).ok().filter(|&t| t > 1)?;
+    let b = if dims.len() >= 2 {
+        dims.first().and_then(|&b| u32::try_from(b).ok()).unwrap_or(1)
+    } else {
+        1
+    };
+    Some((t, b.max(1)))
+}
+
+/// The sequence length of a trace (see [`traced_shape`]).
+pub(super) fn traced_length(trace: &Trace) -> Option<u32> {
+    traced_shape(trace).map(|(t, _)| t)
+}
+
+/// Recomputes `Total Allocated` after sizes changed.
+pub(super) fn rescale_total(trace: &mut Trace) {
+    let base = trace
+        .memory
+        .first()
+        .and_then(|m| m.total_allocated.map(|t| t - m.bytes));
+    let mut total = base.unwrap_or(0);
+    for m in &mut trace.memory {
+        total = total.saturating_add(m.bytes);
+        if m.total_allocated.is_some() {
+            m.total_allocated = Some(total);
+        }
+    }
+}
+
+/// Names of ops whose output may grow as the sum of their inputs' powers.
+const PRODUCTS: &[&str] = &["mm", "matmul", "einsum", "linear", "attention", "conv", "bmm"];
+
+fn is_product(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    PRODUCTS.iter().any(|p| lower.contains(p))
+}
+
+/// The trace at length `len`, rebuilt from one trace.
+pub(super) fn lengthen(
+    trace: &Trace,
+    len: u32,
+    warnings: &mut Vec<Warning>,
+) -> Result<(Trace, LengthFacts), ScaleError> {
+    let (t, batch) = traced_shape(trace).ok_or(ScaleError::LengthNotFound)?;
+    let mut facts = LengthFacts {
+        traced: vec![t],
+        estimated: len,
+        method: "shapes".to_owned(),
+        linear: 0,
+        quadratic: 0,
+    };
+    if t == len {
+        return Ok((trace.clone(), facts));
+    }
+    let mut shape = Shapes::new(trace, t, batch);
+    let powers = shape.powers();
+    let mut out = trace.clone();
+    let partner = pair(trace);
+    let (num, den) = (i128::from(len), i128::from(t));
+    let mut new_size: HashMap<usize, i64> = HashMap::new();
+    for (i, m) in trace.memory.iter().enumerate() {
+        if m.bytes <= 0 {
+            continue;
+        }
+        let k = powers.block.get(&i).copied().unwrap_or(0);
+        match k {
+            1 => facts.linear += 1,
+            2 => facts.quadratic += 1,
+            _ => {}
+        }
+        let v = div_round(i128::from(m.bytes) * num.pow(k), den.pow(k));
+        new_size.insert(i, i64::try_from(v).unwrap_or(i64::MAX));
+    }
+    for (i, m) in out.memory.iter_mut().enumerate() {
+        if m.bytes > 0 {
+            m.bytes = new_size.get(&i).copied().unwrap_or(m.bytes);
+        } else if let Some(a) = partner.get(i).copied().flatten() {
+            m.bytes = -new_size.get(&a).copied().unwrap_or(-m.bytes);
+        }
+    }
+    rescale_total(&mut out);
+    // Dims, strides and view sizes of every read, by the power of what it reads.
+    for (arg_index, k) in &powers.args {
+        let Some(arg) = trace.op_args.tensors.get(*arg_index).copied() else {
+            continue;
+        };
+        rescale_arg(&mut out, &arg, *k, t, batch, len);
+    }
+    for (op, k) in &powers.views {
+        let Some(o) = trace.ops.get(*op) else { continue };
+        for c in trace.concrete_args(o) {
+            let span = c.values;
+            rescale_values(&mut out.op_args.numbers, span.range(), *k, t, batch, len);
+        }
+    }
+    rebuild_inputs(&mut out);
+    if shape.ambiguous {
+        warnings.push(Warning::new(
+            "seq_len_ambiguous",
+            format!("the traced sequence length {t} equals another dimension of the model's tensors (e.g. a head size), so some shapes name it twice; each tensor's growth was taken from the data flow, which is a guess where it cannot tell them apart: trace at a length no other dimension has, or give two traces at different lengths"),
+        ));
+    }
+    Ok((out, facts))
+}
+
+/// Rescales the first `k` length dims of a tensor argument and the strides
+/// above them.
+fn rescale_arg(out: &mut Trace, arg: &TensorArg, k: u32, t: u32, batch: u32, len: u32) {
+    if k == 0 {
+        return;
+    }
+    let dims: Vec<i64> = out.numbers(arg.dims).to_vec();
+    let strides: Option<Vec<i64>> = arg.strides.map(|s| out.numbers(s).to_vec());
+    let chosen = length_dims(&dims, k, t, batch);
+    let mut new_dims = dims.clone();
+    let mut new_strides = strides.clone();
+    for &j in &chosen {
+        let (Some(d), Some(slot)) = (dims.get(j), new_dims.get_mut(j)) else {
+            continue;
+        };
+        *slot = scale(*d, t, len);
+        if let (Some(old), Some(new)) = (&strides, &mut new_strides) {
+            let Some(&sj) = old.get(j) else { continue };
+            for (i, s) in old.iter().enumerate() {
+                if *s > sj && sj > 0 {
+                    if let Some(slot) = new.get_mut(i) {
+                        *slot = scale(*slot, t, len);
+                    }
+                }
+            }
+        }
+    }
+    for (i, d) in arg.dims.range().zip(new_dims) {
+        if let Some(slot) = out.op_args.numbers.get_mut(i) {
+            *slot = d;
+        }
+    }
+    if let (Some(span), Some(new)) = (arg.strides, new_strides) {
+        for (i, s) in span.range().zip(new) {
+            if let Some(slot) = out.op_args.numbers.get_mut(i) {
+                *slot = s;
+            }
+        }
+    }
+}
+
+/// Rescales the first `k` length values of a view's size list.
+fn rescale_values(
+    numbers: &mut [i64],
+    range: std::ops::Range<usize>,
+    k: u32,
+    t: u32,
+    batch: u32,
+    len: u32,
+) {
+    if k == 0 {
+        return;
+    }
+    let values: Vec<i64> = numbers.get(range.clone()).unwrap_or_default().to_vec();
+    for j in length_dims(&values, k, t, batch) {
+        if let Some(slot) = numbers.get_mut(range.start + j) {
+            *slot = scale(*slot, t, len);
+        }
+    }
+}
+
+/// `d · len / t`, rounded.
+fn scale(d: i64, t: u32, len: u32) -> i64 {
+    i64::try_from(div_round(i128::from(d) * i128::from(len), i128::from(t))).unwrap_or(d)
+}
+
+/// The positions of the `k` dims to rescale: flattened batch × T dims
+/// first, then dims equal to T from the left (the length comes before a
+/// head's width in every layout PyTorch's attention uses).
+fn length_dims(dims: &[i64], k: u32, t: u32, batch: u32) -> Vec<usize> {
+    let (t, bt) = (i64::from(t), i64::from(t) * i64::from(batch));
+    let mut out: Vec<usize> = Vec::new();
+    if batch > 1 {
+        out.extend(dims.iter().enumerate().filter(|(_, &d)| d == bt).map(|(i, _)| i));
+    }
+    out.extend(dims.iter().enumerate().filter(|(_, &d)| d == t).map(|(i, _)| i));
+    out.truncate(k as usize);
+    out
+}
+
+/// How many of `dims` are the length's.
+fn length_count(dims: &[i64], t: u32, batch: u32) -> u32 {
+    let (t, bt) = (i64::from(t), i64::from(t) * i64::from(batch));
+    let n = dims
+        .iter()
+        .filter(|&&d| d == t || (batch > 1 && d == bt))
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Each allocation paired with its free, and back.
+fn pair(trace: &Trace) -> Vec<Option<usize>> {
+    let mut out = vec![None; trace.memory.len()];
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    for (i, m) in trace.memory.iter().enumerate() {
+        if m.bytes > 0 {
+            open.insert(m.addr, i);
+        } else if let Some(a) = open.remove(&m.addr) {
+            if let Some(s) = out.get_mut(a) {
+                *s = Some(i);
+            }
+            if let Some(s) = out.get_mut(i) {
+                *s = Some(a);
+            }
+        }
+    }
+    out
+}
+
+/// The powers found: per allocation event, per tensor argument, per view op.
+struct Powers {
+    block: HashMap<usize, u32>,
+    args: BTreeMap<usize, u32>,
+    views: BTreeMap<usize, u32>,
+}
+
+/// The reads of a trace matched to its blocks.
+struct Shapes<'a> {
+    trace: &'a Trace,
+    t: u32,
+    batch: u32,
+    ambiguous: bool,
+    /// Op indices by start (longer first).
+    order: Vec<usize>,
+    /// Data loader spans.
+    loader: Vec<(i64, i64)>,
+}
+
+impl<'a> Shapes<'a> {
+    fn new(trace: &'a Trace, t: u32, batch: u32) -> Shapes<'a> {
+        let mut order: Vec<usize> = (0..trace.ops.len()).collect();
+        order.sort_by_key(|&i| {
+            trace
+                .ops
+                .get(i)
+                .map(|o| (o.start, std::cmp::Reverse(o.dur)))
+        });
+        let loader = trace
+            .annotations
+            .iter()
+            .filter(|a| {
+                let n = trace.name(a.name);
+                n.contains("DataLoader") && n.contains("__next__")
+            })
+            .map(|a| (a.start.get(), a.start.get() + a.dur.get()))
+            .collect();
+        Shapes {
+            trace,
+            t,
+            batch,
+            ambiguous: false,
+            order,
+            loader,
+        }
+    }
+
+    /// The byte extent a tensor argument reads (from dims and strides).
+    fn extent(&self, arg: &TensorArg, elsize: u64) -> u64 {
+        let dims = self.trace.numbers(arg.dims);
+        if dims.contains(&0) {
+            return 0;
+        }
+        let elems = match arg.strides.map(|s| self.trace.numbers(s)) {
+            Some(strides) if strides.len() == dims.len() => dims
+                .iter()
+                .zip(strides)
+                .map(|(&d, &s)| (d - 1).max(0).saturating_mul(s.max(0)))
+                .sum::<i64>()
+                .saturating_add(1),
+            _ => dims.iter().product::<i64>(),
+        };
+        u64::try_from(elems.max(0)).unwrap_or(0).saturating_mul(elsize)
+    }
+
+    fn elsize(&self, arg: &TensorArg) -> Option<u64> {
+        arg.dtype
+            .and_then(|d| crate::trace::dtype_size(self.trace.name(d)))
+    }
+
+    fn is_float(&self, arg: &TensorArg) -> bool {
+        arg.dtype
+            .and_then(|d| Dtype::from_name(self.trace.name(d)))
+            .is_some_and(|d| d.size().is_some())
+    }
+
+    fn in_loader(&self, ts: i64) -> bool {
+        self.loader.iter().any(|&(s, e)| s <= ts && ts <= e)
+    }
+
+    /// Sweeps ops and `[memory]` events in time order: matches each op's
+    /// tensor arguments to live blocks, bounds each block from its readers'
+    /// shapes, then gives each block its power from the op that made it.
+    fn powers(&mut self) -> Powers {
+        let trace = self.trace;
+        let partner = pair(trace);
+        // Pass 1: reads of live blocks, and the op stack at each allocation.
+        let mut live: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        let mut reads: Vec<(usize, usize, Option<usize>)> = Vec::new(); // (op, arg, block)
+        let mut maker: HashMap<usize, Vec<usize>> = HashMap::new(); // block -> op stack
+        let mut stack: Vec<usize> = Vec::new();
+        let mut next_op = 0;
+        for (i, m) in trace.memory.iter().enumerate() {
+            let ts = m.ts.get();
+            while let Some(&oi) = self.order.get(next_op) {
+                let Some(o) = trace.ops.get(oi) else { break };
+                if o.start.get() > ts {
+                    break;
+                }
+                next_op += 1;
+                let start = o.start.get();
+                stack.retain(|&s| trace.ops.get(s).is_some_and(|p| p.start.get() + p.dur.get() >= start));
+                stack.push(oi);
+                self.read_args(oi, &live, &mut reads);
+            }
+            stack.retain(|&s| trace.ops.get(s).is_some_and(|p| p.start.get() + p.dur.get() >= ts));
+            let size = u64::try_from(m.bytes.unsigned_abs()).unwrap_or(0);
+            if m.bytes > 0 {
+                live.entry(size).or_default().push(i);
+                maker.insert(i, stack.clone());
+            } else if let Some(a) = partner.get(i).copied().flatten() {
+                let asize = trace.memory.get(a).map_or(0, |x| x.bytes.unsigned_abs());
+                if let Some(v) = live.get_mut(&asize) {
+                    v.retain(|&b| b != a);
+                }
+            }
+        }
+        // ops after the last event still read
+        while let Some(&oi) = self.order.get(next_op) {
+            next_op += 1;
+            self.read_args(oi, &live, &mut reads);
+        }
+        let mut upper: HashMap<usize, u32> = HashMap::new();
+        let mut args_of: HashMap<usize, Vec<(usize, Option<usize>)>> = HashMap::new();
+        for &(op, arg, block) in &reads {
+            args_of.entry(op).or_default().push((arg, block));
+            if let (Some(b), Some(a)) = (block, trace.op_args.tensors.get(arg)) {
+                let n = length_count(trace.numbers(a.dims), self.t, self.batch);
+                let e = upper.entry(b).or_insert(u32::MAX);
+                *e = (*e).min(n);
+            }
+        }
+        // Pass 2: powers in allocation order.
+        let mut block: HashMap<usize, u32> = HashMap::new();
+        for (i, m) in trace.memory.iter().enumerate() {
+            if m.bytes <= 0 {
+                continue;
+            }
+            let ops = maker.get(&i).cloned().unwrap_or_default();
+            let bound = ops
+                .iter()
+                .rev()
+                .find_map(|&op| {
+                    let args = args_of.get(&op)?;
+                    if args.is_empty() {
+                        return None;
+                    }
+                    let o = trace.ops.get(op)?;
+                    let powers = args.iter().map(|&(arg, b)| self.arg_power(arg, b, &block, o.start.get()));
+                    Some(if is_product(trace.name(o.name)) {
+                        powers.sum::<u32>()
+                    } else {
+                        powers.max().unwrap_or(0)
+                    })
+                })
+                .unwrap_or(0);
+            let up = upper.get(&i).copied().unwrap_or(u32::MAX);
+            if up != u32::MAX && up > bound {
+                self.ambiguous |= up >= 2;
+            }
+            block.insert(i, up.min(bound).min(2));
+        }
+        let mut args = BTreeMap::new();
+        for &(op, arg, b) in &reads {
+            let ts = trace.ops.get(op).map_or(0, |o| o.start.get());
+            args.insert(arg, self.arg_power(arg, b, &block, ts));
+        }
+        // A view's size list follows its input (the op's first tensor).
+        let views = trace
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.concrete.len > 0 && o.tensors.len > 0)
+            .filter_map(|(i, o)| Some((i, *args.get(&(o.tensors.start as usize))?)))
+            .collect();
+        Powers {
+            block,
+            args,
+            views,
+        }
+    }
+
+    /// The power of one argument: its block's, or for a tensor from before
+    /// the trace its length dims if it is integer data or the loader's.
+    fn arg_power(&self, arg: usize, block: Option<usize>, powers: &HashMap<usize, u32>, ts: i64) -> u32 {
+        if let Some(b) = block {
+            return powers.get(&b).copied().unwrap_or(0);
+        }
+        let Some(a) = self.trace.op_args.tensors.get(arg) else {
+            return 0;
+        };
+        let integer = a.dtype.is_some() && !self.is_float(a);
+        if integer || self.in_loader(ts) {
+            length_count(self.trace.numbers(a.dims), self.t, self.batch).min(2)
+        } else {
+            0
+        }
+    }
+
+    /// Matches the tensor arguments of op `oi` to the live blocks: the
+    /// smallest block at least as large as the bytes it reads and at most
+    /// twice that (a slice reads less than its storage), the latest of them.
+    fn read_args(
+        &self,
+        oi: usize,
+        live: &BTreeMap<u64, Vec<usize>>,
+        reads: &mut Vec<(usize, usize, Option<usize>)>,
+    ) {
+        let Some(o) = self.trace.ops.get(oi) else {
+            return;
+        };
+        let range = o.tensors.range();
+        let default_size = self
+            .trace
+            .op_args
+            .tensors
+            .get(range.clone())
+            .unwrap_or_default()
+            .iter()
+            .find_map(|a| self.elsize(a))
+            .unwrap_or(4);
+        for ai in range {
+            let Some(a) = self.trace.op_args.tensors.get(ai) else {
+                continue;
+            };
+            let extent = self.extent(a, self.elsize(a).unwrap_or(default_size));
+            let block = if extent == 0 {
+                None
+            } else {
+                live.range(extent..=extent.saturating_mul(2))
+                    .find_map(|(_, v)| v.last().copied())
+            };
+            reads.push((oi, ai, block));
+        }
+    }
+}
+
+/// The autocast view ([`Trace::tensor_args`]) made again from the
+/// rescaled dims, as the reader makes it.
+fn rebuild_inputs(trace: &mut Trace) {
+    let mut inputs = Vec::with_capacity(trace.tensor_args.len());
+    let mut ranges = Vec::with_capacity(trace.ops.len());
+    for o in &trace.ops {
+        let first = u32::try_from(inputs.len()).unwrap_or(u32::MAX);
+        for t in trace.op_args.tensors.get(o.tensors.range()).unwrap_or_default() {
+            let numel = trace
+                .numbers(t.dims)
+                .iter()
+                .try_fold(1_u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
+                .unwrap_or(0);
+            let dtype = t.dtype.and_then(|id| Dtype::from_name(trace.name(id)));
+            if dtype.is_none() && t.list_index.is_none() {
+                continue;
+            }
+            inputs.push(TensorInput {
+                numel,
+                dtype,
+                in_list: t.list_index.is_some(),
+            });
+        }
+        ranges.push(first..u32::try_from(inputs.len()).unwrap_or(u32::MAX));
+    }
+    for (o, r) in trace.ops.iter_mut().zip(ranges) {
+        o.tensor_args = r;
+    }
+    trace.tensor_args = inputs;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_dims_prefer_the_flattened_batch_then_the_left() {
+        // [B, H, T, D/2] at T = 32 = D/2: the length is the left 32.
+        assert_eq!(length_dims(&[4, 12, 32, 32], 1, 32, 4), [2]);
+        assert_eq!(length_dims(&[4, 12, 32, 32], 2, 32, 4), [2, 3]);
+        // [B·T, d]
+        assert_eq!(length_dims(&[128, 768], 1, 32, 4), [0]);
+        assert_eq!(length_count(&[4, 32, 768], 32, 4), 1);
+        assert_eq!(length_count(&[768, 768], 32, 4), 0);
+    }
+
+    #[test]
+    fn products_are_named_as_pytorch_names_them() {
+        for op in ["aten::mm", "aten::bmm", "aten::linear", "MmBackward0", "aten::einsum", "aten::_scaled_dot_product_flash_attention_for_cpu"] {
+            assert!(is_product(op), "{op}");
+        }
+        for op in ["aten::add", "aten::cat", "aten::softmax", "aten::mul"] {
+            assert!(!is_product(op), "{op}");
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Stage 0½ — **scale**: the trace of the job the user will run, rebuilt
+//! from a trace of a smaller one (issue 24, "trace small, run big").
+//!
+//! Input: one parsed [`Trace`] (or several of the same job at other sequence
+//! lengths) and a [`Target`]: the number of repeated blocks (`--layers`) and
+//! the sequence length (`--seq-len`). Output: a [`Trace`] as the profiler
+//! would have written it for that job, and [`ScaleFacts`] saying what was
+//! rebuilt. Everything downstream — analyzer, orchestrator rules, simulator —
+//! sees the rebuilt trace exactly as if it had been traced, so the allocator
+//! replays the full sequence (the peak moves between phases as depth and
+//! length grow: it is found again, never scaled).
+//!
+//! Invariants:
+//! - Pure and deterministic, like every stage.
+//! - The identity target (the traced depth and length) returns the trace as
+//!   it is.
+//! - What cannot be rebuilt is refused with its reason ([`ScaleError`]),
+//!   never guessed.
+
+mod depth;
+mod fit;
+mod frames;
+mod length;
+
+use serde::{Deserialize, Serialize};
+
+use crate::diag::{Warned, Warning};
+use crate::trace::Trace;
+use crate::units::Bytes;
+
+/// The job to estimate, when it differs from the traced one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    /// Repeated blocks per stack (`None`: as traced).
+    pub layers: Option<u32>,
+    /// Sequence length (`None`: as traced).
+    pub seq_len: Option<u32>,
+}
+
+impl Target {
+    /// Nothing to rebuild.
+    pub fn is_identity(&self) -> bool {
+        self.layers.is_none() && self.seq_len.is_none()
+    }
+}
+
+/// One stack of repeated blocks found in the trace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackFacts {
+    /// The block's module class (`LlamaDecoderLayer`).
+    pub block: String,
+    /// The module the blocks are called from (`LlamaModel_0`).
+    pub parent: String,
+    /// The traced block that was copied (`LlamaDecoderLayer_1`).
+    pub template: String,
+    /// Bytes the template allocated in its first forward call.
+    pub bytes_per_call: Bytes,
+}
+
+/// What `--layers` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DepthFacts {
+    /// Blocks per stack in the trace.
+    pub traced: u32,
+    /// Blocks per stack estimated.
+    pub estimated: u32,
+    pub stacks: Vec<StackFacts>,
+}
+
+/// What `--seq-len` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LengthFacts {
+    /// The traced sequence lengths (one per trace, ascending).
+    pub traced: Vec<u32>,
+    pub estimated: u32,
+    /// How the sizes were found: `shapes` (one trace: from the recorded
+    /// shapes) or `fit` (several traces: each size fitted across them).
+    pub method: String,
+    /// Allocations whose size grows with the length, as T and as T².
+    pub linear: usize,
+    pub quadratic: usize,
+}
+
+/// What was rebuilt, for the report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleFacts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<DepthFacts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub length: Option<LengthFacts>,
+}
+
+impl ScaleFacts {
+    /// Nothing was rebuilt.
+    pub fn is_empty(&self) -> bool {
+        self.depth.is_none() && self.length.is_none()
+    }
+}
+
+/// Why a trace could not be rebuilt for the target.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScaleError {
+    #[error("the trace has no nn.Module frames, so its repeated blocks cannot be found: profile with torch.profiler.profile(with_stack=True) to estimate another number of layers")]
+    NoModuleFrames,
+    #[error("no repeated block was found: the layers are found as two or more calls of one module class under one parent (e.g. LlamaDecoderLayer_0, LlamaDecoderLayer_1); trace the model with at least two of its blocks")]
+    NoRepeatedBlock,
+    #[error("the blocks of {block} cannot be repeated: {reason}; trace the model at a depth where its blocks are alike, or estimate the traced depth")]
+    BlocksDiffer { block: String, reason: String },
+    #[error("the trace has {first_count} blocks of {first} but {other_count} of {other}: the number of layers is ambiguous; trace both stacks at the same depth")]
+    StacksDiffer {
+        first: String,
+        first_count: usize,
+        other: String,
+        other_count: usize,
+    },
+    #[error("the trace has {traced} blocks and {layers} were asked for: give a number of layers of at least {traced} (trace fewer blocks to estimate fewer)")]
+    FewerLayers { traced: u32, layers: u32 },
+    #[error("the number of layers must be at least 1")]
+    ZeroLayers,
+    #[error("the sequence length must be at least 1")]
+    ZeroLength,
+    #[error("the sequence length of the trace could not be found: its first embedding or model input was not recorded with shapes; profile with record_shapes=True, or give two or three traces of the job at different lengths")]
+    LengthNotFound,
+    #[error("the traces are not the same job: {0}; give traces of one job that differ only in the sequence length")]
+    NotTheSameJob(String),
+    #[error("the traces have the same sequence length ({0}): give traces at different lengths")]
+    SameLength(u32),
+    #[error("several traces need a sequence length to estimate: add --seq-len (or its field on the page)")]
+    SeveralWithoutLength,
+}
+
+/// The trace of the target job: `trace` itself for the identity target,
+/// else rebuilt to the target's length and then depth.
+pub fn scale(trace: &Trace, target: &Target) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
+    scale_many(std::slice::from_ref(trace), target)
+}
+
+/// Like [`scale`] for one or more traces of the same job at different
+/// sequence lengths (two or three: each size is fitted across them).
+pub fn scale_many(
+    traces: &[Trace],
+    target: &Target,
+) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
+    let mut warnings = Vec::new();
+    let mut facts = ScaleFacts::default();
+    if target.layers == Some(0) {
+        return Err(ScaleError::ZeroLayers);
+    }
+    if target.seq_len == Some(0) {
+        return Err(ScaleError::ZeroLength);
+    }
+    let Some((first, rest)) = traces.split_first() else {
+        return Err(ScaleError::SeveralWithoutLength);
+    };
+    let lengthened = match target.seq_len {
+        Some(len) if rest.is_empty() => {
+            let (trace, f) = length::lengthen(first, len, &mut warnings)?;
+            facts.length = Some(f);
+            Some(trace)
+        }
+        Some(len) => {
+            let (trace, f) = fit::fit(traces, len, &mut warnings)?;
+            facts.length = Some(f);
+            Some(trace)
+        }
+        None if rest.is_empty() => None,
+        None => return Err(ScaleError::SeveralWithoutLength),
+    };
+    let base = lengthened.as_ref().unwrap_or(first);
+    let out = match target.layers {
+        Some(layers) => {
+            let (trace, f) = depth::deepen(base, layers, &mut warnings)?;
+            facts.depth = Some(f);
+            trace
+        }
+        None => lengthened.unwrap_or_else(|| first.clone()),
+    };
+    if !facts.is_empty() {
+        warnings.push(Warning::new("scaled", describe(&facts)));
+    }
+    Ok(Warned {
+        value: (out, facts),
+        warnings,
+    })
+}
+
+/// One sentence on what was rebuilt, for the report's warnings.
+pub fn describe(facts: &ScaleFacts) -> String {
+    let mut parts = Vec::new();
+    if let Some(d) = &facts.depth {
+        let blocks: Vec<String> = d
+            .stacks
+            .iter()
+            .map(|s| format!("{} (in {})", s.block, s.parent))
+            .collect();
+        parts.push(format!(
+            "estimated with {} blocks of {} per stack from a trace of {}",
+            d.estimated,
+            blocks.join(" and "),
+            d.traced
+        ));
+    }
+    if let Some(l) = &facts.length {
+        let traced: Vec<String> = l.traced.iter().map(u32::to_string).collect();
+        parts.push(format!(
+            "at sequence length {} derived from {} ({} allocations growing as T, {} as T², {})",
+            l.estimated,
+            if traced.len() == 1 {
+                format!("one trace at length {}", traced.join(""))
+            } else {
+                format!("traces at lengths {}", traced.join(", "))
+            },
+            l.linear,
+            l.quadratic,
+            if l.method == "fit" {
+                "each size fitted across the traces"
+            } else {
+                "found from the recorded shapes"
+            }
+        ));
+    }
+    format!(
+        "this is not the traced job: {}; the rebuilt sequence was simulated in full",
+        parts.join(", ")
+    )
+}
