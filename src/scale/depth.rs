@@ -177,13 +177,27 @@ fn stack_parts(
     else {
         return Err(ScaleError::NoRepeatedBlock);
     };
+    // A block's call reaches to whatever starts next: the loop around the
+    // blocks drops the block's input when the call returns (`hidden_states =
+    // block(hidden_states)`), before the next block starts.
+    let mut starts: Vec<i64> = trace
+        .ops
+        .iter()
+        .map(|o| o.start.get())
+        .chain(trace.python.iter().map(|p| p.start.get()))
+        .collect();
+    starts.sort_unstable();
+    let reach = |end: i64| -> i64 {
+        let i = starts.partition_point(|&x| x <= end);
+        starts.get(i).map_or(end, |&next| (next - 1).max(end))
+    };
     let calls = |k: u32| -> Vec<Seg> {
         let mut v: Vec<Seg> = frames
             .iter()
             .filter(|f| f.class == stack.class && f.k == k)
             .map(|f| Seg {
                 start: f.start,
-                end: f.end,
+                end: reach(f.end),
             })
             .collect();
         v.sort_by_key(|s| (s.start, s.end));
@@ -298,7 +312,7 @@ fn backward_start(trace: &Trace, seg: Seg) -> Option<i64> {
 /// The longest common subsequence of two token lists as two position maps;
 /// `None` when the table would be too large.
 #[allow(clippy::type_complexity)]
-fn align<T: PartialEq>(a: &[T], b: &[T]) -> Option<(Vec<Option<usize>>, Vec<Option<usize>>)> {
+pub(super) fn align<T: PartialEq>(a: &[T], b: &[T]) -> Option<(Vec<Option<usize>>, Vec<Option<usize>>)> {
     let mut t2p = vec![None; a.len()];
     let mut p2t = vec![None; b.len()];
     // The common case: the predecessor starts with the template's events.

@@ -104,14 +104,48 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
             .unwrap_or_default();
         groups.entry((f.class.clone(), parent)).or_default().insert(f.k);
     }
-    let candidates: Vec<((String, String), BTreeSet<u32>)> =
-        groups.into_iter().filter(|(_, ks)| ks.len() >= 2).collect();
+    let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
+    let first_call = |class: &str, k: u32| -> Vec<i64> {
+        let Some(f) = frames.iter().find(|f| f.class == class && f.k == k) else {
+            return Vec::new();
+        };
+        let lo = ts.partition_point(|&t| t < f.start);
+        let hi = ts.partition_point(|&t| t <= f.end);
+        trace
+            .memory
+            .get(lo..hi)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.bytes)
+            .collect()
+    };
+    // Blocks of a stack are alike: the last two make the same allocations
+    // (9 in 10 of the last one's match the one before it, which may have
+    // more: T5's first block computes the position bias). A group of unlike
+    // siblings (T5's encoder and decoder stacks) is no stack; the blocks
+    // inside them may be.
+    let alike = |class: &str, ks: &BTreeSet<u32>| -> bool {
+        let mut it = ks.iter().rev();
+        let (Some(&t), Some(&p)) = (it.next(), it.next()) else {
+            return false;
+        };
+        let (a, b) = (first_call(class, t), first_call(class, p));
+        if a.is_empty() {
+            return false;
+        }
+        super::depth::align(&a, &b).is_some_and(|(t2p, _)| {
+            t2p.iter().filter(|x| x.is_some()).count() * 10 >= a.len() * 9
+        })
+    };
+    let candidates: Vec<((String, String), BTreeSet<u32>)> = groups
+        .into_iter()
+        .filter(|((class, _), ks)| ks.len() >= 2 && alike(class, ks))
+        .collect();
     let member = |class: &str, k: u32| {
         candidates
             .iter()
             .any(|((c, _), ks)| c == class && ks.contains(&k))
     };
-    let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
     let mut stacks: Vec<Stack> = Vec::new();
     for ((class, parent), ks) in &candidates {
         let nested = frames.iter().any(|f| {
