@@ -129,10 +129,8 @@ pub(super) fn lengthen(
         rescale_arg(&mut out, &arg, *k, t, batch, len);
     }
     for (op, k) in &powers.views {
-        let Some(o) = trace.ops.get(*op) else { continue };
-        for c in trace.concrete_args(o) {
-            let span = c.values;
-            rescale_values(&mut out.op_args.numbers, span.range(), *k, t, batch, len);
+        if let Some(o) = trace.ops.get(*op) {
+            rescale_view(trace, &mut out.op_args.numbers, o, *k, t, batch, len);
         }
     }
     rebuild_inputs(&mut out);
@@ -183,6 +181,68 @@ fn rescale_arg(out: &mut Trace, arg: &TensorArg, k: u32, t: u32, batch: u32, len
                 *slot = s;
             }
         }
+    }
+}
+
+/// Rescales the integers of a view op read with power `k`: the size list
+/// of `view`/`reshape`/`expand`/`unflatten`, and the start, end or sizes of
+/// `slice`/`narrow`/`split` along a length dim of their input.
+fn rescale_view(
+    trace: &Trace,
+    numbers: &mut [i64],
+    op: &crate::trace::OpEvent,
+    k: u32,
+    t: u32,
+    batch: u32,
+    len: u32,
+) {
+    if k == 0 {
+        return;
+    }
+    let concrete = trace.concrete_args(op);
+    let at = |pos: u16| concrete.iter().find(|c| c.position == pos);
+    let value = |pos: u16| at(pos).and_then(|c| trace.numbers(c.values).first().copied());
+    match trace.name(op.name) {
+        "aten::view" | "aten::_unsafe_view" | "aten::reshape" | "aten::expand" => {
+            if let Some(c) = at(1) {
+                rescale_values(numbers, c.values.range(), k, t, batch, len);
+            }
+        }
+        "aten::unflatten" => {
+            if let Some(c) = at(2) {
+                rescale_values(numbers, c.values.range(), k, t, batch, len);
+            }
+        }
+        name @ ("aten::slice" | "aten::narrow" | "aten::split" | "aten::split_with_sizes") => {
+            let Some(input) = trace.tensor_args(op).first() else {
+                return;
+            };
+            let dims = trace.numbers(input.dims);
+            let (dim_pos, sized) = match name {
+                "aten::slice" | "aten::narrow" => (1, [2u16, 3]),
+                _ => (2, [1, 1]),
+            };
+            let Some(dim) = value(dim_pos) else { return };
+            let rank = i64::try_from(dims.len()).unwrap_or(0);
+            let dim = if dim < 0 { dim + rank } else { dim };
+            let along = usize::try_from(dim)
+                .ok()
+                .is_some_and(|d| length_dims(dims, k, t, batch).contains(&d));
+            if !along {
+                return;
+            }
+            for pos in sized {
+                let Some(c) = at(pos) else { continue };
+                for i in c.values.range() {
+                    if let Some(slot) = numbers.get_mut(i) {
+                        if *slot > 0 && *slot <= i64::from(t) * i64::from(batch) {
+                            *slot = scale(*slot, t, len);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -342,7 +402,7 @@ impl<'a> Shapes<'a> {
         let partner = pair(trace);
         // Pass 1: reads of live blocks, and the op stack at each allocation.
         let mut live: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-        let mut reads: Vec<(usize, usize, Option<usize>)> = Vec::new(); // (op, arg, block)
+        let mut reads: Vec<(usize, usize, Vec<usize>)> = Vec::new(); // (op, arg, candidate blocks)
         let mut maker: HashMap<usize, Vec<usize>> = HashMap::new(); // block -> op stack
         let mut stack: Vec<usize> = Vec::new();
         let mut next_op = 0;
@@ -377,13 +437,17 @@ impl<'a> Shapes<'a> {
             self.read_args(oi, &live, &mut reads);
         }
         let mut upper: HashMap<usize, u32> = HashMap::new();
-        let mut args_of: HashMap<usize, Vec<(usize, Option<usize>)>> = HashMap::new();
-        for &(op, arg, block) in &reads {
-            args_of.entry(op).or_default().push((arg, block));
+        let mut args_of: HashMap<usize, Vec<(usize, &[usize])>> = HashMap::new();
+        for (op, arg, blocks) in &reads {
+            let (op, arg) = (*op, *arg);
+            args_of.entry(op).or_default().push((arg, blocks));
+            let block = blocks.last().copied();
+            // The first reader (the consumer right after the producer)
+            // names the block's dims; later reads of a same-sized tensor may
+            // be of another one.
             if let (Some(b), Some(a)) = (block, trace.op_args.tensors.get(arg)) {
                 let n = length_count(trace.numbers(a.dims), self.t, self.batch);
-                let e = upper.entry(b).or_insert(u32::MAX);
-                *e = (*e).min(n);
+                upper.entry(b).or_insert(n);
             }
         }
         // Pass 2: powers in allocation order.
@@ -397,7 +461,19 @@ impl<'a> Shapes<'a> {
                 .iter()
                 .rev()
                 .find_map(|&op| {
-                    let args = args_of.get(&op)?;
+                    // Scalars and empty tensors (`resize_` of a `[0]`) carry
+                    // no size: an op reading only those is a factory.
+                    let args: Vec<(usize, &[usize])> = args_of
+                        .get(&op)?
+                        .iter()
+                        .filter(|(arg, _)| {
+                            trace.op_args.tensors.get(*arg).is_some_and(|a| {
+                                let dims = trace.numbers(a.dims);
+                                !dims.is_empty() && !dims.contains(&0)
+                            })
+                        })
+                        .copied()
+                        .collect();
                     if args.is_empty() {
                         return None;
                     }
@@ -409,17 +485,25 @@ impl<'a> Shapes<'a> {
                         powers.max().unwrap_or(0)
                     })
                 })
-                .unwrap_or(0);
-            let up = upper.get(&i).copied().unwrap_or(u32::MAX);
-            if up != u32::MAX && up > bound {
+                // A factory (arange, zeros, full) reads no tensor: its size
+                // comes from numbers the trace does not keep, and only its
+                // readers' shapes tell.
+                .unwrap_or(u32::MAX);
+            // Nothing reads it: an operator's scratch, sized by the kernel's
+            // tiling more than by the length; at most linear.
+            let up = upper.get(&i).copied().unwrap_or(1);
+            if up > bound {
                 self.ambiguous |= up >= 2;
             }
             block.insert(i, up.min(bound).min(2));
         }
         let mut args = BTreeMap::new();
-        for &(op, arg, b) in &reads {
-            let ts = trace.ops.get(op).map_or(0, |o| o.start.get());
-            args.insert(arg, self.arg_power(arg, b, &block, ts));
+        for (op, arg, b) in &reads {
+            let ts = trace.ops.get(*op).map_or(0, |o| o.start.get());
+            // The dims are rescaled by what the read most likely is (the
+            // latest block of its size), not by the bound's largest.
+            let primary = b.last().map(std::slice::from_ref).unwrap_or_default();
+            args.insert(*arg, self.arg_power(*arg, primary, &block, ts));
         }
         // A view's size list follows its input (the op's first tensor).
         let views = trace
@@ -436,11 +520,16 @@ impl<'a> Shapes<'a> {
         }
     }
 
-    /// The power of one argument: its block's, or for a tensor from before
+    /// The power of one argument: its blocks' (the largest), or for a tensor from before
     /// the trace its length dims if it is integer data or the loader's.
-    fn arg_power(&self, arg: usize, block: Option<usize>, powers: &HashMap<usize, u32>, ts: i64) -> u32 {
-        if let Some(b) = block {
-            return powers.get(&b).copied().unwrap_or(0);
+    fn arg_power(&self, arg: usize, blocks: &[usize], powers: &HashMap<usize, u32>, ts: i64) -> u32 {
+        // A bound may not be too low: of the blocks a read may be, the largest.
+        if !blocks.is_empty() {
+            return blocks
+                .iter()
+                .map(|b| powers.get(b).copied().unwrap_or(0))
+                .max()
+                .unwrap_or(0);
         }
         let Some(a) = self.trace.op_args.tensors.get(arg) else {
             return 0;
@@ -454,13 +543,14 @@ impl<'a> Shapes<'a> {
     }
 
     /// Matches the tensor arguments of op `oi` to the live blocks: the
-    /// smallest block at least as large as the bytes it reads and at most
-    /// twice that (a slice reads less than its storage), the latest of them.
+    /// latest block of exactly the bytes it reads, else the smallest block
+    /// larger than that and at most twice it (a slice reads less than its
+    /// storage), the latest of them.
     fn read_args(
         &self,
         oi: usize,
         live: &BTreeMap<u64, Vec<usize>>,
-        reads: &mut Vec<(usize, usize, Option<usize>)>,
+        reads: &mut Vec<(usize, usize, Vec<usize>)>,
     ) {
         let Some(o) = self.trace.ops.get(oi) else {
             return;
@@ -475,18 +565,30 @@ impl<'a> Shapes<'a> {
             .iter()
             .find_map(|a| self.elsize(a))
             .unwrap_or(4);
+        let name = self.trace.name(o.name);
+        let weights = crate::trace::weight_args(name, name == "aten::addmm");
         for ai in range {
             let Some(a) = self.trace.op_args.tensors.get(ai) else {
                 continue;
             };
+            if a.list_index.is_none() && weights.contains(&a.position) {
+                reads.push((oi, ai, Vec::new()));
+                continue;
+            }
             let extent = self.extent(a, self.elsize(a).unwrap_or(default_size));
-            let block = if extent == 0 {
-                None
+            // Every live block the read may be (same-sized tensors cannot be
+            // told apart), the latest last.
+            let blocks: Vec<usize> = if extent == 0 {
+                Vec::new()
+            } else if let Some(v) = live.get(&extent).filter(|v| !v.is_empty()) {
+                v.clone()
             } else {
                 live.range(extent..=extent.saturating_mul(2))
-                    .find_map(|(_, v)| v.last().copied())
+                    .find(|(_, v)| !v.is_empty())
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
             };
-            reads.push((oi, ai, block));
+            reads.push((oi, ai, blocks));
         }
     }
 }

@@ -18,6 +18,8 @@
 
 mod args;
 pub use args::dtype_size;
+mod signatures;
+pub use signatures::weight_args;
 mod plain;
 mod raw;
 mod stream;

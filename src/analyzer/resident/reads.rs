@@ -4,6 +4,7 @@
 //! the trace (top-level ops with their tensor arguments, module calls,
 //! blocks) that [`super`] builds from the analysis.
 
+use crate::trace::weight_args;
 use std::collections::{BTreeMap, HashMap};
 
 use super::views::{contiguous_strides, extent, view_outputs, Concrete, Layout};
@@ -114,34 +115,6 @@ pub struct Found {
     pub arg: u16,
     pub first_read: i64,
     pub last_read: i64,
-}
-
-/// Argument positions that hold module state in known ops: the weight and
-/// bias of linear and convolution layers, embedding tables, the affine
-/// parameters of the norms and BatchNorm's running statistics, and Hugging
-/// Face's `Conv1D` (`torch.addmm(bias, x, weight)`, in a `Conv1D` frame).
-pub fn weight_args(op: &str, conv1d: bool) -> &'static [u16] {
-    match op {
-        "aten::linear"
-        | "aten::conv1d"
-        | "aten::conv2d"
-        | "aten::conv3d"
-        | "aten::conv_transpose1d"
-        | "aten::conv_transpose2d"
-        | "aten::conv_transpose3d"
-        | "aten::convolution"
-        | "aten::_convolution" => &[1, 2],
-        "aten::embedding" | "aten::embedding_bag" | "aten::_embedding_bag" => &[0],
-        "aten::layer_norm" | "aten::group_norm" => &[2, 3],
-        "aten::rms_norm" => &[2],
-        "aten::batch_norm" | "aten::instance_norm" => &[1, 2, 3, 4],
-        "aten::prelu" => &[1],
-        "aten::bilinear" => &[2, 3],
-        "aten::_native_multi_head_attention" => &[5, 6, 7, 8],
-        // Hugging Face Conv1D: torch.addmm(bias, x, weight)
-        "aten::addmm" if conv1d => &[0, 2],
-        _ => &[],
-    }
 }
 
 /// Arguments of known ops that are buffers (BatchNorm running statistics).

@@ -1,0 +1,29 @@
+//! Facts of PyTorch's operator signatures that more than one stage reads.
+
+/// Argument positions that hold module state in known ops: the weight and
+/// bias of linear and convolution layers, embedding tables, the affine
+/// parameters of the norms and BatchNorm's running statistics, and Hugging
+/// Face's `Conv1D` (`torch.addmm(bias, x, weight)`, in a `Conv1D` frame).
+pub fn weight_args(op: &str, conv1d: bool) -> &'static [u16] {
+    match op {
+        "aten::linear"
+        | "aten::conv1d"
+        | "aten::conv2d"
+        | "aten::conv3d"
+        | "aten::conv_transpose1d"
+        | "aten::conv_transpose2d"
+        | "aten::conv_transpose3d"
+        | "aten::convolution"
+        | "aten::_convolution" => &[1, 2],
+        "aten::embedding" | "aten::embedding_bag" | "aten::_embedding_bag" => &[0],
+        "aten::layer_norm" | "aten::group_norm" => &[2, 3],
+        "aten::rms_norm" => &[2],
+        "aten::batch_norm" | "aten::instance_norm" => &[1, 2, 3, 4],
+        "aten::prelu" => &[1],
+        "aten::bilinear" => &[2, 3],
+        "aten::_native_multi_head_attention" => &[5, 6, 7, 8],
+        // Hugging Face Conv1D: torch.addmm(bias, x, weight)
+        "aten::addmm" if conv1d => &[0, 2],
+        _ => &[],
+    }
+}
