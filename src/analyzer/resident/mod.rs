@@ -90,7 +90,10 @@ mod reads;
 mod ties;
 mod views;
 
-pub use views::VIEW_OPS;
+/// The view ops whose concrete values the trace reader keeps (owned by the
+/// reader, which decides what it keeps; the resident state follows their
+/// outputs back to their inputs).
+pub use crate::trace::VIEW_OPS;
 
 use std::collections::{BTreeMap, HashMap};
 
