@@ -95,6 +95,10 @@ mod views;
 /// outputs back to their inputs).
 pub use crate::trace::VIEW_OPS;
 
+/// DDP's bucket layout (a first bucket, then `bucket_cap_mb` ones), used
+/// where buckets are placed by size: the orchestrator and the what-if.
+pub use buckets::{bucket_sizes, BUCKET_BYTES, FIRST_BUCKET_BYTES};
+
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
