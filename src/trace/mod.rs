@@ -18,6 +18,8 @@
 
 mod args;
 pub use args::dtype_size;
+mod build;
+mod loose;
 mod plain;
 mod raw;
 mod stream;
