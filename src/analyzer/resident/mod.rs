@@ -68,9 +68,10 @@
 //!    guess from the library's defaults); without module frames they count
 //!    once (a guess); otherwise separately.
 //! 8. *Trainable.* `AccumulateGrad` runs once per trainable parameter in each
-//!    backward pass: its shapes (the first pass's; exact) are the trainable
-//!    parameters, never fewer of a signature than it shows; the rest of the
-//!    parameters are frozen. Without `record_shapes` the trainable sizes are
+//!    backward pass: its shapes (the first pass's; exact, less the leaves of
+//!    the forward whose gradient dies before the optimizer step,
+//!    `analyzer::leaves`) are the trainable parameters, never fewer of a
+//!    signature than it shows; the rest of the parameters are frozen. Without `record_shapes` the trainable sizes are
 //!    the gradient blocks themselves (the blocks a backward pass allocates
 //!    that outlive it, one per `AccumulateGrad`); frozen ones cannot be
 //!    recovered then.
