@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use super::leaves;
 use super::lifecycle::Life;
 use super::phases::{locate, OPT_STEP_PREFIX};
 use super::spans::SpanIndex;
@@ -147,7 +148,8 @@ struct AccCall {
 
 /// Finds the evidence the orchestrator needs in the paired blocks and the
 /// span index: the parameters (from the first iteration's `AccumulateGrad`
-/// shapes and dtypes, in reverse call order = module order), the gradient
+/// shapes and dtypes, in reverse call order = module order, less the leaves
+/// whose gradient dies before the step, [`leaves`]), the gradient
 /// blocks they produce, the optimizer and its state blocks, `zero_grad`
 /// placement and `set_to_none`, and the batch blocks of the data loader;
 /// each block gets its role. Long because each finding uses the ones before
@@ -372,15 +374,18 @@ pub(crate) fn evidence(
             format!("{n_unlinked} AccumulateGrad calls had no live block of the parameter's size before them; those gradients are not marked"),
         ));
     }
+    // Leaves whose gradient died before the optimizer step: no parameters.
+    let new_index = leaves::drop_leaves(life, iterations, n_params, warnings);
     let parameters: Vec<Parameter> = reference
         .iter()
         .rev()
         .enumerate()
-        .filter_map(|(index, &call_idx)| {
+        .filter_map(|(old, &call_idx)| {
+            let index = new_index.get(old).copied().flatten()?;
             let call = calls.get(call_idx)?;
             let bytes = match &call.shape {
                 Some(_) => call.bytes,
-                None => sized_from_block.get(index).copied().flatten()?,
+                None => sized_from_block.get(old).copied().flatten()?,
             };
             Some(Parameter {
                 index,
@@ -388,7 +393,7 @@ pub(crate) fn evidence(
                 numel: call.numel,
                 dtype: call.dtype.clone(),
                 bytes: Bytes(bytes),
-                layer: param_layer.get(index).copied().flatten(),
+                layer: param_layer.get(old).copied().flatten(),
                 sized_by_gradient: call.shape.is_none(),
             })
         })

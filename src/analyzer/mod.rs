@@ -26,6 +26,9 @@
 //!   allocated in the same iteration's backward, no later than the call, that
 //!   outlives backward; else the latest one live at the call, which is then a
 //!   temporary added into an existing `.grad` (`set_to_none=False`).
+//! - Parameter: a leaf `AccumulateGrad` runs for, unless every gradient it
+//!   kept died before its iteration's optimizer step ended (a leaf the
+//!   forward made, freed with its graph; the optimizer holds its parameters).
 //! - Optimizer state: allocated in the first `Optimizer.step`, never freed.
 //! - Batch: allocated under the DataLoader `__next__`, outliving it.
 //! - Layer: the `nn.Module` frames around the allocating op; in backward,
@@ -33,6 +36,7 @@
 
 mod autocast;
 mod evidence;
+mod leaves;
 mod lifecycle;
 mod phases;
 mod recipes;

@@ -18,6 +18,8 @@
 
 mod args;
 pub use args::dtype_size;
+mod build;
+mod loose;
 mod signatures;
 pub use signatures::weight_args;
 mod plain;
@@ -440,8 +442,49 @@ pub struct ArgsKept {
 pub const ARGS_KEPT: ArgsKept = ArgsKept {
     no_shapes_of_ops: &[],
     no_shapes_of_ops_ending: &[],
-    concrete_of_ops: crate::analyzer::resident::VIEW_OPS,
+    concrete_of_ops: VIEW_OPS,
 };
+
+/// The op names that return a view of (or the very tensor of) their first
+/// argument, at least when they do not copy. The reader keeps their integer
+/// concrete values ([`ARGS_KEPT`]: the dims of a `view`, the dims of a
+/// `transpose`), which is all the analyzer's resident state needs to follow a
+/// view back to its input (`analyzer::resident::views`, which uses this list).
+pub const VIEW_OPS: &[&str] = &[
+    "aten::t",
+    "aten::transpose",
+    "aten::swapaxes",
+    "aten::permute",
+    "aten::movedim",
+    "aten::numpy_T",
+    "aten::mT",
+    "aten::view",
+    "aten::_unsafe_view",
+    "aten::reshape",
+    "aten::view_as",
+    "aten::reshape_as",
+    "aten::flatten",
+    "aten::unflatten",
+    "aten::expand",
+    "aten::expand_as",
+    "aten::unsqueeze",
+    "aten::squeeze",
+    "aten::slice",
+    "aten::narrow",
+    "aten::select",
+    "aten::unbind",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::chunk",
+    "aten::alias",
+    "aten::detach",
+    "aten::detach_",
+    "aten::lift_fresh",
+    "aten::to",
+    "aten::type_as",
+    "aten::contiguous",
+    "aten::requires_grad_",
+];
 
 impl ArgsKept {
     /// Whether an op of this name keeps its tensor arguments.

@@ -18,8 +18,9 @@
 
 use std::borrow::Cow;
 
+use super::loose::integral;
 use super::raw::{
-    classify_cat, classify_ph, integral, ArgKey, ArgsKeptFor, Entry, EventKey, RawArgs, RawEvent,
+    classify_cat, classify_ph, ArgKey, ArgsKeptFor, Entry, EventKey, RawArgs, RawEvent,
 };
 
 /// Nesting deeper than this is left to serde (whose own limit is 128, an
@@ -59,7 +60,7 @@ enum Number {
 }
 
 impl Number {
-    /// As [`super::raw::LooseInt`] reads it.
+    /// As [`super::loose::LooseInt`] reads it.
     fn loose_int(self) -> Option<i64> {
         match self {
             // Addresses above i64::MAX keep their bit pattern.
@@ -69,7 +70,7 @@ impl Number {
         }
     }
 
-    /// As [`super::raw::LooseF64`] reads it.
+    /// As [`super::loose::LooseF64`] reads it.
     fn loose_f64(self) -> Option<f64> {
         match self {
             Number::U64(v) => Some(v as f64),

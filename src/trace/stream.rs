@@ -24,7 +24,9 @@ use std::io::Write as _;
 
 use serde::de::{Deserialize, IgnoredAny};
 
-use super::raw::{Builder, CountSeq, Entry, LooseDistributed, LooseInt, LooseStr};
+use super::build::Builder;
+use super::loose::{CountSeq, LooseDistributed, LooseInt, LooseStr};
+use super::raw::Entry;
 use super::{Trace, TraceError};
 use crate::diag::Warned;
 

@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{estimate_schedule, fits_of, Fit, PeakFigures, WhatIfError};
+use crate::analyzer::resident::bucket_sizes;
 use crate::orchestrator::{
     BlockId, Category, EventKind, Phase, Schedule, ScheduleEvent, ScheduledBlock,
 };
@@ -36,10 +37,9 @@ use crate::units::{Bytes, Nanos};
 /// The version tag of [`DistributedComparison`].
 pub const SCHEMA: &str = "memcast.whatif.distributed/1";
 
-/// DDP's default `bucket_cap_mb`.
-pub const BUCKET_BYTES: u64 = 25 * Bytes::MIB;
-/// DDP's first bucket.
-pub const FIRST_BUCKET_BYTES: u64 = Bytes::MIB;
+/// DDP's bucket sizes: the rule is the analyzer's (the resident state's DDP
+/// buckets), shared with the orchestrator's `ddp_buckets` setup rule.
+pub use crate::analyzer::resident::{BUCKET_BYTES, FIRST_BUCKET_BYTES};
 /// NCCL memory outside the caching allocator per GPU (allocator.md §12.4).
 pub const DEFAULT_NCCL_BYTES: u64 = Bytes::GIB;
 
@@ -316,20 +316,6 @@ fn parameter_bytes(schedule: &Schedule) -> u64 {
         .sum()
 }
 
-/// DDP's gradient buckets for `bytes` of gradients.
-pub(crate) fn buckets(bytes: u64) -> Vec<u64> {
-    let mut out = Vec::new();
-    let mut left = bytes;
-    let mut cap = FIRST_BUCKET_BYTES;
-    while left > 0 {
-        let size = left.min(cap);
-        out.push(size);
-        left -= size;
-        cap = BUCKET_BYTES;
-    }
-    out
-}
-
 /// The op name of DDP gradient-bucket blocks, in this what-if and in the
 /// schedule of a trace recorded under DDP.
 pub use crate::orchestrator::BUCKET_OP;
@@ -372,7 +358,7 @@ fn without_buckets(schedule: &Schedule) -> Schedule {
 
 fn add_buckets(edit: &mut Edit<'_>, marks: &Landmarks, bytes: u64) {
     let at = At::Before(marks.first_iteration_event);
-    for size in buckets(bytes) {
+    for size in bucket_sizes(bytes) {
         edit.add(
             Bytes(size),
             Category::Gradient,
@@ -737,16 +723,5 @@ mod tests {
         let (tp, _) = transform(&job, Strategy::TensorParallel, 4).unwrap();
         assert_eq!(tp.blocks[2].size, Bytes(4000));
         assert_eq!(tp.blocks[3].size, Bytes(2000));
-    }
-
-    #[test]
-    fn buckets_cover_the_parameters() {
-        assert_eq!(buckets(0), Vec::<u64>::new());
-        assert_eq!(buckets(100), [100]);
-        let b = buckets(60 * Bytes::MIB);
-        assert_eq!(
-            b,
-            [Bytes::MIB, 25 * Bytes::MIB, 25 * Bytes::MIB, 9 * Bytes::MIB]
-        );
     }
 }

@@ -595,3 +595,85 @@ fn lightnings_closure_keeps_its_phases_inside_the_step() {
         assert!(it.phases.iter().any(|p| p.phase == Phase::ZeroGrad));
     }
 }
+
+/// LoRA with activation checkpointing under the Hugging Face Trainer, 2
+/// micro-batches per step (`profile_hf_trainer.py --model distilgpt2
+/// --n-layer 1 --batch-size 1 --seq-len 16 --grad-accum 2 --iters 2
+/// --checkpointing --lora-rank 8`). The Trainer makes the frozen input
+/// embeddings' output a leaf that requires grad, so every backward pass runs
+/// `AccumulateGrad` for that activation too: it is no parameter, gets no
+/// optimizer state, and its gradient dies with the graph. Gradients are the
+/// trainable bytes and AdamW keeps two tensors per trainable parameter.
+#[test]
+fn lora_with_checkpointing_and_accumulation_counts_only_the_adapters() {
+    let name = "distilgpt2_trainer_lora_ckpt_accum2";
+    let (analysis, prepared, report) = run_trace(data_trace(&format!("{name}.json.gz")));
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("tests/data/traces/{name}.meta.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let trainable = meta["trainable_param_bytes"].as_u64().unwrap();
+    assert_eq!(report.summary.recipe.micro_batches_per_step, Some(2));
+    assert!(report.summary.recipe.checkpointing.is_some());
+    assert_eq!(report.summary.recipe.training_loop, TrainingLoop::HfTrainer);
+    let got = report.summary.trainable_parameter_bytes.get();
+    assert!(
+        pct(got, trainable).abs() <= 1.0,
+        "trainable {got} vs {trainable}"
+    );
+    assert!(report
+        .warnings
+        .iter()
+        .any(|w| w.code == "gradient_of_a_leaf_activation"));
+
+    // The schedule: each iteration's gradients are the trainable bytes, the
+    // optimizer state twice them.
+    let schedule = &prepared.orchestrated.schedule;
+    let mut gradients: BTreeMap<Option<u32>, u64> = BTreeMap::new();
+    for block in schedule
+        .blocks
+        .iter()
+        .filter(|b| b.category == Category::Gradient)
+    {
+        *gradients.entry(block.iteration).or_default() += block.size.get();
+    }
+    assert!(!gradients.is_empty());
+    for (iteration, bytes) in &gradients {
+        assert!(
+            *bytes as f64 <= trainable as f64 * 1.01,
+            "iteration {iteration:?}: gradients {bytes} vs trainable {trainable}"
+        );
+    }
+    let state = common::category_bytes(schedule, Category::OptimizerState).get();
+    assert!(
+        pct(state, 2 * trainable).abs() <= 2.0,
+        "AdamW state {state} vs 2 x {trainable}"
+    );
+    let n_gradient_blocks = analysis
+        .blocks
+        .iter()
+        .filter(|b| matches!(b.role, BlockRole::Gradient { .. }))
+        .count();
+    assert_eq!(
+        n_gradient_blocks,
+        analysis.parameters.len() * analysis.iterations.len(),
+        "one gradient block per parameter per step"
+    );
+
+    // What `memcast estimate --json` shows at the peak.
+    let at_peak = &report.breakdown_at_peak;
+    assert!(
+        at_peak.gradients.get() as f64 <= trainable as f64 * 1.01,
+        "gradients at peak {} vs {trainable}",
+        at_peak.gradients
+    );
+    assert!(
+        at_peak.optimizer_state.get() as f64 <= 2.0 * trainable as f64 * 1.02,
+        "optimizer state at peak {} vs 2 x {trainable}",
+        at_peak.optimizer_state
+    );
+}

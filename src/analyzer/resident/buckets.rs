@@ -11,6 +11,28 @@ use crate::analyzer::BlockRole;
 use crate::diag::Warning;
 use crate::units::{Bytes, Nanos};
 
+/// DDP's default `bucket_cap_mb` (25 MiB).
+pub const BUCKET_BYTES: u64 = 25 * Bytes::MIB;
+/// DDP's first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB).
+pub const FIRST_BUCKET_BYTES: u64 = Bytes::MIB;
+
+/// DDP's gradient buckets for `bytes` of gradients, as the reducer splits
+/// them: a first bucket of [`FIRST_BUCKET_BYTES`], then buckets of
+/// [`BUCKET_BYTES`]. The orchestrator's `ddp_buckets` rule places them for a
+/// trace without shapes; the distributed what-if adds them for its DDP rows.
+pub fn bucket_sizes(bytes: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut left = bytes;
+    let mut cap = FIRST_BUCKET_BYTES;
+    while left > 0 {
+        let size = left.min(cap);
+        out.push(size);
+        left -= size;
+        cap = BUCKET_BYTES;
+    }
+    out
+}
+
 /// A DistributedDataParallel run: its module frame, or `c10d::` collectives.
 pub(super) fn is_distributed(input: &Inputs<'_>) -> bool {
     input.index.frames.spans.iter().any(|f| {
@@ -128,4 +150,20 @@ pub(super) fn buckets(
             block: None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_the_parameters() {
+        assert_eq!(bucket_sizes(0), Vec::<u64>::new());
+        assert_eq!(bucket_sizes(100), [100]);
+        let b = bucket_sizes(60 * Bytes::MIB);
+        assert_eq!(
+            b,
+            [Bytes::MIB, 25 * Bytes::MIB, 25 * Bytes::MIB, 9 * Bytes::MIB]
+        );
+    }
 }

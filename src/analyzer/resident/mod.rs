@@ -68,9 +68,10 @@
 //!    guess from the library's defaults); without module frames they count
 //!    once (a guess); otherwise separately.
 //! 8. *Trainable.* `AccumulateGrad` runs once per trainable parameter in each
-//!    backward pass: its shapes (the first pass's; exact) are the trainable
-//!    parameters, never fewer of a signature than it shows; the rest of the
-//!    parameters are frozen. Without `record_shapes` the trainable sizes are
+//!    backward pass: its shapes (the first pass's; exact, less the leaves of
+//!    the forward whose gradient dies before the optimizer step,
+//!    `analyzer::leaves`) are the trainable parameters, never fewer of a
+//!    signature than it shows; the rest of the parameters are frozen. Without `record_shapes` the trainable sizes are
 //!    the gradient blocks themselves (the blocks a backward pass allocates
 //!    that outlive it, one per `AccumulateGrad`); frozen ones cannot be
 //!    recovered then.
@@ -90,7 +91,14 @@ mod reads;
 mod ties;
 mod views;
 
-pub use views::VIEW_OPS;
+/// The view ops whose concrete values the trace reader keeps (owned by the
+/// reader, which decides what it keeps; the resident state follows their
+/// outputs back to their inputs).
+pub use crate::trace::VIEW_OPS;
+
+/// DDP's bucket layout (a first bucket, then `bucket_cap_mb` ones), used
+/// where buckets are placed by size: the orchestrator and the what-if.
+pub use buckets::{bucket_sizes, BUCKET_BYTES, FIRST_BUCKET_BYTES};
 
 use std::collections::{BTreeMap, HashMap};
 

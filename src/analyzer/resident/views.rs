@@ -3,7 +3,7 @@
 //! weight (a transpose, a slice of a cached buffer) is recognised when it is
 //! read again by comparing its dims and strides with these.
 
-use crate::trace::{ConcreteArg, OpArgs};
+use crate::trace::{ConcreteArg, OpArgs, VIEW_OPS};
 
 /// A concrete (non-tensor) argument as the profiler wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,46 +173,9 @@ fn infer_size(numel: i64, size: &[i64]) -> Option<Vec<i64>> {
     Some(size)
 }
 
-/// The op names that return a view of (or the very tensor of) their first
-/// argument, at least when they do not copy. The trace reader keeps their
-/// integer concrete values ([`crate::trace::ARGS_KEPT`]).
-pub const VIEW_OPS: &[&str] = &[
-    "aten::t",
-    "aten::transpose",
-    "aten::swapaxes",
-    "aten::permute",
-    "aten::movedim",
-    "aten::numpy_T",
-    "aten::mT",
-    "aten::view",
-    "aten::_unsafe_view",
-    "aten::reshape",
-    "aten::view_as",
-    "aten::reshape_as",
-    "aten::flatten",
-    "aten::unflatten",
-    "aten::expand",
-    "aten::expand_as",
-    "aten::unsqueeze",
-    "aten::squeeze",
-    "aten::slice",
-    "aten::narrow",
-    "aten::select",
-    "aten::unbind",
-    "aten::split",
-    "aten::split_with_sizes",
-    "aten::chunk",
-    "aten::alias",
-    "aten::detach",
-    "aten::detach_",
-    "aten::lift_fresh",
-    "aten::to",
-    "aten::type_as",
-    "aten::contiguous",
-    "aten::requires_grad_",
-];
-
-/// Whether `name` is one of [`VIEW_OPS`].
+/// Whether `name` is one of [`VIEW_OPS`] (the trace reader's list: it keeps
+/// their integer concrete values, and these are the ops whose outputs
+/// [`view_outputs`] computes).
 pub fn is_view_op(name: &str) -> bool {
     VIEW_OPS.contains(&name)
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use super::order::Key;
 use super::{count, name_of, update_start, windows_of, Item, RuleCounts, RuleId};
-use crate::analyzer::resident::{StateItem, StateKind, StateSource};
+use crate::analyzer::resident::{bucket_sizes, StateItem, StateKind, StateSource};
 use crate::analyzer::Analysis;
 use crate::diag::{Setting, Warning};
 use crate::orchestrator::schedule::{Category, Phase, PhaseWindow};
@@ -140,7 +140,7 @@ pub(super) fn setup_items(
         // Sized by the trainable bytes (a trace without shapes): split as
         // the reducer does (a first bucket of 1 MiB, then 25 MiB ones).
         let sizes = if b.source == StateSource::TrainableBytes {
-            crate::whatif::distributed::buckets(b.bytes.get())
+            bucket_sizes(b.bytes.get())
         } else {
             vec![b.bytes.get()]
         };
