@@ -62,9 +62,7 @@ use crate::diag::{Warned, Warning};
 use crate::trace::{Device, NameId, TensorInput, Trace};
 use crate::units::{Bytes, Nanos};
 
-/// The autograd node that accumulates a parameter's gradient: its input
-/// shape and dtype are the parameter's.
-pub const ACCUMULATE_GRAD: &str = "torch::autograd::AccumulateGrad";
+pub use crate::trace::ACCUMULATE_GRAD;
 
 /// The ops a data loader's collate function stacks the samples with: the
 /// length of their tensor-list argument is the batch size.

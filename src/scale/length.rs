@@ -72,6 +72,12 @@ pub(super) fn rescale_total(trace: &mut Trace) {
 /// Names of ops whose output may grow as the sum of their inputs' powers.
 const PRODUCTS: &[&str] = &["mm", "matmul", "einsum", "linear", "attention", "conv", "bmm"];
 
+/// Attention kernels (sdpa and its flash, memory-efficient and math
+/// variants, forward and backward).
+fn is_attention(name: &str) -> bool {
+    name.to_ascii_lowercase().contains("attention")
+}
+
 fn is_product(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     PRODUCTS.iter().any(|p| lower.contains(p))
@@ -437,6 +443,41 @@ impl<'a> Shapes<'a> {
             self.read_args(oi, &live, &mut reads);
         }
         let mut upper: HashMap<usize, u32> = HashMap::new();
+        // A gradient `AccumulateGrad` reads has its parameter's shape: no
+        // length in it, whatever its dims coincide with (a [256, 768] k_proj
+        // gradient at batch 4 × length 64).
+        for (op, _, blocks) in &reads {
+            let accumulate = trace
+                .ops
+                .get(*op)
+                .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD);
+            // Of the same-sized blocks it may read, the gradient is the one
+            // kept longest: `.grad` lives until zero_grad, an input's gradient
+            // of the same size is freed in backward.
+            // Each call claims its own (two parameters of one shape have two
+            // gradients).
+            if !accumulate {
+                continue;
+            }
+            let in_backward = |b: usize| {
+                maker.get(&b).is_some_and(|stack| {
+                    stack.iter().any(|&o| {
+                        trace
+                            .ops
+                            .get(o)
+                            .is_some_and(|o| o.fwd_thread_id.is_some_and(|t| t > 0))
+                    })
+                })
+            };
+            let kept = blocks
+                .iter()
+                .filter(|&&b| !upper.contains_key(&b) && in_backward(b))
+                .max_by_key(|&&b| partner.get(b).copied().flatten().unwrap_or(usize::MAX));
+            if let Some(&b) = kept {
+                upper.insert(b, 0);
+            }
+
+        }
         let mut args_of: HashMap<usize, Vec<(usize, &[usize])>> = HashMap::new();
         for (op, arg, blocks) in &reads {
             let (op, arg) = (*op, *arg);
@@ -457,9 +498,11 @@ impl<'a> Shapes<'a> {
                 continue;
             }
             let ops = maker.get(&i).cloned().unwrap_or_default();
+            // The outermost op with tensor inputs is the call the user
+            // made (`linear`, not the `mm` inside it, whose transposed
+            // weight is no trace block): its signature is known.
             let bound = ops
                 .iter()
-                .rev()
                 .find_map(|&op| {
                     // Scalars and empty tensors (`resize_` of a `[0]`) carry
                     // no size: an op reading only those is a factory.
@@ -479,23 +522,38 @@ impl<'a> Shapes<'a> {
                     }
                     let o = trace.ops.get(op)?;
                     let powers = args.iter().map(|&(arg, b)| self.arg_power(arg, b, &block, o.start.get()));
-                    Some(if is_product(trace.name(o.name)) {
-                        powers.sum::<u32>()
+                    let name = trace.name(o.name);
+                    Some(if is_attention(name) {
+                        // Attention's outputs have the query's shape (or
+                        // less: the log-sum-exp): no longer than its inputs.
+                        (powers.max().unwrap_or(0), false)
+                    } else if is_product(name) {
+                        (powers.sum::<u32>(), true)
                     } else {
-                        powers.max().unwrap_or(0)
+                        (powers.max().unwrap_or(0), false)
                     })
                 })
                 // A factory (arange, zeros, full) reads no tensor: its size
                 // comes from numbers the trace does not keep, and only its
                 // readers' shapes tell.
-                .unwrap_or(u32::MAX);
+                .unwrap_or((u32::MAX, false));
             // Nothing reads it: an operator's scratch, sized by the kernel's
             // tiling more than by the length; at most linear.
             let up = upper.get(&i).copied().unwrap_or(1);
-            if up > bound {
+            let (bound, product) = bound;
+            let power = if product && bound > up && bound >= 2 {
+                // A matrix product contracts one dim: when the sum of its
+                // inputs' powers is more than the output's shape can hold,
+                // the contracted dim was the length (`scores @ V`, a weight
+                // gradient `xᵀ @ dy`), one power from each side.
+                (bound - 2).min(up)
+            } else {
+                up.min(bound)
+            };
+            if up > power {
                 self.ambiguous |= up >= 2;
             }
-            block.insert(i, up.min(bound).min(2));
+            block.insert(i, power.min(2));
         }
         let mut args = BTreeMap::new();
         for (op, arg, b) in &reads {
@@ -503,7 +561,16 @@ impl<'a> Shapes<'a> {
             // The dims are rescaled by what the read most likely is (the
             // latest block of its size), not by the bound's largest.
             let primary = b.last().map(std::slice::from_ref).unwrap_or_default();
-            args.insert(*arg, self.arg_power(*arg, primary, &block, ts));
+            let accumulate = trace
+                .ops
+                .get(*op)
+                .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD);
+            let k = if accumulate {
+                0
+            } else {
+                self.arg_power(*arg, primary, &block, ts)
+            };
+            args.insert(*arg, k);
         }
         // A view's size list follows its input (the op's first tensor).
         let views = trace

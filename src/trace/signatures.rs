@@ -1,5 +1,9 @@
 //! Facts of PyTorch's operator signatures that more than one stage reads.
 
+/// The autograd node that accumulates a parameter's gradient: its input
+/// shape and dtype are the parameter's.
+pub const ACCUMULATE_GRAD: &str = "torch::autograd::AccumulateGrad";
+
 /// Argument positions that hold module state in known ops: the weight and
 /// bias of linear and convolution layers, embedding tables, the affine
 /// parameters of the norms and BatchNorm's running statistics, and Hugging
