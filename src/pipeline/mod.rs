@@ -144,6 +144,9 @@ pub struct Prepared {
     /// What was rebuilt for a job larger than the traced one.
     #[serde(default)]
     pub scaled: crate::scale::ScaleFacts,
+    /// The traced job's depth and length (of the first trace).
+    #[serde(default)]
+    pub traced: crate::scale::Traced,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -219,6 +222,7 @@ pub fn prepare_many_from(
         warnings.extend(trace.warnings);
         traces.push(trace.value);
     }
+    let traced = traces.first().map(crate::scale::inspect).unwrap_or_default();
     let (trace, scaled) = if traces.len() == 1 && config.scale.is_identity() {
         (traces.pop().unwrap_or_default(), crate::scale::ScaleFacts::default())
     } else {
@@ -227,7 +231,9 @@ pub fn prepare_many_from(
         scaled.value
     };
     drop(traces);
-    prepare_trace(&trace, scaled, warnings, config, progress)
+    let mut prepared = prepare_trace(&trace, scaled, warnings, config, progress)?;
+    prepared.traced = traced;
+    Ok(prepared)
 }
 
 /// Analyzes and orchestrates a parsed (and possibly rebuilt) trace.
@@ -266,6 +272,7 @@ fn prepare_trace(
         warnings,
         autocast,
         scaled,
+        traced: crate::scale::Traced::default(),
     })
 }
 

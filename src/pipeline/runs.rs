@@ -157,6 +157,7 @@ impl<'c> Runs<'c> {
             rules: facts.rule_counts.clone(),
             recipe: prepared.recipe.clone(),
             scaled: prepared.scaled.clone(),
+            traced: prepared.traced.clone(),
         };
         ReportInput {
             schedule,

@@ -84,6 +84,10 @@ pub struct RunSummary {
     /// one (`--layers`, `--seq-len`); absent for the traced job.
     #[serde(default, skip_serializing_if = "crate::scale::ScaleFacts::is_empty")]
     pub scaled: crate::scale::ScaleFacts,
+    /// The traced job's repeated blocks and sequence length (what
+    /// `--layers` and `--seq-len` start from).
+    #[serde(default, skip_serializing_if = "crate::scale::Traced::is_empty")]
+    pub traced: crate::scale::Traced,
 }
 
 /// When and where the peak happens.

@@ -81,6 +81,50 @@ pub struct LengthFacts {
     pub quadratic: usize,
 }
 
+/// The traced job's repeated blocks and sequence length, as the page shows
+/// them before the user asks for another depth or length.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Traced {
+    /// The repeated block's module class (`LlamaDecoderLayer`), if found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<String>,
+    /// Blocks per stack in the trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
+    /// Stacks of blocks (2 for an encoder–decoder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<u32>,
+    /// The sequence length (the token ids' last dim), if found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<u32>,
+    /// The batch (the token ids' first dim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+}
+
+impl Traced {
+    /// Nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.block.is_none() && self.seq_len.is_none()
+    }
+}
+
+/// What the trace shows of its depth and length (no rebuilding).
+pub fn inspect(trace: &Trace) -> Traced {
+    let frames = frames::module_frames(trace);
+    let stacks = frames::find_stacks(trace, &frames);
+    let shape = length::traced_shape(trace);
+    Traced {
+        block: stacks.first().map(|s| s.class.clone()),
+        layers: stacks
+            .first()
+            .and_then(|s| u32::try_from(s.instances.len()).ok()),
+        stacks: (!stacks.is_empty()).then(|| u32::try_from(stacks.len()).unwrap_or(u32::MAX)),
+        seq_len: shape.map(|(t, _)| t),
+        batch: shape.map(|(_, b)| b),
+    }
+}
+
 /// What was rebuilt, for the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScaleFacts {

@@ -163,6 +163,7 @@ pub fn estimate_schedule(
         warnings: Vec::new(),
         autocast: None,
         scaled: prepared.scaled.clone(),
+        traced: prepared.traced.clone(),
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }
