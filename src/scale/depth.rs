@@ -779,20 +779,21 @@ fn pair(memory: &[MemoryEvent]) -> Vec<Option<usize>> {
 /// Autograd sequence numbers in call order: each (number, copy) of a forward
 /// op gets the next number when first called, and its backward nodes the same.
 fn renumber_sequences(ops: &mut [(OpEvent, u32, Option<i64>)]) {
-    let Some(base) = ops.iter().filter_map(|(_, _, s)| *s).min() else {
+    // Negative numbers are "none" (-1): left as they are.
+    let Some(base) = ops.iter().filter_map(|(_, _, s)| *s).filter(|&s| s >= 0).min() else {
         return;
     };
     let mut map: HashMap<(i64, u32), i64> = HashMap::new();
     let mut next = base;
     for (o, c, s) in ops.iter() {
-        let Some(s) = *s else { continue };
+        let Some(s) = s.filter(|&s| s >= 0) else { continue };
         if o.fwd_thread_id.is_none_or(|t| t <= 0) && !map.contains_key(&(s, *c)) {
             map.insert((s, *c), next);
             next += 1;
         }
     }
     for (o, c, s) in ops.iter_mut() {
-        let Some(s) = *s else { continue };
+        let Some(s) = s.filter(|&s| s >= 0) else { continue };
         let n = *map.entry((s, *c)).or_insert_with(|| {
             next += 1;
             next - 1

@@ -268,3 +268,6 @@ pub fn describe(facts: &ScaleFacts) -> String {
         parts.join(", ")
     )
 }
+
+#[cfg(test)]
+mod tests;

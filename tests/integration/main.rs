@@ -40,6 +40,8 @@ mod simulator;
 // The model's resident state: parameters with and without gradients, buffers,
 // run kind, state made before the trace, DDP buckets, traces without shapes.
 mod state;
+// Trace small, run big: --layers and --seq-len against traces made that way.
+mod scale;
 // Source-text checks of the architecture invariants.
 mod tidy;
 // Trace reader: fixtures, tolerant parsing, bad-input errors.
