@@ -75,6 +75,9 @@ pub enum Setting {
     /// The model's parameter bytes (all, and the frozen part), in place of
     /// what the trace shows.
     ParameterBytes,
+    /// The sequence length of the job to estimate (several traces of one
+    /// job at other lengths need it).
+    SequenceLength,
 }
 
 impl Setting {
@@ -87,6 +90,7 @@ impl Setting {
             Setting::TargetBatch => "the batch size to evaluate",
             Setting::WorldSize => "the number of GPUs",
             Setting::ParameterBytes => "the parameter bytes",
+            Setting::SequenceLength => "the sequence length to estimate",
         }
     }
 
@@ -99,6 +103,7 @@ impl Setting {
             Setting::TargetBatch => "set the batch size to evaluate",
             Setting::WorldSize => "set the number of GPUs",
             Setting::ParameterBytes => "give the parameter bytes yourself",
+            Setting::SequenceLength => "set the sequence length to estimate",
         }
     }
 }

@@ -84,7 +84,10 @@ impl TraceIdentity {
             .collect::<Vec<_>>()
             .join(" + ");
         let mut joined = fingerprint.finish(&name);
-        joined.size_bytes = ids.iter().map(|i| i.size_bytes).fold(Bytes::ZERO, |a, b| a + b);
+        joined.size_bytes = ids
+            .iter()
+            .map(|i| i.size_bytes)
+            .fold(Bytes::ZERO, |a, b| a + b);
         joined
     }
 }

@@ -101,8 +101,8 @@ impl Error {
         match self {
             Error::Orchestrate(err) => err.setting(),
             Error::ParameterBytes(_) => Some(Setting::ParameterBytes),
+            Error::Scale(err) => err.setting(),
             Error::Trace(_)
-            | Error::Scale(_)
             | Error::AutocastDtype(_)
             | Error::AutocastPolicy { .. }
             | Error::Analyze(_)
@@ -222,9 +222,15 @@ pub fn prepare_many_from(
         warnings.extend(trace.warnings);
         traces.push(trace.value);
     }
-    let traced = traces.first().map(crate::scale::inspect).unwrap_or_default();
+    let traced = traces
+        .first()
+        .map(crate::scale::inspect)
+        .unwrap_or_default();
     let (trace, scaled) = if traces.len() == 1 && config.scale.is_identity() {
-        (traces.pop().unwrap_or_default(), crate::scale::ScaleFacts::default())
+        (
+            traces.pop().unwrap_or_default(),
+            crate::scale::ScaleFacts::default(),
+        )
     } else {
         let scaled = crate::scale::scale_many(&traces, &config.scale)?;
         warnings.extend(scaled.warnings);

@@ -35,7 +35,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::align::align;
 use super::frames::{self, ModuleFrame, Stack};
+use super::names::{out_name, renumber_sequences, Renumber};
 use super::{DepthFacts, ScaleError, StackFacts};
 use crate::diag::Warning;
 use crate::trace::{MemoryEvent, OpEvent, Trace};
@@ -106,7 +108,10 @@ pub(super) fn deepen(
         return Err(ScaleError::NoRepeatedBlock);
     };
     let traced = u32::try_from(first.instances.len()).unwrap_or(u32::MAX);
-    if let Some(other) = stacks.iter().find(|s| s.instances.len() != first.instances.len()) {
+    if let Some(other) = stacks
+        .iter()
+        .find(|s| s.instances.len() != first.instances.len())
+    {
         return Err(ScaleError::StacksDiffer {
             first: first.class.clone(),
             first_count: first.instances.len(),
@@ -160,7 +165,7 @@ pub(super) fn deepen(
     Ok((rebuilt, facts))
 }
 
-fn last(stack: &Stack) -> u32 {
+pub(super) fn last(stack: &Stack) -> u32 {
     stack.instances.last().copied().unwrap_or(0)
 }
 
@@ -173,8 +178,10 @@ fn stack_parts(
     index: usize,
 ) -> Result<Vec<Part>, ScaleError> {
     let n = stack.instances.len();
-    let (Some(&t), Some(&p)) = (stack.instances.last(), stack.instances.get(n.wrapping_sub(2)))
-    else {
+    let (Some(&t), Some(&p)) = (
+        stack.instances.last(),
+        stack.instances.get(n.wrapping_sub(2)),
+    ) else {
         return Err(ScaleError::NoRepeatedBlock);
     };
     // A block's call reaches to whatever starts next: the loop around the
@@ -224,7 +231,15 @@ fn stack_parts(
     };
     let mut parts = Vec::new();
     for (tf, pf) in tc.iter().zip(&pc) {
-        parts.push(part(trace, stack, index, Kind::Forward, *tf, in_seg(*tf), in_seg(*pf))?);
+        parts.push(part(
+            trace,
+            stack,
+            index,
+            Kind::Forward,
+            *tf,
+            in_seg(*tf),
+            in_seg(*pf),
+        )?);
         let (Some(tb), Some(pb)) = (backward_start(trace, *tf), backward_start(trace, *pf)) else {
             continue;
         };
@@ -241,8 +256,18 @@ fn stack_parts(
         };
         let events = in_seg(seg);
         let lo = ts.partition_point(|&x| x < pb);
-        let hi = lo.saturating_add(events.len().saturating_mul(2)).min(ts.len());
-        parts.push(part(trace, stack, index, Kind::Backward, seg, events, (lo..hi).collect())?);
+        let hi = lo
+            .saturating_add(events.len().saturating_mul(2))
+            .min(ts.len());
+        parts.push(part(
+            trace,
+            stack,
+            index,
+            Kind::Backward,
+            seg,
+            events,
+            (lo..hi).collect(),
+        )?);
     }
     Ok(parts)
 }
@@ -307,63 +332,6 @@ fn backward_start(trace: &Trace, seg: Seg) -> Option<i64> {
         .filter(|o| o.sequence_number.is_some_and(|s| seqs.contains(&s)))
         .map(|o| o.start.get())
         .min()
-}
-
-/// The longest common subsequence of two token lists as two position maps;
-/// `None` when the table would be too large.
-#[allow(clippy::type_complexity)]
-pub(super) fn align<T: PartialEq>(a: &[T], b: &[T]) -> Option<(Vec<Option<usize>>, Vec<Option<usize>>)> {
-    let mut t2p = vec![None; a.len()];
-    let mut p2t = vec![None; b.len()];
-    // The common case: the predecessor starts with the template's events.
-    if a.len() <= b.len() && a.iter().zip(b).all(|(x, y)| x == y) {
-        for (i, slot) in t2p.iter_mut().enumerate() {
-            *slot = Some(i);
-        }
-        for (i, slot) in p2t.iter_mut().enumerate().take(a.len()) {
-            *slot = Some(i);
-        }
-        return Some((t2p, p2t));
-    }
-    let (n, m) = (a.len(), b.len());
-    if n.saturating_mul(m) > 64 << 20 {
-        return None;
-    }
-    // table[i][j] = LCS of a[i..], b[j..]
-    let w = m + 1;
-    let mut table = vec![0u32; (n + 1) * w];
-    for i in (0..n).rev() {
-        for j in (0..m).rev() {
-            let v = if a.get(i) == b.get(j) {
-                table.get((i + 1) * w + j + 1).copied().unwrap_or(0) + 1
-            } else {
-                let down = table.get((i + 1) * w + j).copied().unwrap_or(0);
-                let right = table.get(i * w + j + 1).copied().unwrap_or(0);
-                down.max(right)
-            };
-            if let Some(cell) = table.get_mut(i * w + j) {
-                *cell = v;
-            }
-        }
-    }
-    let (mut i, mut j) = (0, 0);
-    while i < n && j < m {
-        if a.get(i) == b.get(j) {
-            if let Some(slot) = t2p.get_mut(i) {
-                *slot = Some(j);
-            }
-            if let Some(slot) = p2t.get_mut(j) {
-                *slot = Some(i);
-            }
-            i += 1;
-            j += 1;
-        } else if table.get((i + 1) * w + j) >= table.get(i * w + j + 1) {
-            i += 1;
-        } else {
-            j += 1;
-        }
-    }
-    Some((t2p, p2t))
 }
 
 /// The addresses each copy gives a template event (`None`: not emitted).
@@ -455,7 +423,12 @@ impl<'a> Rebuild<'a> {
             .parts
             .iter()
             .enumerate()
-            .flat_map(|(pi, p)| p.events.iter().enumerate().map(move |(pos, &e)| (pi, pos, e)))
+            .flat_map(|(pi, p)| {
+                p.events
+                    .iter()
+                    .enumerate()
+                    .map(move |(pos, &e)| (pi, pos, e))
+            })
             .collect();
         for &(pi, pos, a) in &template {
             if !self.is_alloc(a) {
@@ -501,7 +474,13 @@ impl<'a> Rebuild<'a> {
             let twin = self
                 .parts
                 .get(pi)
-                .and_then(|p| p.t2p.get(pos).copied().flatten().and_then(|q| p.pred.get(q)))
+                .and_then(|p| {
+                    p.t2p
+                        .get(pos)
+                        .copied()
+                        .flatten()
+                        .and_then(|q| p.pred.get(q))
+                })
                 .copied();
             let chain = twin
                 .filter(|&e| self.is_alloc(e))
@@ -542,6 +521,10 @@ impl<'a> Rebuild<'a> {
         (plan, extra)
     }
 
+    /// The rebuilt trace: every event of the trace moved by the copies
+    /// inserted before it, and each copied segment's `[memory]` events, ops,
+    /// Python frames, annotations and flows emitted once per copy. One
+    /// function because every kind of event takes the same time map.
     fn build(mut self) -> Trace {
         let (plan, extra) = self.plan();
         let k = self.copies;
@@ -585,22 +568,54 @@ impl<'a> Rebuild<'a> {
                 None => Some(m.addr),
             };
             if let Some(addr) = addr {
-                memory.push((t2, e, 0, 0, MemoryEvent { ts: Nanos(t2), addr, ..m.clone() }));
+                memory.push((
+                    t2,
+                    e,
+                    0,
+                    0,
+                    MemoryEvent {
+                        ts: Nanos(t2),
+                        addr,
+                        ..m.clone()
+                    },
+                ));
             }
             if let Some(xs) = extra_after.get(&e) {
                 for (j, &x) in xs.iter().enumerate() {
                     let j = u32::try_from(j + 1).unwrap_or(u32::MAX);
-                    memory.push((t2, e, 0, j, MemoryEvent { ts: Nanos(t2), addr: x, ..m.clone() }));
+                    memory.push((
+                        t2,
+                        e,
+                        0,
+                        j,
+                        MemoryEvent {
+                            ts: Nanos(t2),
+                            addr: x,
+                            ..m.clone()
+                        },
+                    ));
                 }
             }
         }
         for p in &self.parts {
             for &e in &p.events {
-                let Some(m) = trace.memory.get(e) else { continue };
+                let Some(m) = trace.memory.get(e) else {
+                    continue;
+                };
                 for c in 1..=k {
                     if let Some(Some(x)) = plan.get(&(e, c)) {
                         let t = copy_time(p, m.ts.get(), c);
-                        memory.push((t, e, c, 0, MemoryEvent { ts: Nanos(t), addr: *x, ..m.clone() }));
+                        memory.push((
+                            t,
+                            e,
+                            c,
+                            0,
+                            MemoryEvent {
+                                ts: Nanos(t),
+                                addr: *x,
+                                ..m.clone()
+                            },
+                        ));
                     }
                 }
             }
@@ -629,15 +644,31 @@ impl<'a> Rebuild<'a> {
             (s, e + shift(e) - s)
         };
         let copied = |start: i64, dur: i64| -> Option<&Part> {
-            self.parts.iter().find(|p| p.seg.holds_span(start, start + dur))
+            self.parts
+                .iter()
+                .find(|p| p.seg.holds_span(start, start + dur))
         };
 
         // ops, with sequence numbers renumbered in call order afterwards
-        let ext_span = trace.ops.iter().filter_map(|o| o.external_id).max().unwrap_or(0) + 1;
+        let ext_span = trace
+            .ops
+            .iter()
+            .filter_map(|o| o.external_id)
+            .max()
+            .unwrap_or(0)
+            + 1;
         let mut ops: Vec<(OpEvent, u32, Option<i64>)> = Vec::new();
         for o in &trace.ops {
             let (s, d) = spans(o.start.get(), o.dur.get());
-            ops.push((OpEvent { start: Nanos(s), dur: Nanos(d), ..o.clone() }, 0, o.sequence_number));
+            ops.push((
+                OpEvent {
+                    start: Nanos(s),
+                    dur: Nanos(d),
+                    ..o.clone()
+                },
+                0,
+                o.sequence_number,
+            ));
             if let Some(p) = copied(o.start.get(), o.dur.get()) {
                 for c in 1..=k {
                     let s = copy_time(p, o.start.get(), c);
@@ -710,7 +741,11 @@ impl<'a> Rebuild<'a> {
         let mut annotations = Vec::new();
         for a in &trace.annotations {
             let (s, d) = spans(a.start.get(), a.dur.get());
-            annotations.push(crate::trace::AnnotationEvent { start: Nanos(s), dur: Nanos(d), ..a.clone() });
+            annotations.push(crate::trace::AnnotationEvent {
+                start: Nanos(s),
+                dur: Nanos(d),
+                ..a.clone()
+            });
             if let Some(part) = copied(a.start.get(), a.dur.get()) {
                 for c in 1..=k {
                     annotations.push(crate::trace::AnnotationEvent {
@@ -727,7 +762,10 @@ impl<'a> Rebuild<'a> {
         let mut flows = Vec::new();
         for f in &trace.flows {
             let t = f.ts.get();
-            flows.push(crate::trace::FlowEvent { ts: Nanos(t + shift(t)), ..f.clone() });
+            flows.push(crate::trace::FlowEvent {
+                ts: Nanos(t + shift(t)),
+                ..f.clone()
+            });
             if let Some(part) = self.parts.iter().find(|p| p.seg.holds(t)) {
                 for c in 1..=k {
                     flows.push(crate::trace::FlowEvent {
@@ -743,15 +781,6 @@ impl<'a> Rebuild<'a> {
         strip_first_step_state(&mut out);
         out
     }
-}
-
-/// The id of `name` in the rebuilt trace's table (added when new).
-fn out_name(trace: &mut Trace, name: &str) -> crate::trace::NameId {
-    if let Some(i) = trace.names.iter().position(|n| n == name) {
-        return crate::trace::NameId(u32::try_from(i).unwrap_or(u32::MAX));
-    }
-    trace.names.push(name.to_owned());
-    crate::trace::NameId(u32::try_from(trace.names.len() - 1).unwrap_or(u32::MAX))
 }
 
 /// Pairs each allocation with the next free of its address (and back).
@@ -776,107 +805,6 @@ fn pair(memory: &[MemoryEvent]) -> Vec<Option<usize>> {
     out
 }
 
-/// Autograd sequence numbers in call order: each (number, copy) of a forward
-/// op gets the next number when first called, and its backward nodes the same.
-fn renumber_sequences(ops: &mut [(OpEvent, u32, Option<i64>)]) {
-    // Negative numbers are "none" (-1): left as they are.
-    let Some(base) = ops.iter().filter_map(|(_, _, s)| *s).filter(|&s| s >= 0).min() else {
-        return;
-    };
-    let mut map: HashMap<(i64, u32), i64> = HashMap::new();
-    let mut next = base;
-    for (o, c, s) in ops.iter() {
-        let Some(s) = s.filter(|&s| s >= 0) else { continue };
-        if o.fwd_thread_id.is_none_or(|t| t <= 0) && !map.contains_key(&(s, *c)) {
-            map.insert((s, *c), next);
-            next += 1;
-        }
-    }
-    for (o, c, s) in ops.iter_mut() {
-        let Some(s) = s.filter(|&s| s >= 0) else { continue };
-        let n = *map.entry((s, *c)).or_insert_with(|| {
-            next += 1;
-            next - 1
-        });
-        o.sequence_number = Some(n);
-    }
-}
-
-/// Module frame names of the deeper model: per class, instances numbered
-/// in call order, the copies right after the template's.
-struct Renumber {
-    /// (class, k) → new k for the trace's own frames.
-    original: HashMap<usize, (String, u32)>,
-    /// Per stack and class: the template's first and last instance and count.
-    ranges: Vec<BTreeMap<String, (u32, u32, u32)>>,
-    shifted: HashMap<(String, u32), u32>,
-    frame_of: HashMap<usize, (String, u32)>,
-}
-
-impl Renumber {
-    fn new(trace: &Trace, frames: &[ModuleFrame], stacks: &[Stack], copies: u32) -> Renumber {
-        let mut ranges: Vec<BTreeMap<String, (u32, u32, u32)>> = Vec::new();
-        for stack in stacks {
-            let t = last(stack);
-            let mut per: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-            for f in frames {
-                let inside = (f.class == stack.class && f.k == t)
-                    || f.ancestors.iter().any(|(c, k)| c == &stack.class && *k == t);
-                if inside {
-                    per.entry(f.class.clone()).or_default().insert(f.k);
-                }
-            }
-            ranges.push(
-                per.into_iter()
-                    .filter_map(|(c, ks)| {
-                        let lo = *ks.first()?;
-                        let hi = *ks.last()?;
-                        Some((c, (lo, hi, u32::try_from(ks.len()).unwrap_or(0))))
-                    })
-                    .collect(),
-            );
-        }
-        let mut shifted = HashMap::new();
-        let mut frame_of = HashMap::new();
-        for f in frames {
-            let add: u32 = ranges
-                .iter()
-                .filter_map(|r| r.get(&f.class))
-                .filter(|&&(_, hi, _)| f.k > hi)
-                .map(|&(_, _, m)| m.saturating_mul(copies))
-                .sum();
-            shifted.insert((f.class.clone(), f.k), f.k.saturating_add(add));
-            frame_of.insert(f.python, (f.class.clone(), f.k));
-        }
-        let _ = trace;
-        Renumber {
-            original: HashMap::new(),
-            ranges,
-            shifted,
-            frame_of,
-        }
-    }
-
-    /// The new name and module id of the trace's own frame `python`.
-    fn original(&self, python: usize) -> Option<(String, Option<i64>)> {
-        if let Some(x) = self.original.get(&python) {
-            return Some((format!("nn.Module: {}_{}", x.0, x.1), Some(i64::from(x.1))));
-        }
-        let (class, k) = self.frame_of.get(&python)?;
-        let n = *self.shifted.get(&(class.clone(), *k))?;
-        Some((format!("nn.Module: {class}_{n}"), Some(i64::from(n))))
-    }
-
-    /// The name and module id of copy `c` of frame `python` in `stack`.
-    fn copy(&self, python: usize, stack: usize, c: u32) -> Option<(String, Option<i64>)> {
-        let (class, k) = self.frame_of.get(&python)?;
-        let &(lo, hi, m) = self.ranges.get(stack)?.get(class)?;
-        let last = *self.shifted.get(&(class.clone(), hi))?;
-        let n = last + (c - 1) * m + (k - lo) + 1;
-        Some((format!("nn.Module: {class}_{n}"), Some(i64::from(n))))
-    }
-}
-
 /// Leaves out the optimizer state made in the first `Optimizer.step`
 /// (allocations there never freed): the state of the copies' parameters is
 /// not in the trace, so all of it is sized from the parameters instead.
@@ -896,7 +824,10 @@ fn strip_first_step_state(trace: &mut Trace) {
         .iter()
         .enumerate()
         .filter(|(i, m)| {
-            m.bytes > 0 && s <= m.ts.get() && m.ts.get() <= e && partner.get(*i).is_some_and(Option::is_none)
+            m.bytes > 0
+                && s <= m.ts.get()
+                && m.ts.get() <= e
+                && partner.get(*i).is_some_and(Option::is_none)
         })
         .map(|(i, _)| i)
         .collect();
@@ -923,19 +854,4 @@ fn strip_first_step_state(trace: &mut Trace) {
         })
         .collect();
     trace.memory = kept;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn alignment_is_the_identity_on_equal_blocks_and_skips_extra_events() {
-        let (t2p, p2t) = align(&[1, 2, 3], &[1, 2, 3, 4]).unwrap();
-        assert_eq!(t2p, [Some(0), Some(1), Some(2)]);
-        assert_eq!(p2t, [Some(0), Some(1), Some(2), None]);
-        // The predecessor has extra events (T5's first block).
-        let (t2p, _) = align(&[1, 2, 3], &[1, 9, 9, 2, 3]).unwrap();
-        assert_eq!(t2p, [Some(0), Some(3), Some(4)]);
-    }
 }

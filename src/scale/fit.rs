@@ -75,11 +75,7 @@ pub(super) fn fit(
     for (j, input) in out.tensor_args.iter_mut().enumerate() {
         let ys: Vec<i128> = at
             .iter()
-            .map(|(_, tr)| {
-                tr.tensor_args
-                    .get(j)
-                    .map_or(0, |x| i128::from(x.numel))
-            })
+            .map(|(_, tr)| tr.tensor_args.get(j).map_or(0, |x| i128::from(x.numel)))
             .collect();
         input.numel = u64::try_from(fit_one(&xs, &ys, target).0.max(0)).unwrap_or(u64::MAX);
     }
@@ -203,7 +199,10 @@ mod tests {
         assert_eq!(fit_one(&[32, 64], &[110, 210], 128), (410, 3));
         // a T and a T² part: the parabola through three points
         let y = |t: i128| 5 + 3 * t + 2 * t * t;
-        assert_eq!(fit_one(&[32, 64, 128], &[y(32), y(64), y(128)], 1000).0, y(1000));
+        assert_eq!(
+            fit_one(&[32, 64, 128], &[y(32), y(64), y(128)], 1000).0,
+            y(1000)
+        );
         // frees are negative sizes
         assert_eq!(fit_one(&[32, 64], &[-100, -200], 512), (-1600, 1));
     }

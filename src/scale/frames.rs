@@ -67,7 +67,11 @@ pub(crate) fn module_frames(trace: &Trace) -> Vec<ModuleFrame> {
 
 /// The module frames above `frame`, innermost first (a bounded walk: a
 /// broken parent chain ends it).
-fn ancestors(trace: &Trace, frame: &PythonEvent, by_id: &HashMap<i64, usize>) -> Vec<(String, u32)> {
+fn ancestors(
+    trace: &Trace,
+    frame: &PythonEvent,
+    by_id: &HashMap<i64, usize>,
+) -> Vec<(String, u32)> {
     let mut out = Vec::new();
     let mut parent = frame.parent_id;
     let mut steps = 0;
@@ -102,7 +106,10 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
             .first()
             .map(|(c, k)| format!("{c}_{k}"))
             .unwrap_or_default();
-        groups.entry((f.class.clone(), parent)).or_default().insert(f.k);
+        groups
+            .entry((f.class.clone(), parent))
+            .or_default()
+            .insert(f.k);
     }
     let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
     let first_call = |class: &str, k: u32| -> Vec<i64> {
@@ -133,9 +140,8 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
         if a.is_empty() {
             return false;
         }
-        super::depth::align(&a, &b).is_some_and(|(t2p, _)| {
-            t2p.iter().filter(|x| x.is_some()).count() * 10 >= a.len() * 9
-        })
+        super::align::align(&a, &b)
+            .is_some_and(|(t2p, _)| t2p.iter().filter(|x| x.is_some()).count() * 10 >= a.len() * 9)
     };
     let candidates: Vec<((String, String), BTreeSet<u32>)> = groups
         .into_iter()
@@ -149,9 +155,7 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
     let mut stacks: Vec<Stack> = Vec::new();
     for ((class, parent), ks) in &candidates {
         let nested = frames.iter().any(|f| {
-            &f.class == class
-                && ks.contains(&f.k)
-                && f.ancestors.iter().any(|(c, k)| member(c, *k))
+            &f.class == class && ks.contains(&f.k) && f.ancestors.iter().any(|(c, k)| member(c, *k))
         });
         if nested {
             continue;
@@ -172,7 +176,11 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
             events,
         });
     }
-    let Some(best) = stacks.iter().max_by_key(|s| (s.events, s.instances.len())).cloned() else {
+    let Some(best) = stacks
+        .iter()
+        .max_by_key(|s| (s.events, s.instances.len()))
+        .cloned()
+    else {
         return Vec::new();
     };
     if best.events == 0 {

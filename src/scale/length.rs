@@ -42,7 +42,9 @@ pub(super) fn traced_shape(trace: &Trace) -> Option<(u32, u32)> {
     let dims = trace.numbers(indices.dims);
     let t = u32::try_from(*dims.last()?).ok().filter(|&t| t > 1)?;
     let b = if dims.len() >= 2 {
-        dims.first().and_then(|&b| u32::try_from(b).ok()).unwrap_or(1)
+        dims.first()
+            .and_then(|&b| u32::try_from(b).ok())
+            .unwrap_or(1)
     } else {
         1
     };
@@ -70,7 +72,15 @@ pub(super) fn rescale_total(trace: &mut Trace) {
 }
 
 /// Names of ops whose output may grow as the sum of their inputs' powers.
-const PRODUCTS: &[&str] = &["mm", "matmul", "einsum", "linear", "attention", "conv", "bmm"];
+const PRODUCTS: &[&str] = &[
+    "mm",
+    "matmul",
+    "einsum",
+    "linear",
+    "attention",
+    "conv",
+    "bmm",
+];
 
 /// Attention kernels (sdpa and its flash, memory-efficient and math
 /// variants, forward and backward).
@@ -284,9 +294,19 @@ fn length_dims(dims: &[i64], k: u32, t: u32, batch: u32) -> Vec<usize> {
     let (t, bt) = (i64::from(t), i64::from(t) * i64::from(batch));
     let mut out: Vec<usize> = Vec::new();
     if batch > 1 {
-        out.extend(dims.iter().enumerate().filter(|(_, &d)| d == bt).map(|(i, _)| i));
+        out.extend(
+            dims.iter()
+                .enumerate()
+                .filter(|(_, &d)| d == bt)
+                .map(|(i, _)| i),
+        );
     }
-    out.extend(dims.iter().enumerate().filter(|(_, &d)| d == t).map(|(i, _)| i));
+    out.extend(
+        dims.iter()
+            .enumerate()
+            .filter(|(_, &d)| d == t)
+            .map(|(i, _)| i),
+    );
     out.truncate(k as usize);
     out
 }
@@ -382,7 +402,9 @@ impl<'a> Shapes<'a> {
                 .saturating_add(1),
             _ => dims.iter().product::<i64>(),
         };
-        u64::try_from(elems.max(0)).unwrap_or(0).saturating_mul(elsize)
+        u64::try_from(elems.max(0))
+            .unwrap_or(0)
+            .saturating_mul(elsize)
     }
 
     fn elsize(&self, arg: &TensorArg) -> Option<u64> {
@@ -421,12 +443,22 @@ impl<'a> Shapes<'a> {
                 }
                 next_op += 1;
                 let start = o.start.get();
-                stack.retain(|&s| trace.ops.get(s).is_some_and(|p| p.start.get() + p.dur.get() >= start));
+                stack.retain(|&s| {
+                    trace
+                        .ops
+                        .get(s)
+                        .is_some_and(|p| p.start.get() + p.dur.get() >= start)
+                });
                 stack.push(oi);
                 self.read_args(oi, &live, &mut reads);
             }
-            stack.retain(|&s| trace.ops.get(s).is_some_and(|p| p.start.get() + p.dur.get() >= ts));
-            let size = u64::try_from(m.bytes.unsigned_abs()).unwrap_or(0);
+            stack.retain(|&s| {
+                trace
+                    .ops
+                    .get(s)
+                    .is_some_and(|p| p.start.get() + p.dur.get() >= ts)
+            });
+            let size = m.bytes.unsigned_abs();
             if m.bytes > 0 {
                 live.entry(size).or_default().push(i);
                 maker.insert(i, stack.clone());
@@ -476,7 +508,6 @@ impl<'a> Shapes<'a> {
             if let Some(&b) = kept {
                 upper.insert(b, 0);
             }
-
         }
         let mut args_of: HashMap<usize, Vec<(usize, &[usize])>> = HashMap::new();
         for (op, arg, blocks) in &reads {
@@ -500,10 +531,13 @@ impl<'a> Shapes<'a> {
             let ops = maker.get(&i).cloned().unwrap_or_default();
             // The outermost op with tensor inputs is the call the user
             // made (`linear`, not the `mm` inside it, whose transposed
-            // weight is no trace block): its signature is known.
-            let bound = ops
+            // weight is no trace block): its signature is known. Inside an
+            // attention call that runs as ops (the math path: `scores = q @
+            // kᵀ`, softmax, dropout), the innermost op made the block: only
+            // the kernel's own outputs have the query's shape.
+            let bounds: Vec<(u32, bool, bool)> = ops
                 .iter()
-                .find_map(|&op| {
+                .filter_map(|&op| {
                     // Scalars and empty tensors (`resize_` of a `[0]`) carry
                     // no size: an op reading only those is a factory.
                     let args: Vec<(usize, &[usize])> = args_of
@@ -521,22 +555,30 @@ impl<'a> Shapes<'a> {
                         return None;
                     }
                     let o = trace.ops.get(op)?;
-                    let powers = args.iter().map(|&(arg, b)| self.arg_power(arg, b, &block, o.start.get()));
+                    let powers = args
+                        .iter()
+                        .map(|&(arg, b)| self.arg_power(arg, b, &block, o.start.get()));
                     let name = trace.name(o.name);
                     Some(if is_attention(name) {
-                        // Attention's outputs have the query's shape (or
+                        // The kernel's outputs have the query's shape (or
                         // less: the log-sum-exp): no longer than its inputs.
-                        (powers.max().unwrap_or(0), false)
+                        (powers.max().unwrap_or(0), false, true)
                     } else if is_product(name) {
-                        (powers.sum::<u32>(), true)
+                        (powers.sum::<u32>(), true, false)
                     } else {
-                        (powers.max().unwrap_or(0), false)
+                        (powers.max().unwrap_or(0), false, false)
                     })
                 })
-                // A factory (arange, zeros, full) reads no tensor: its size
-                // comes from numbers the trace does not keep, and only its
-                // readers' shapes tell.
-                .unwrap_or((u32::MAX, false));
+                .collect();
+            let bound = match (bounds.first(), bounds.last()) {
+                (Some(&(_, _, true)), Some(&(b, p, _))) => Some((b, p)),
+                (Some(&(b, p, _)), _) => Some((b, p)),
+                _ => None,
+            }
+            // A factory (arange, zeros, full) reads no tensor: its size
+            // comes from numbers the trace does not keep, and only its
+            // readers' shapes tell.
+            .unwrap_or((u32::MAX, false));
             // Nothing reads it: an operator's scratch, sized by the kernel's
             // tiling more than by the length; at most linear.
             let up = upper.get(&i).copied().unwrap_or(1);
@@ -580,16 +622,18 @@ impl<'a> Shapes<'a> {
             .filter(|(_, o)| o.concrete.len > 0 && o.tensors.len > 0)
             .filter_map(|(i, o)| Some((i, *args.get(&(o.tensors.start as usize))?)))
             .collect();
-        Powers {
-            block,
-            args,
-            views,
-        }
+        Powers { block, args, views }
     }
 
     /// The power of one argument: its blocks' (the largest), or for a tensor from before
     /// the trace its length dims if it is integer data or the loader's.
-    fn arg_power(&self, arg: usize, blocks: &[usize], powers: &HashMap<usize, u32>, ts: i64) -> u32 {
+    fn arg_power(
+        &self,
+        arg: usize,
+        blocks: &[usize],
+        powers: &HashMap<usize, u32>,
+        ts: i64,
+    ) -> u32 {
         // A bound may not be too low: of the blocks a read may be, the largest.
         if !blocks.is_empty() {
             return blocks
@@ -667,7 +711,12 @@ fn rebuild_inputs(trace: &mut Trace) {
     let mut ranges = Vec::with_capacity(trace.ops.len());
     for o in &trace.ops {
         let first = u32::try_from(inputs.len()).unwrap_or(u32::MAX);
-        for t in trace.op_args.tensors.get(o.tensors.range()).unwrap_or_default() {
+        for t in trace
+            .op_args
+            .tensors
+            .get(o.tensors.range())
+            .unwrap_or_default()
+        {
             let numel = trace
                 .numbers(t.dims)
                 .iter()
@@ -708,7 +757,14 @@ mod tests {
 
     #[test]
     fn products_are_named_as_pytorch_names_them() {
-        for op in ["aten::mm", "aten::bmm", "aten::linear", "MmBackward0", "aten::einsum", "aten::_scaled_dot_product_flash_attention_for_cpu"] {
+        for op in [
+            "aten::mm",
+            "aten::bmm",
+            "aten::linear",
+            "MmBackward0",
+            "aten::einsum",
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+        ] {
             assert!(is_product(op), "{op}");
         }
         for op in ["aten::add", "aten::cat", "aten::softmax", "aten::mul"] {

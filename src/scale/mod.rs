@@ -17,10 +17,12 @@
 //! - What cannot be rebuilt is refused with its reason ([`ScaleError`]),
 //!   never guessed.
 
+mod align;
 mod depth;
 mod fit;
 mod frames;
 mod length;
+mod names;
 
 use serde::{Deserialize, Serialize};
 
@@ -141,6 +143,16 @@ impl ScaleFacts {
     }
 }
 
+impl ScaleError {
+    /// The setting the message asks for, if any.
+    pub fn setting(&self) -> Option<crate::diag::Setting> {
+        match self {
+            ScaleError::SeveralWithoutLength => Some(crate::diag::Setting::SequenceLength),
+            _ => None,
+        }
+    }
+}
+
 /// Why a trace could not be rebuilt for the target.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScaleError {
@@ -169,7 +181,7 @@ pub enum ScaleError {
     NotTheSameJob(String),
     #[error("the traces have the same sequence length ({0}): give traces at different lengths")]
     SameLength(u32),
-    #[error("several traces need a sequence length to estimate: add --seq-len (or its field on the page)")]
+    #[error("several traces were given, which estimate their job at another sequence length: set the sequence length to estimate")]
     SeveralWithoutLength,
 }
 

@@ -1,3 +1,4 @@
+#![cfg(test)]
 //! The rebuild rules on hand-written traces: a stack of N blocks made by
 //! one generator, so the trace of 2 blocks scaled to N can be set beside
 //! the trace of N blocks, event by event.
@@ -42,8 +43,21 @@ fn stack(n: u32, train: bool, cache: bool) -> Trace {
         let t = 100.0 + 100.0 * f64::from(k);
         let id = 10 + i64::from(k);
         ev.push(frame(&format!("nn.Module: Block_{k}"), t, 80.0, id, 1));
-        ev.push(frame(&format!("nn.Module: Linear_{k}"), t + 5.0, 60.0, 100 + id, id));
-        ev.push(op("aten::linear", t + 10.0, 40.0, id, false, "[[4, 8, 16], [16, 16]]"));
+        ev.push(frame(
+            &format!("nn.Module: Linear_{k}"),
+            t + 5.0,
+            60.0,
+            100 + id,
+            id,
+        ));
+        ev.push(op(
+            "aten::linear",
+            t + 10.0,
+            40.0,
+            id,
+            false,
+            "[[4, 8, 16], [16, 16]]",
+        ));
         ev.push(mem(t + 20.0, 5_000 + u64::from(k), 512));
         ev.push(mem(t + 30.0, x(k + 1), 2048));
         ev.push(mem(t + 40.0, 5_000 + u64::from(k), -512));
@@ -56,17 +70,38 @@ fn stack(n: u32, train: bool, cache: bool) -> Trace {
     }
     let head = 100.0 + 100.0 * f64::from(n) + 10.0;
     ev.push(frame("nn.Module: Head_0", head - 5.0, 40.0, 50, 1));
-    ev.push(op("aten::linear", head, 20.0, 10 + i64::from(n), false, "[[4, 8, 16], [16, 16]]"));
+    ev.push(op(
+        "aten::linear",
+        head,
+        20.0,
+        10 + i64::from(n),
+        false,
+        "[[4, 8, 16], [16, 16]]",
+    ));
     ev.push(mem(head + 5.0, 9_000, 64));
     if train {
         let b0 = 6_000.0;
-        ev.push(op("LinearBackward0", b0, 10.0, 10 + i64::from(n), true, "[[4, 8, 16]]"));
+        ev.push(op(
+            "LinearBackward0",
+            b0,
+            10.0,
+            10 + i64::from(n),
+            true,
+            "[[4, 8, 16]]",
+        ));
         ev.push(mem(b0 + 5.0, 20_000 + x(n), 2048));
         ev.push(mem(b0 + 6.0, 9_000, -64));
         ev.push(mem(b0 + 7.0, x(n), -2048));
         for k in (0..n).rev() {
             let b = 6_100.0 + 100.0 * f64::from(n - 1 - k);
-            ev.push(op("LinearBackward0", b, 50.0, 10 + i64::from(k), true, "[[4, 8, 16]]"));
+            ev.push(op(
+                "LinearBackward0",
+                b,
+                50.0,
+                10 + i64::from(k),
+                true,
+                "[[4, 8, 16]]",
+            ));
             ev.push(mem(b + 10.0, 20_000 + x(k), 2048));
             ev.push(mem(b + 20.0, 20_000 + x(k + 1), -2048));
             ev.push(mem(b + 30.0, x(k), -2048));
@@ -90,7 +125,11 @@ fn stack(n: u32, train: bool, cache: bool) -> Trace {
     }
     if cache {
         for k in 0..n {
-            ev.push(mem(end + 100.0 + f64::from(k), 7_000 + u64::from(k) * 64, -1024));
+            ev.push(mem(
+                end + 100.0 + f64::from(k),
+                7_000 + u64::from(k) * 64,
+                -1024,
+            ));
         }
     }
     let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
@@ -124,7 +163,11 @@ fn deepen(trace: &Trace, layers: u32) -> (Trace, ScaleFacts) {
 fn inference_blocks_repeat_their_chain_and_what_each_keeps() {
     for cache in [false, true] {
         let (scaled, facts) = deepen(&stack(2, false, cache), 5);
-        assert_eq!(pattern(&scaled), pattern(&stack(5, false, cache)), "cache {cache}");
+        assert_eq!(
+            pattern(&scaled),
+            pattern(&stack(5, false, cache)),
+            "cache {cache}"
+        );
         let depth = facts.depth.unwrap();
         assert_eq!((depth.traced, depth.estimated), (2, 5));
         assert_eq!(depth.stacks[0].block, "Block");
@@ -173,8 +216,14 @@ fn training_blocks_repeat_forward_and_backward_chains_and_gradients() {
     backward.sort_unstable();
     let mut sorted = forward.clone();
     sorted.sort_unstable();
-    assert_eq!(forward, sorted, "forward sequence numbers follow call order");
-    assert_eq!(backward, sorted, "each backward node has its forward op's number");
+    assert_eq!(
+        forward, sorted,
+        "forward sequence numbers follow call order"
+    );
+    assert_eq!(
+        backward, sorted,
+        "each backward node has its forward op's number"
+    );
 }
 
 #[test]
@@ -212,9 +261,15 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
         layers: Some(4),
         seq_len: None,
     };
-    assert!(matches!(scale(&bare, &four), Err(ScaleError::NoModuleFrames)));
+    assert!(matches!(
+        scale(&bare, &four),
+        Err(ScaleError::NoModuleFrames)
+    ));
     let one = stack(1, false, false);
-    assert!(matches!(scale(&one, &four), Err(ScaleError::NoRepeatedBlock)));
+    assert!(matches!(
+        scale(&one, &four),
+        Err(ScaleError::NoRepeatedBlock)
+    ));
     // No embedding op: the length cannot be found.
     let longer = Target {
         layers: None,

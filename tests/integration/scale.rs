@@ -52,7 +52,11 @@ fn groups() -> BTreeMap<(String, u32, u32), String> {
         let (rest, layers) = name.rsplit_once("_L").unwrap();
         let (job, seq) = rest.rsplit_once("_seq").unwrap();
         out.insert(
-            (job.to_owned(), seq.parse().unwrap(), layers.parse().unwrap()),
+            (
+                job.to_owned(),
+                seq.parse().unwrap(),
+                layers.parse().unwrap(),
+            ),
             path,
         );
     }
@@ -111,7 +115,12 @@ fn a_short_trace_at_a_longer_length_is_the_longer_trace() {
         for &s in &seqs[1..] {
             let real = estimate(&[path(s)], None, None);
             let one = estimate(&[path(seqs[0])], None, Some(s));
-            within(&format!("{job}_L{layers}: seq{} → {s}", seqs[0]), &one, &real, 0.5);
+            within(
+                &format!("{job}_L{layers}: seq{} → {s}", seqs[0]),
+                &one,
+                &real,
+                0.5,
+            );
             let facts = one.summary.scaled.length.as_ref().unwrap();
             assert_eq!(facts.method, "shapes");
             if s > seqs[1] {
@@ -209,4 +218,17 @@ fn the_report_says_what_the_trace_is_and_what_was_rebuilt() {
         .warnings
         .iter()
         .any(|w| w.code == "scaled" && w.message.contains("4 blocks of T5Block")));
+}
+
+#[test]
+fn a_rebuilt_estimate_matches_its_snapshot() {
+    // llama-small traced at 2 layers and 32 tokens, estimated at 8 layers and
+    // 512 tokens: the whole report, as `memcast estimate --json` prints it.
+    let mut report = estimate(
+        &["fixtures/traces-depth/llama-small_adamw_bs4_seq32_L2.json.gz"],
+        Some(8),
+        Some(512),
+    );
+    crate::cli_terms::report(&mut report);
+    insta::assert_json_snapshot!("scaled_llama-small_seq32_L2_to_L8_seq512", report);
 }

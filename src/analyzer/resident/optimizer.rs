@@ -2,7 +2,7 @@
 //! `torch.optim` optimizer keeps per trainable parameter, from its class and
 //! what its step's ops show about its settings.
 
-/// What the first recorded optimizer step ran (top-level ops inside its span).
+/// What the last recorded optimizer step ran (top-level ops inside its span).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepOps {
     /// `mul_` / `_foreach_mul_` on parameter-shaped tensors (list elements counted).
@@ -73,11 +73,16 @@ pub(super) fn state_before_trace(
         return Vec::new();
     }
     let names = input.names;
+    // What the step runs in its steady state: the last recorded step (the
+    // first may be the one that made the state, e.g. SGD's momentum buffer
+    // cloned from the gradient, when the state of a rebuilt deeper job was
+    // left to be sized here).
     let Some(step) = input
         .index
         .annotations
         .iter()
-        .find(|a| names.get(a.name).starts_with(super::OPT_STEP_PREFIX))
+        .filter(|a| names.get(a.name).starts_with(super::OPT_STEP_PREFIX))
+        .max_by_key(|a| a.start)
     else {
         return Vec::new();
     };

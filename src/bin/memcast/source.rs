@@ -288,9 +288,11 @@ pub fn estimate_files(
     };
     if let [path] = paths {
         let mut source = FileSource::open(path)?;
-        return Ok(memcast::run_from(&mut source, config, &mut |_| {}, &Threads)
-            .with_context(|| format!("failed to estimate {}", what()))?
-            .value);
+        return Ok(
+            memcast::run_from(&mut source, config, &mut |_| {}, &Threads)
+                .with_context(|| format!("failed to estimate {}", what()))?
+                .value,
+        );
     }
     let mut sources = paths
         .iter()
@@ -308,4 +310,3 @@ pub fn estimate_files(
             .value,
     )
 }
-

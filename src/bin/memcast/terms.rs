@@ -16,6 +16,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::TargetBatch => "--at",
         Setting::WorldSize => "--world-size",
         Setting::ParameterBytes => "--params",
+        Setting::SequenceLength => "--seq-len",
     }
 }
 

@@ -1,0 +1,139 @@
+//! Names in a rebuilt trace: module frames numbered as the profiler numbers
+//! a deeper model's (per class, in call order, the copies right after the
+//! template's), autograd sequence numbers in call order, new names interned.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::frames::{ModuleFrame, Stack};
+use crate::trace::{OpEvent, Trace};
+
+/// The id of `name` in the rebuilt trace's table (added when new).
+pub(super) fn out_name(trace: &mut Trace, name: &str) -> crate::trace::NameId {
+    if let Some(i) = trace.names.iter().position(|n| n == name) {
+        return crate::trace::NameId(u32::try_from(i).unwrap_or(u32::MAX));
+    }
+    trace.names.push(name.to_owned());
+    crate::trace::NameId(u32::try_from(trace.names.len() - 1).unwrap_or(u32::MAX))
+}
+
+/// Autograd sequence numbers in call order: each (number, copy) of a forward
+/// op gets the next number when first called, and its backward nodes the same.
+pub(super) fn renumber_sequences(ops: &mut [(OpEvent, u32, Option<i64>)]) {
+    // Negative numbers are "none" (-1): left as they are.
+    let Some(base) = ops
+        .iter()
+        .filter_map(|(_, _, s)| *s)
+        .filter(|&s| s >= 0)
+        .min()
+    else {
+        return;
+    };
+    let mut map: HashMap<(i64, u32), i64> = HashMap::new();
+    let mut next = base;
+    for (o, c, s) in ops.iter() {
+        let Some(s) = s.filter(|&s| s >= 0) else {
+            continue;
+        };
+        if o.fwd_thread_id.is_none_or(|t| t <= 0) && !map.contains_key(&(s, *c)) {
+            map.insert((s, *c), next);
+            next += 1;
+        }
+    }
+    for (o, c, s) in ops.iter_mut() {
+        let Some(s) = s.filter(|&s| s >= 0) else {
+            continue;
+        };
+        let n = *map.entry((s, *c)).or_insert_with(|| {
+            next += 1;
+            next - 1
+        });
+        o.sequence_number = Some(n);
+    }
+}
+
+/// Module frame names of the deeper model: per class, instances numbered
+/// in call order, the copies right after the template's.
+pub(super) struct Renumber {
+    /// (class, k) → new k for the trace's own frames.
+    original: HashMap<usize, (String, u32)>,
+    /// Per stack and class: the template's first and last instance and count.
+    ranges: Vec<BTreeMap<String, (u32, u32, u32)>>,
+    shifted: HashMap<(String, u32), u32>,
+    frame_of: HashMap<usize, (String, u32)>,
+}
+
+impl Renumber {
+    pub(super) fn new(
+        trace: &Trace,
+        frames: &[ModuleFrame],
+        stacks: &[Stack],
+        copies: u32,
+    ) -> Renumber {
+        let mut ranges: Vec<BTreeMap<String, (u32, u32, u32)>> = Vec::new();
+        for stack in stacks {
+            let t = super::depth::last(stack);
+            let mut per: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+            for f in frames {
+                let inside = (f.class == stack.class && f.k == t)
+                    || f.ancestors
+                        .iter()
+                        .any(|(c, k)| c == &stack.class && *k == t);
+                if inside {
+                    per.entry(f.class.clone()).or_default().insert(f.k);
+                }
+            }
+            ranges.push(
+                per.into_iter()
+                    .filter_map(|(c, ks)| {
+                        let lo = *ks.first()?;
+                        let hi = *ks.last()?;
+                        Some((c, (lo, hi, u32::try_from(ks.len()).unwrap_or(0))))
+                    })
+                    .collect(),
+            );
+        }
+        let mut shifted = HashMap::new();
+        let mut frame_of = HashMap::new();
+        for f in frames {
+            let add: u32 = ranges
+                .iter()
+                .filter_map(|r| r.get(&f.class))
+                .filter(|&&(_, hi, _)| f.k > hi)
+                .map(|&(_, _, m)| m.saturating_mul(copies))
+                .sum();
+            shifted.insert((f.class.clone(), f.k), f.k.saturating_add(add));
+            frame_of.insert(f.python, (f.class.clone(), f.k));
+        }
+        let _ = trace;
+        Renumber {
+            original: HashMap::new(),
+            ranges,
+            shifted,
+            frame_of,
+        }
+    }
+
+    /// The new name and module id of the trace's own frame `python`.
+    pub(super) fn original(&self, python: usize) -> Option<(String, Option<i64>)> {
+        if let Some(x) = self.original.get(&python) {
+            return Some((format!("nn.Module: {}_{}", x.0, x.1), Some(i64::from(x.1))));
+        }
+        let (class, k) = self.frame_of.get(&python)?;
+        let n = *self.shifted.get(&(class.clone(), *k))?;
+        Some((format!("nn.Module: {class}_{n}"), Some(i64::from(n))))
+    }
+
+    /// The name and module id of copy `c` of frame `python` in `stack`.
+    pub(super) fn copy(
+        &self,
+        python: usize,
+        stack: usize,
+        c: u32,
+    ) -> Option<(String, Option<i64>)> {
+        let (class, k) = self.frame_of.get(&python)?;
+        let &(lo, hi, m) = self.ranges.get(stack)?.get(class)?;
+        let last = *self.shifted.get(&(class.clone(), hi))?;
+        let n = last + (c - 1) * m + (k - lo) + 1;
+        Some((format!("nn.Module: {class}_{n}"), Some(i64::from(n))))
+    }
+}
