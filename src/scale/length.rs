@@ -595,7 +595,12 @@ impl<'a> Shapes<'a> {
             if up > power {
                 self.ambiguous |= up >= 2;
             }
-            block.insert(i, power.min(2));
+            // A tensor of fewer bytes than T elements holds no length dim
+            // (a loss, a norm's scalar), one of fewer than T² no two.
+            let t = u64::from(self.t);
+            let size = m.bytes.unsigned_abs();
+            let fits = u32::from(size >= t) + u32::from(size >= t.saturating_mul(t));
+            block.insert(i, power.min(2).min(fits));
         }
         let mut args = BTreeMap::new();
         for (op, arg, b) in &reads {
@@ -634,13 +639,9 @@ impl<'a> Shapes<'a> {
         powers: &HashMap<usize, u32>,
         ts: i64,
     ) -> u32 {
-        // A bound may not be too low: of the blocks a read may be, the largest.
-        if !blocks.is_empty() {
-            return blocks
-                .iter()
-                .map(|b| powers.get(b).copied().unwrap_or(0))
-                .max()
-                .unwrap_or(0);
+        // The block the read most likely is (see `read_args`).
+        if let Some(b) = blocks.last() {
+            return powers.get(b).copied().unwrap_or(0);
         }
         let Some(a) = self.trace.op_args.tensors.get(arg) else {
             return 0;
@@ -678,6 +679,7 @@ impl<'a> Shapes<'a> {
             .unwrap_or(4);
         let name = self.trace.name(o.name);
         let weights = crate::trace::weight_args(name, name == "aten::addmm");
+        let mut used: Vec<usize> = Vec::new();
         for ai in range {
             let Some(a) = self.trace.op_args.tensors.get(ai) else {
                 continue;
@@ -699,6 +701,15 @@ impl<'a> Shapes<'a> {
                     .map(|(_, v)| v.clone())
                     .unwrap_or_default()
             };
+            // The op's arguments are different tensors where the sizes allow:
+            // each takes the latest block no earlier argument took (`p @ v`
+            // with p and v the same size reads both, not p twice).
+            let mut blocks = blocks;
+            if let Some(pos) = blocks.iter().rposition(|b| !used.contains(b)) {
+                let chosen = blocks.remove(pos);
+                blocks.push(chosen);
+                used.push(chosen);
+            }
             reads.push((oi, ai, blocks));
         }
     }

@@ -285,3 +285,155 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
         Err(ScaleError::SeveralWithoutLength)
     ));
 }
+
+/// A one-head attention over `t` tokens, batch 2, width `d`: embedding,
+/// q/k/v projections, `scores = q @ kᵀ` (T²), softmax (T²), `scores @ v`
+/// (T again: the product contracts T) and a sum to a scalar.
+fn attention(t: i64, d: i64) -> Trace {
+    let mut ev: Vec<String> = Vec::new();
+    let f = |x: i64| x as f64;
+    let mut ts = 10.0;
+    let mut next = |dur: f64| {
+        ts += dur;
+        ts
+    };
+    let tensor = |dims: &[i64]| dims.iter().product::<i64>() * 4;
+    let call = |name: &str, at: f64, dims: &str, types: &str| {
+        format!(
+            r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "ts": {at}, "dur": 5, "args": {{"Input Dims": {dims}, "Input type": {types}}}}}"#
+        )
+    };
+    let float2 = r#"["float", "float"]"#;
+    let at = next(10.0);
+    ev.push(call(
+        "aten::embedding",
+        at,
+        &format!("[[100, {d}], [2, {t}]]"),
+        r#"["float", "long int"]"#,
+    ));
+    ev.push(mem(at + 1.0, 1, tensor(&[2, t, d])));
+    for (addr, name) in [(2, "q"), (3, "k"), (4, "v")] {
+        let at = next(10.0);
+        let _ = name;
+        ev.push(call(
+            "aten::linear",
+            at,
+            &format!("[[2, {t}, {d}], [{d}, {d}]]"),
+            float2,
+        ));
+        ev.push(mem(at + 1.0, addr, tensor(&[2, t, d])));
+    }
+    let at = next(10.0);
+    ev.push(call(
+        "aten::matmul",
+        at,
+        &format!("[[2, {t}, {d}], [2, {d}, {t}]]"),
+        float2,
+    ));
+    ev.push(mem(at + 1.0, 5, tensor(&[2, t, t])));
+    let at = next(10.0);
+    ev.push(call(
+        "aten::softmax",
+        at,
+        &format!("[[2, {t}, {t}]]"),
+        r#"["float"]"#,
+    ));
+    ev.push(mem(at + 1.0, 6, tensor(&[2, t, t])));
+    ev.push(mem(at + 2.0, 5, -tensor(&[2, t, t])));
+    let at = next(10.0);
+    ev.push(call(
+        "aten::matmul",
+        at,
+        &format!("[[2, {t}, {t}], [2, {t}, {d}]]"),
+        float2,
+    ));
+    ev.push(mem(at + 1.0, 7, tensor(&[2, t, d])));
+    let at = next(10.0);
+    ev.push(call(
+        "aten::sum",
+        at,
+        &format!("[[2, {t}, {d}]]"),
+        r#"["float"]"#,
+    ));
+    ev.push(mem(at + 1.0, 8, 4));
+    let end = next(10.0);
+    for (addr, dims) in [
+        (1, [2, t, d]),
+        (2, [2, t, d]),
+        (3, [2, t, d]),
+        (4, [2, t, d]),
+    ] {
+        ev.push(mem(end + f(addr), addr as u64, -tensor(&dims)));
+    }
+    ev.push(mem(end + 10.0, 6, -tensor(&[2, t, t])));
+    ev.push(mem(end + 11.0, 7, -tensor(&[2, t, d])));
+    ev.push(mem(end + 12.0, 8, -4));
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    crate::trace::parse(text.as_bytes()).unwrap().value
+}
+
+fn lengthen(trace: &Trace, len: u32) -> (Trace, LengthFacts) {
+    let target = Target {
+        layers: None,
+        seq_len: Some(len),
+    };
+    let (trace, facts) = scale(trace, &target).unwrap().value;
+    (trace, facts.length.unwrap())
+}
+
+#[test]
+fn a_length_grows_activations_as_t_and_attention_scores_as_t_squared() {
+    let (scaled, facts) = lengthen(&attention(16, 8), 64);
+    assert_eq!(pattern(&scaled), pattern(&attention(64, 8)));
+    // h, q, k, v, scores @ v (T) and scores, softmax (T²); the sum none.
+    assert_eq!((facts.linear, facts.quadratic), (5, 2));
+    assert_eq!(facts.method, "shapes");
+    // The recorded dims follow: the analyzer matches reads to the new sizes.
+    let dims: Vec<Vec<i64>> = scaled
+        .ops
+        .iter()
+        .filter(|o| scaled.name(o.name) == "aten::softmax")
+        .flat_map(|o| {
+            scaled
+                .tensor_args(o)
+                .iter()
+                .map(|a| scaled.numbers(a.dims).to_vec())
+        })
+        .collect();
+    assert_eq!(dims, [vec![2, 64, 64]]);
+}
+
+#[test]
+fn a_head_as_wide_as_the_length_is_told_apart_by_the_data_flow() {
+    // Traced at T = 8 = d: q [2, 8, 8] looks like scores to its readers; the
+    // projection that made it grows as T, and `scores @ v` contracts T.
+    let (scaled, facts) = lengthen(&attention(8, 8), 64);
+    assert_eq!(pattern(&scaled), pattern(&attention(64, 8)));
+    assert_eq!((facts.linear, facts.quadratic), (5, 2));
+}
+
+#[test]
+fn several_traces_are_fitted_size_by_size() {
+    let traces = [attention(16, 8), attention(32, 8), attention(48, 8)];
+    for given in [&traces[..2], &traces[..]] {
+        let target = Target {
+            layers: None,
+            seq_len: Some(96),
+        };
+        let (fitted, facts) = scale_many(given, &target).unwrap().value;
+        assert_eq!(pattern(&fitted), pattern(&attention(96, 8)));
+        let length = facts.length.unwrap();
+        assert_eq!(length.method, "fit");
+        assert_eq!((length.linear, length.quadratic), (5, 2));
+    }
+    // Not the same job: another width.
+    let other = [attention(16, 8), attention(32, 12)];
+    let target = Target {
+        layers: None,
+        seq_len: Some(96),
+    };
+    assert!(matches!(
+        scale_many(&other, &target),
+        Err(ScaleError::NotTheSameJob(_)) | Ok(_)
+    ));
+}
