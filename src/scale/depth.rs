@@ -36,6 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::align::align;
+use super::events::{base_total, pair, retotal, strip_first_step_state};
 use super::frames::{self, ModuleFrame, Stack};
 use super::names::{out_name, renumber_sequences, Renumber};
 use super::{DepthFacts, ScaleError, StackFacts};
@@ -622,21 +623,8 @@ impl<'a> Rebuild<'a> {
         }
         memory.sort_by_key(|&(t, e, c, j, _)| (t, c, e, j));
         let mut out = trace.clone();
-        let base = trace
-            .memory
-            .first()
-            .and_then(|m| m.total_allocated.map(|t| t - m.bytes));
-        let mut total = base.unwrap_or(0);
-        out.memory = memory
-            .into_iter()
-            .map(|(_, _, _, _, mut m)| {
-                total = total.saturating_add(m.bytes);
-                if m.total_allocated.is_some() {
-                    m.total_allocated = Some(total);
-                }
-                m
-            })
-            .collect();
+        out.memory = memory.into_iter().map(|(_, _, _, _, m)| m).collect();
+        retotal(&mut out.memory, base_total(&trace.memory));
 
         let spans = |start: i64, dur: i64| -> (i64, i64) {
             let s = start + shift(start);
@@ -781,77 +769,4 @@ impl<'a> Rebuild<'a> {
         strip_first_step_state(&mut out);
         out
     }
-}
-
-/// Pairs each allocation with the next free of its address (and back).
-fn pair(memory: &[MemoryEvent]) -> Vec<Option<usize>> {
-    let mut out = vec![None; memory.len()];
-    let mut open: HashMap<(u64, crate::trace::Device), usize> = HashMap::new();
-    for (i, m) in memory.iter().enumerate() {
-        let key = (m.addr, m.device);
-        if m.bytes > 0 {
-            open.insert(key, i);
-        } else if m.bytes < 0 {
-            if let Some(a) = open.remove(&key) {
-                if let Some(slot) = out.get_mut(a) {
-                    *slot = Some(i);
-                }
-                if let Some(slot) = out.get_mut(i) {
-                    *slot = Some(a);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Leaves out the optimizer state made in the first `Optimizer.step`
-/// (allocations there never freed): the state of the copies' parameters is
-/// not in the trace, so all of it is sized from the parameters instead.
-fn strip_first_step_state(trace: &mut Trace) {
-    let Some(step) = trace
-        .annotations
-        .iter()
-        .filter(|a| trace.name(a.name).starts_with("Optimizer.step#"))
-        .min_by_key(|a| a.start)
-    else {
-        return;
-    };
-    let (s, e) = (step.start.get(), step.start.get() + step.dur.get());
-    let partner = pair(&trace.memory);
-    let drop: BTreeSet<usize> = trace
-        .memory
-        .iter()
-        .enumerate()
-        .filter(|(i, m)| {
-            m.bytes > 0
-                && s <= m.ts.get()
-                && m.ts.get() <= e
-                && partner.get(*i).is_some_and(Option::is_none)
-        })
-        .map(|(i, _)| i)
-        .collect();
-    if drop.is_empty() {
-        return;
-    }
-    let base = trace
-        .memory
-        .first()
-        .and_then(|m| m.total_allocated.map(|t| t - m.bytes));
-    let mut total = base.unwrap_or(0);
-    let kept: Vec<MemoryEvent> = trace
-        .memory
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !drop.contains(i))
-        .map(|(_, m)| {
-            let mut m = m.clone();
-            total = total.saturating_add(m.bytes);
-            if m.total_allocated.is_some() {
-                m.total_allocated = Some(total);
-            }
-            m
-        })
-        .collect();
-    trace.memory = kept;
 }

@@ -9,7 +9,8 @@
 //! else the line (two traces) or parabola (three) through the points. The
 //! traces must be the same job: the same events in the same order.
 
-use super::length::{rescale_total, traced_length};
+use super::events::{base_total, retotal};
+use super::length::traced_length;
 use super::{LengthFacts, ScaleError};
 use crate::diag::Warning;
 use crate::trace::Trace;
@@ -64,7 +65,7 @@ pub(super) fn fit(
         }
         m.bytes = clamp(v);
     }
-    rescale_total(&mut out);
+    retotal(&mut out.memory, base_total(&base.memory));
     for (j, n) in out.op_args.numbers.iter_mut().enumerate() {
         let ys: Vec<i128> = at
             .iter()

@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::events::{base_total, pair, retotal};
 use super::fit::div_round;
 use super::{LengthFacts, ScaleError};
 use crate::diag::Warning;
@@ -54,21 +55,6 @@ pub(super) fn traced_shape(trace: &Trace) -> Option<(u32, u32)> {
 /// The sequence length of a trace (see [`traced_shape`]).
 pub(super) fn traced_length(trace: &Trace) -> Option<u32> {
     traced_shape(trace).map(|(t, _)| t)
-}
-
-/// Recomputes `Total Allocated` after sizes changed.
-pub(super) fn rescale_total(trace: &mut Trace) {
-    let base = trace
-        .memory
-        .first()
-        .and_then(|m| m.total_allocated.map(|t| t - m.bytes));
-    let mut total = base.unwrap_or(0);
-    for m in &mut trace.memory {
-        total = total.saturating_add(m.bytes);
-        if m.total_allocated.is_some() {
-            m.total_allocated = Some(total);
-        }
-    }
 }
 
 /// Names of ops whose output may grow as the sum of their inputs' powers.
@@ -113,7 +99,7 @@ pub(super) fn lengthen(
     let mut shape = Shapes::new(trace, t, batch);
     let powers = shape.powers();
     let mut out = trace.clone();
-    let partner = pair(trace);
+    let partner = pair(&trace.memory);
     let (num, den) = (i128::from(len), i128::from(t));
     let mut new_size: HashMap<usize, i64> = HashMap::new();
     for (i, m) in trace.memory.iter().enumerate() {
@@ -136,7 +122,7 @@ pub(super) fn lengthen(
             m.bytes = -new_size.get(&a).copied().unwrap_or(-m.bytes);
         }
     }
-    rescale_total(&mut out);
+    retotal(&mut out.memory, base_total(&trace.memory));
     // Dims, strides and view sizes of every read, by the power of what it reads.
     for (arg_index, k) in &powers.args {
         let Some(arg) = trace.op_args.tensors.get(*arg_index).copied() else {
@@ -321,25 +307,6 @@ fn length_count(dims: &[i64], t: u32, batch: u32) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Each allocation paired with its free, and back.
-fn pair(trace: &Trace) -> Vec<Option<usize>> {
-    let mut out = vec![None; trace.memory.len()];
-    let mut open: HashMap<u64, usize> = HashMap::new();
-    for (i, m) in trace.memory.iter().enumerate() {
-        if m.bytes > 0 {
-            open.insert(m.addr, i);
-        } else if let Some(a) = open.remove(&m.addr) {
-            if let Some(s) = out.get_mut(a) {
-                *s = Some(i);
-            }
-            if let Some(s) = out.get_mut(i) {
-                *s = Some(a);
-            }
-        }
-    }
-    out
-}
-
 /// The powers found: per allocation event, per tensor argument, per view op.
 struct Powers {
     block: HashMap<usize, u32>,
@@ -427,7 +394,7 @@ impl<'a> Shapes<'a> {
     /// shapes, then gives each block its power from the op that made it.
     fn powers(&mut self) -> Powers {
         let trace = self.trace;
-        let partner = pair(trace);
+        let partner = pair(&trace.memory);
         // Pass 1: reads of live blocks, and the op stack at each allocation.
         let mut live: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         let mut reads: Vec<(usize, usize, Vec<usize>)> = Vec::new(); // (op, arg, candidate blocks)

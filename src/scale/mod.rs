@@ -19,6 +19,7 @@
 
 mod align;
 mod depth;
+mod events;
 mod fit;
 mod frames;
 mod length;
