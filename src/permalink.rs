@@ -288,6 +288,29 @@ mod tests {
     }
 
     #[test]
+    fn several_traces_are_one_identity_and_one_trace_its_own() {
+        let a = TraceIdentity::of("a.json", b"abc");
+        let b = TraceIdentity::of("b.json", b"defg");
+        assert_eq!(TraceIdentity::joined(std::slice::from_ref(&a)), a);
+        let ab = TraceIdentity::joined(&[a.clone(), b.clone()]);
+        assert_eq!(ab.name, "a.json + b.json");
+        assert_eq!(ab.size_bytes, Bytes(7));
+        assert_ne!(ab.sha256, TraceIdentity::joined(&[b, a]).sha256);
+        // The depth and length settings travel only when set: older links
+        // keep their bytes.
+        let plain = serde_json::to_string(&Settings::default()).unwrap();
+        assert!(!plain.contains("layers") && !plain.contains("seq_len"));
+        let scaled = Settings {
+            layers: Some(32),
+            seq_len: Some(4096),
+            ..Settings::default()
+        };
+        let text = serde_json::to_string(&scaled).unwrap();
+        assert!(text.contains("\"layers\":32") && text.contains("\"seq_len\":4096"));
+        assert_eq!(serde_json::from_str::<Settings>(&text).unwrap(), scaled);
+    }
+
+    #[test]
     fn foreign_and_damaged_fragments_are_refused_with_a_reason() {
         assert_eq!(decode("#section-2"), Err(PermalinkError::NotAPermalink));
         assert_eq!(

@@ -326,3 +326,48 @@ fn links_refuse_what_the_page_cannot_show() {
     assert!(!two.status.success());
     assert!(stderr(&two).contains("one trace"), "{}", stderr(&two));
 }
+
+#[test]
+fn estimate_takes_layers_a_length_and_several_traces_of_one_job() {
+    let a = common::shared_file("fixtures/traces-depth/llama-small_adamw_bs4_seq32_L2.json.gz");
+    let b = common::shared_file("fixtures/traces-depth/llama-small_adamw_bs4_seq64_L2.json.gz");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let args = [
+        "estimate",
+        a,
+        b,
+        "--layers",
+        "3",
+        "--seq-len",
+        "128",
+        "--gpu",
+        "l4",
+        "--json",
+    ];
+    let output = memcast(&args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let scaled = &report["summary"]["scaled"];
+    assert_eq!(scaled["depth"]["estimated"], 3);
+    assert_eq!(scaled["length"]["traced"], serde_json::json!([32, 64]));
+    assert_eq!(scaled["length"]["method"], "fit");
+    assert_eq!(report["summary"]["traced"]["seq_len"], 32);
+    // The link carries both settings and names both files.
+    let mut link_args = args[..args.len() - 1].to_vec();
+    link_args.extend(["--link", "https://example.org/memcast/"]);
+    let output = memcast(&link_args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let link = stdout(&output);
+    let fragment = link.trim().split_once('#').unwrap().1;
+    let shared = memcast::permalink::decode(fragment).unwrap();
+    assert_eq!(shared.settings.layers, Some(3));
+    assert_eq!(shared.settings.seq_len, Some(128));
+    assert_eq!(
+        shared.trace.name,
+        "llama-small_adamw_bs4_seq32_L2.json.gz + llama-small_adamw_bs4_seq64_L2.json.gz"
+    );
+    // Several traces without a length: the error names the flag.
+    let output = memcast(&["estimate", a, b, "--json"]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("--seq-len"), "{}", stderr(&output));
+}
