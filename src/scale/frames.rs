@@ -3,7 +3,7 @@
 //! `LlamaDecoderLayer_1` under `LlamaModel_0`), the outermost such group, and
 //! the time each instance ran.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::trace::{PythonEvent, Trace};
 
@@ -112,8 +112,16 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
             .insert(f.k);
     }
     let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
+    // The first call of each instance (frames are in file order).
+    let mut first: HashMap<(&str, u32), &ModuleFrame> = HashMap::new();
+    for f in frames {
+        let e = first.entry((f.class.as_str(), f.k)).or_insert(f);
+        if f.start < e.start {
+            *e = f;
+        }
+    }
     let first_call = |class: &str, k: u32| -> Vec<i64> {
-        let Some(f) = frames.iter().find(|f| f.class == class && f.k == k) else {
+        let Some(f) = first.get(&(class, k)) else {
             return Vec::new();
         };
         let lo = ts.partition_point(|&t| t < f.start);
@@ -147,22 +155,29 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
         .into_iter()
         .filter(|((class, _), ks)| ks.len() >= 2 && alike(class, ks))
         .collect();
-    let member = |class: &str, k: u32| {
-        candidates
-            .iter()
-            .any(|((c, _), ks)| c == class && ks.contains(&k))
-    };
+    let members: HashSet<(&str, u32)> = candidates
+        .iter()
+        .flat_map(|((c, _), ks)| ks.iter().map(move |&k| (c.as_str(), k)))
+        .collect();
+    // Instances called inside an instance of a candidate group.
+    let nested: HashSet<(&str, u32)> = frames
+        .iter()
+        .filter(|f| members.contains(&(f.class.as_str(), f.k)))
+        .filter(|f| {
+            f.ancestors
+                .iter()
+                .any(|(c, k)| members.contains(&(c.as_str(), *k)))
+        })
+        .map(|f| (f.class.as_str(), f.k))
+        .collect();
     let mut stacks: Vec<Stack> = Vec::new();
     for ((class, parent), ks) in &candidates {
-        let nested = frames.iter().any(|f| {
-            &f.class == class && ks.contains(&f.k) && f.ancestors.iter().any(|(c, k)| member(c, *k))
-        });
-        if nested {
+        if ks.iter().any(|&k| nested.contains(&(class.as_str(), k))) {
             continue;
         }
         let events = ks
             .iter()
-            .filter_map(|k| frames.iter().find(|f| &f.class == class && f.k == *k))
+            .filter_map(|&k| first.get(&(class.as_str(), k)))
             .map(|f| {
                 let lo = ts.partition_point(|&t| t < f.start);
                 let hi = ts.partition_point(|&t| t <= f.end);
