@@ -124,15 +124,16 @@ pub(super) fn lengthen(
     }
     retotal(&mut out.memory, base_total(&trace.memory));
     // Dims, strides and view sizes of every read, by the power of what it reads.
+    let to = Rescale { t, batch, len };
     for (arg_index, k) in &powers.args {
         let Some(arg) = trace.op_args.tensors.get(*arg_index).copied() else {
             continue;
         };
-        rescale_arg(&mut out, &arg, *k, t, batch, len);
+        to.arg(&mut out, &arg, *k);
     }
     for (op, k) in &powers.views {
         if let Some(o) = trace.ops.get(*op) {
-            rescale_view(trace, &mut out.op_args.numbers, o, *k, t, batch, len);
+            to.view(trace, &mut out.op_args.numbers, o, *k);
         }
     }
     rebuild_inputs(&mut out);
@@ -145,132 +146,125 @@ pub(super) fn lengthen(
     Ok((out, facts))
 }
 
-/// Rescales the first `k` length dims of a tensor argument and the strides
-/// above them.
-fn rescale_arg(out: &mut Trace, arg: &TensorArg, k: u32, t: u32, batch: u32, len: u32) {
-    if k == 0 {
-        return;
-    }
-    let dims: Vec<i64> = out.numbers(arg.dims).to_vec();
-    let strides: Option<Vec<i64>> = arg.strides.map(|s| out.numbers(s).to_vec());
-    let chosen = length_dims(&dims, k, t, batch);
-    let mut new_dims = dims.clone();
-    let mut new_strides = strides.clone();
-    for &j in &chosen {
-        let (Some(d), Some(slot)) = (dims.get(j), new_dims.get_mut(j)) else {
-            continue;
-        };
-        *slot = scale(*d, t, len);
-        if let (Some(old), Some(new)) = (&strides, &mut new_strides) {
-            let Some(&sj) = old.get(j) else { continue };
-            for (i, s) in old.iter().enumerate() {
-                if *s > sj && sj > 0 {
-                    if let Some(slot) = new.get_mut(i) {
-                        *slot = scale(*slot, t, len);
-                    }
-                }
-            }
-        }
-    }
-    for (i, d) in arg.dims.range().zip(new_dims) {
-        if let Some(slot) = out.op_args.numbers.get_mut(i) {
-            *slot = d;
-        }
-    }
-    if let (Some(span), Some(new)) = (arg.strides, new_strides) {
-        for (i, s) in span.range().zip(new) {
-            if let Some(slot) = out.op_args.numbers.get_mut(i) {
-                *slot = s;
-            }
-        }
-    }
-}
-
-/// Rescales the integers of a view op read with power `k`: the size list
-/// of `view`/`reshape`/`expand`/`unflatten`, and the start, end or sizes of
-/// `slice`/`narrow`/`split` along a length dim of their input.
-fn rescale_view(
-    trace: &Trace,
-    numbers: &mut [i64],
-    op: &crate::trace::OpEvent,
-    k: u32,
+/// From the traced length `t` (and batch) to `len`.
+#[derive(Debug, Clone, Copy)]
+struct Rescale {
     t: u32,
     batch: u32,
     len: u32,
-) {
-    if k == 0 {
-        return;
+}
+
+impl Rescale {
+    /// `d · len / t`, rounded.
+    fn scale(self, d: i64) -> i64 {
+        i64::try_from(div_round(
+            i128::from(d) * i128::from(self.len),
+            i128::from(self.t),
+        ))
+        .unwrap_or(d)
     }
-    let concrete = trace.concrete_args(op);
-    let at = |pos: u16| concrete.iter().find(|c| c.position == pos);
-    let value = |pos: u16| at(pos).and_then(|c| trace.numbers(c.values).first().copied());
-    match trace.name(op.name) {
-        "aten::view" | "aten::_unsafe_view" | "aten::reshape" | "aten::expand" => {
-            if let Some(c) = at(1) {
-                rescale_values(numbers, c.values.range(), k, t, batch, len);
-            }
+
+    /// The positions of the `k` dims to rescale (see [`length_dims`]).
+    fn dims(self, dims: &[i64], k: u32) -> Vec<usize> {
+        length_dims(dims, k, self.t, self.batch)
+    }
+
+    /// Rescales the first `k` length dims of a tensor argument and the
+    /// strides above them.
+    fn arg(self, out: &mut Trace, arg: &TensorArg, k: u32) {
+        if k == 0 {
+            return;
         }
-        "aten::unflatten" => {
-            if let Some(c) = at(2) {
-                rescale_values(numbers, c.values.range(), k, t, batch, len);
-            }
-        }
-        name @ ("aten::slice" | "aten::narrow" | "aten::split" | "aten::split_with_sizes") => {
-            let Some(input) = trace.tensor_args(op).first() else {
-                return;
+        let dims: Vec<i64> = out.numbers(arg.dims).to_vec();
+        let strides: Option<Vec<i64>> = arg.strides.map(|s| out.numbers(s).to_vec());
+        let mut new_dims = dims.clone();
+        let mut new_strides = strides.clone();
+        for j in self.dims(&dims, k) {
+            let (Some(d), Some(slot)) = (dims.get(j), new_dims.get_mut(j)) else {
+                continue;
             };
-            let dims = trace.numbers(input.dims);
-            let (dim_pos, sized) = match name {
-                "aten::slice" | "aten::narrow" => (1, [2u16, 3]),
-                _ => (2, [1, 1]),
-            };
-            let Some(dim) = value(dim_pos) else { return };
-            let rank = i64::try_from(dims.len()).unwrap_or(0);
-            let dim = if dim < 0 { dim + rank } else { dim };
-            let along = usize::try_from(dim)
-                .ok()
-                .is_some_and(|d| length_dims(dims, k, t, batch).contains(&d));
-            if !along {
-                return;
-            }
-            for pos in sized {
-                let Some(c) = at(pos) else { continue };
-                for i in c.values.range() {
-                    if let Some(slot) = numbers.get_mut(i) {
-                        if *slot > 0 && *slot <= i64::from(t) * i64::from(batch) {
-                            *slot = scale(*slot, t, len);
+            *slot = self.scale(*d);
+            if let (Some(old), Some(new)) = (&strides, &mut new_strides) {
+                let Some(&sj) = old.get(j) else { continue };
+                for (i, s) in old.iter().enumerate() {
+                    if *s > sj && sj > 0 {
+                        if let Some(slot) = new.get_mut(i) {
+                            *slot = self.scale(*slot);
                         }
                     }
                 }
             }
         }
-        _ => {}
-    }
-}
-
-/// Rescales the first `k` length values of a view's size list.
-fn rescale_values(
-    numbers: &mut [i64],
-    range: std::ops::Range<usize>,
-    k: u32,
-    t: u32,
-    batch: u32,
-    len: u32,
-) {
-    if k == 0 {
-        return;
-    }
-    let values: Vec<i64> = numbers.get(range.clone()).unwrap_or_default().to_vec();
-    for j in length_dims(&values, k, t, batch) {
-        if let Some(slot) = numbers.get_mut(range.start + j) {
-            *slot = scale(*slot, t, len);
+        for (i, d) in arg.dims.range().zip(new_dims) {
+            if let Some(slot) = out.op_args.numbers.get_mut(i) {
+                *slot = d;
+            }
+        }
+        if let (Some(span), Some(new)) = (arg.strides, new_strides) {
+            for (i, s) in span.range().zip(new) {
+                if let Some(slot) = out.op_args.numbers.get_mut(i) {
+                    *slot = s;
+                }
+            }
         }
     }
-}
 
-/// `d · len / t`, rounded.
-fn scale(d: i64, t: u32, len: u32) -> i64 {
-    i64::try_from(div_round(i128::from(d) * i128::from(len), i128::from(t))).unwrap_or(d)
+    /// Rescales the integers of a view op read with power `k`: the size list
+    /// of `view`/`reshape`/`expand`/`unflatten`, and the start, end or sizes
+    /// of `slice`/`narrow`/`split` along a length dim of their input.
+    fn view(self, trace: &Trace, numbers: &mut [i64], op: &crate::trace::OpEvent, k: u32) {
+        if k == 0 {
+            return;
+        }
+        let concrete = trace.concrete_args(op);
+        let at = |pos: u16| concrete.iter().find(|c| c.position == pos);
+        let value = |pos: u16| at(pos).and_then(|c| trace.numbers(c.values).first().copied());
+        let list = match trace.name(op.name) {
+            "aten::view" | "aten::_unsafe_view" | "aten::reshape" | "aten::expand" => at(1),
+            "aten::unflatten" => at(2),
+            name @ ("aten::slice" | "aten::narrow" | "aten::split" | "aten::split_with_sizes") => {
+                let Some(input) = trace.tensor_args(op).first() else {
+                    return;
+                };
+                let dims = trace.numbers(input.dims);
+                let (dim_pos, sized) = match name {
+                    "aten::slice" | "aten::narrow" => (1, [2u16, 3]),
+                    _ => (2, [1, 1]),
+                };
+                let Some(dim) = value(dim_pos) else { return };
+                let rank = i64::try_from(dims.len()).unwrap_or(0);
+                let dim = if dim < 0 { dim + rank } else { dim };
+                let along = usize::try_from(dim)
+                    .ok()
+                    .is_some_and(|d| self.dims(dims, k).contains(&d));
+                if !along {
+                    return;
+                }
+                let longest = i64::from(self.t) * i64::from(self.batch);
+                for c in sized.iter().filter_map(|&pos| at(pos)) {
+                    for i in c.values.range() {
+                        if let Some(slot) = numbers.get_mut(i) {
+                            if *slot > 0 && *slot <= longest {
+                                *slot = self.scale(*slot);
+                            }
+                        }
+                    }
+                }
+                None
+            }
+            _ => None,
+        };
+        // A size list: its first `k` length values.
+        if let Some(c) = list {
+            let range = c.values.range();
+            let values: Vec<i64> = numbers.get(range.clone()).unwrap_or_default().to_vec();
+            for j in self.dims(&values, k) {
+                if let Some(slot) = numbers.get_mut(range.start + j) {
+                    *slot = self.scale(*slot);
+                }
+            }
+        }
+    }
 }
 
 /// The positions of the `k` dims to rescale: flattened batch × T dims

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use memcast::report::Report;
 use memcast::scale::{self, Target};
 use memcast::trace::{SliceSource, TraceSource};
-use memcast::{Config, Settings};
+use memcast::{Config, Prepared, Settings};
 
 use crate::common::{fixtures_in, read_shared};
 
@@ -23,17 +23,21 @@ fn settings(layers: Option<u32>, seq_len: Option<u32>) -> Settings {
     }
 }
 
-/// The estimate of one or more fixtures (paths under `shared/`).
-fn estimate(paths: &[&str], layers: Option<u32>, seq_len: Option<u32>) -> Report {
-    let config: Config = settings(layers, seq_len).config().unwrap();
+/// One or more fixtures (paths under `shared/`) prepared together.
+fn prepare(paths: &[&str], config: &Config) -> Result<Prepared, memcast::Error> {
     let bytes: Vec<Vec<u8>> = paths.iter().map(|p| read_shared(p)).collect();
     let mut sources: Vec<SliceSource> = bytes.iter().map(|b| SliceSource::new(b)).collect();
     let mut dyns: Vec<&mut dyn TraceSource> = sources
         .iter_mut()
         .map(|s| s as &mut dyn TraceSource)
         .collect();
-    let prepared = memcast::pipeline::prepare_many_from(&mut dyns, &config, &mut |_| {})
-        .unwrap_or_else(|err| panic!("{paths:?}: {err}"));
+    memcast::pipeline::prepare_many_from(&mut dyns, config, &mut |_| {})
+}
+
+/// The estimate of one or more fixtures (paths under `shared/`).
+fn estimate(paths: &[&str], layers: Option<u32>, seq_len: Option<u32>) -> Report {
+    let config: Config = settings(layers, seq_len).config().unwrap();
+    let prepared = prepare(paths, &config).unwrap_or_else(|err| panic!("{paths:?}: {err}"));
     memcast::estimate(&prepared, &config, &mut |_| {})
         .unwrap()
         .value
@@ -180,13 +184,7 @@ fn depth_and_length_together_in_either_order() {
 fn traces_of_different_jobs_or_lengths_are_refused_with_the_reason() {
     let config = settings(None, Some(256)).config().unwrap();
     let run = |paths: &[&str]| {
-        let bytes: Vec<Vec<u8>> = paths.iter().map(|p| read_shared(p)).collect();
-        let mut sources: Vec<SliceSource> = bytes.iter().map(|b| SliceSource::new(b)).collect();
-        let mut dyns: Vec<&mut dyn TraceSource> = sources
-            .iter_mut()
-            .map(|s| s as &mut dyn TraceSource)
-            .collect();
-        memcast::pipeline::prepare_many_from(&mut dyns, &config, &mut |_| {})
+        prepare(paths, &config)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()
