@@ -15,6 +15,9 @@ pairs = [
     ("opt-125m inference_mode, 40->160 (one)", ["opt125m_nograd_bs2_seq40_L2"], ["--seq-len", "160"], "opt125m_nograd_bs2_seq160_L2"),
     ("t5 train AdamW, 40->120 (one)", ["t5_adamw_bs2_seq40_L2"], ["--seq-len", "120"], "t5_adamw_bs2_seq120_L2"),
     ("llama eval_grad, 48->144 (one)", ["llama_evalgrad_bs2_seq48_L2"], ["--seq-len", "144"], "llama_evalgrad_bs2_seq144_L2"),
+    ("llama generate 8 tokens, DynamicCache, depth", ["llama_gen8_dynamic_bs2_seq32_L2"], ["--layers", "4"], "llama_gen8_dynamic_bs2_seq32_L4"),
+    ("llama generate 8 tokens, StaticCache, depth", ["llama_gen8_static_bs2_seq32_L2"], ["--layers", "4"], "llama_gen8_static_bs2_seq32_L4"),
+    ("mixtral-small (MoE) train AdamW, depth", ["mixtral_train_bs2_seq48_L2"], ["--layers", "4"], "mixtral_train_bs2_seq48_L4"),
 ]
 def est(files, args):
     r = subprocess.run([M, "estimate", "--json", "--gpu", "a100-80gb", *[H + f + ".json.gz" for f in files], *args], capture_output=True, text=True)

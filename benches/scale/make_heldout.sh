@@ -20,3 +20,9 @@ run t5_adamw_bs2_seq120_L2 --model t5-small --optimizer adamw --batch-size 2 --s
 run llama_evalgrad_bs2_seq48_L2 --model llama-small --mode eval_grad --batch-size 2 --seq-len 48 --n-layer 2
 run llama_evalgrad_bs2_seq48_L5 --model llama-small --mode eval_grad --batch-size 2 --seq-len 48 --n-layer 5
 run llama_evalgrad_bs2_seq144_L2 --model llama-small --mode eval_grad --batch-size 2 --seq-len 144 --n-layer 2
+run llama_gen8_dynamic_bs2_seq32_L2 --model llama-small --mode generate --max-new-tokens 8 --cache dynamic --batch-size 2 --seq-len 32 --n-layer 2
+run llama_gen8_dynamic_bs2_seq32_L4 --model llama-small --mode generate --max-new-tokens 8 --cache dynamic --batch-size 2 --seq-len 32 --n-layer 4
+run llama_gen8_static_bs2_seq32_L2 --model llama-small --mode generate --max-new-tokens 8 --cache static --batch-size 2 --seq-len 32 --n-layer 2
+run llama_gen8_static_bs2_seq32_L4 --model llama-small --mode generate --max-new-tokens 8 --cache static --batch-size 2 --seq-len 32 --n-layer 4
+run mixtral_train_bs2_seq48_L2 --model mixtral-small --optimizer adamw --batch-size 2 --seq-len 48 --n-layer 2
+run mixtral_train_bs2_seq48_L4 --model mixtral-small --optimizer adamw --batch-size 2 --seq-len 48 --n-layer 4

@@ -31,6 +31,11 @@ use crate::diag::{Warned, Warning};
 use crate::trace::Trace;
 use crate::units::Bytes;
 
+/// The most repeated blocks a rebuild makes.
+pub const MAX_LAYERS: u32 = 1000;
+/// The longest sequence a rebuild makes.
+pub const MAX_SEQ_LEN: u32 = 1 << 24;
+
 /// The job to estimate, when it differs from the traced one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Target {
@@ -174,6 +179,16 @@ pub enum ScaleError {
     FewerLayers { traced: u32, layers: u32 },
     #[error("the number of layers must be at least 1")]
     ZeroLayers,
+    #[error(
+        "{0} layers is more than memcast rebuilds (at most {MAX_LAYERS}, more than any model has)"
+    )]
+    TooManyLayers(u32),
+    #[error(
+        "a sequence length of {0} is more than memcast rebuilds (at most {MAX_SEQ_LEN} tokens)"
+    )]
+    TooLong(u32),
+    #[error("at that sequence length one tensor would hold more than 2^50 bytes (1 PiB): give a shorter length")]
+    TensorTooLarge,
     #[error("the sequence length must be at least 1")]
     ZeroLength,
     #[error("the sequence length of the trace could not be found: its first embedding or model input was not recorded with shapes; profile with record_shapes=True, or give two or three traces of the job at different lengths")]
@@ -206,6 +221,12 @@ pub fn scale_many(
     if target.seq_len == Some(0) {
         return Err(ScaleError::ZeroLength);
     }
+    if let Some(layers) = target.layers.filter(|&l| l > MAX_LAYERS) {
+        return Err(ScaleError::TooManyLayers(layers));
+    }
+    if let Some(len) = target.seq_len.filter(|&l| l > MAX_SEQ_LEN) {
+        return Err(ScaleError::TooLong(len));
+    }
     let Some((first, rest)) = traces.split_first() else {
         return Err(ScaleError::SeveralWithoutLength);
     };
@@ -223,6 +244,16 @@ pub fn scale_many(
         None if rest.is_empty() => None,
         None => return Err(ScaleError::SeveralWithoutLength),
     };
+    if let Some(trace) = &lengthened {
+        let limit = i64::try_from(crate::trace::MAX_EVENT_BYTES).unwrap_or(i64::MAX);
+        if trace
+            .memory
+            .iter()
+            .any(|m| m.bytes.unsigned_abs() > limit.unsigned_abs())
+        {
+            return Err(ScaleError::TensorTooLarge);
+        }
+    }
     let base = lengthened.as_ref().unwrap_or(first);
     let out = match target.layers {
         Some(layers) => {

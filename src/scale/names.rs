@@ -133,7 +133,10 @@ impl Renumber {
         let (class, k) = self.frame_of.get(&python)?;
         let &(lo, hi, m) = self.ranges.get(stack)?.get(class)?;
         let last = *self.shifted.get(&(class.clone(), hi))?;
-        let n = last + (c - 1) * m + (k - lo) + 1;
+        let n = last
+            .saturating_add(c.saturating_sub(1).saturating_mul(m))
+            .saturating_add(k.saturating_sub(lo))
+            .saturating_add(1);
         Some((format!("nn.Module: {class}_{n}"), Some(i64::from(n))))
     }
 }

@@ -255,6 +255,28 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
         seq_len: None,
     };
     assert!(matches!(scale(&trace, &zero), Err(ScaleError::ZeroLayers)));
+    let huge = Target {
+        layers: Some(u32::MAX),
+        seq_len: None,
+    };
+    assert!(matches!(
+        scale(&trace, &huge),
+        Err(ScaleError::TooManyLayers(_))
+    ));
+    let long = Target {
+        layers: None,
+        seq_len: Some(u32::MAX),
+    };
+    assert!(matches!(scale(&trace, &long), Err(ScaleError::TooLong(_))));
+    // Long enough for a T² tensor past 1 PiB.
+    let far = Target {
+        layers: None,
+        seq_len: Some(MAX_SEQ_LEN),
+    };
+    assert!(matches!(
+        scale(&attention(16, 8), &far),
+        Err(ScaleError::TensorTooLarge)
+    ));
     let mut bare = trace.clone();
     bare.python.clear();
     let four = Target {
@@ -436,4 +458,52 @@ fn several_traces_are_fitted_size_by_size() {
         scale_many(&other, &target),
         Err(ScaleError::NotTheSameJob(_)) | Ok(_)
     ));
+}
+
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// A stack with events dropped, moved and resized is rebuilt or
+        /// refused, never a panic; a rebuilt trace keeps every event, in
+        /// time order.
+        #[test]
+        fn damaged_stacks_are_rebuilt_or_refused(
+            drops in proptest::collection::vec(0usize..64, 0..6),
+            shifts in proptest::collection::vec((0usize..64, -300i64..300), 0..6),
+            resize in proptest::collection::vec((0usize..64, 1i64..5000), 0..4),
+            layers in 1u32..7,
+            seq in proptest::option::of(1u32..200),
+            train in any::<bool>(),
+        ) {
+            let mut trace = stack(3, train, true);
+            for (i, dt) in &shifts {
+                let n = trace.memory.len();
+                if let Some(m) = trace.memory.get_mut(i % n) {
+                    m.ts = crate::units::Nanos(m.ts.get() + dt * 1000);
+                }
+            }
+            for (i, bytes) in &resize {
+                let n = trace.memory.len();
+                if let Some(m) = trace.memory.get_mut(i % n) {
+                    m.bytes = if m.bytes > 0 { *bytes } else { -*bytes };
+                }
+            }
+            for i in &drops {
+                if !trace.memory.is_empty() {
+                    let n = trace.memory.len();
+                    trace.memory.remove(i % n);
+                }
+            }
+            trace.memory.sort_by_key(|m| m.ts);
+            let target = Target { layers: Some(layers), seq_len: seq };
+            if let Ok(scaled) = scale(&trace, &target) {
+                let (out, _) = scaled.value;
+                prop_assert!(out.memory.len() >= trace.memory.len());
+                prop_assert!(out.memory.windows(2).all(|w| w[0].ts <= w[1].ts));
+            }
+        }
+    }
 }
