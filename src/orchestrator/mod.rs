@@ -64,6 +64,12 @@ pub struct OrchestratorConfig {
     /// storage, a trace without shapes).
     #[serde(default)]
     pub parameters: ParameterOverride,
+    /// Model a `torch.optim` step captured on the foreach path as the rule
+    /// does (lists over every parameter) instead of as captured: set for a
+    /// trace rebuilt with more blocks, whose captured step only holds the
+    /// traced blocks' share of each list.
+    #[serde(default)]
+    pub remodel_foreach: bool,
 }
 
 /// Parameter bytes the user gives. `total` is every parameter, `frozen` the
@@ -93,6 +99,7 @@ impl OrchestratorConfig {
             optimizer_path: OptimizerPath::CudaDefault,
             autocast: AutocastConfig::standard(),
             parameters: ParameterOverride::default(),
+            remodel_foreach: false,
         }
     }
 }

@@ -257,10 +257,18 @@ fn prepare_trace(
     warnings.extend(analysis.warnings);
     let analysis = analysis.value;
     progress(Progress::start(Stage::Orchestrating));
-    let orchestrated = orchestrator::orchestrate(&analysis, &config.orchestrator)?;
+    // A trace rebuilt with more blocks captured only the traced blocks'
+    // share of a foreach step's lists: the rule models them over every
+    // parameter.
+    let mut orchestrator_config = config.orchestrator.clone();
+    orchestrator_config.remodel_foreach = scaled
+        .depth
+        .as_ref()
+        .is_some_and(|d| d.estimated > d.traced);
+    let orchestrated = orchestrator::orchestrate(&analysis, &orchestrator_config)?;
     warnings.extend(orchestrated.warnings);
     let autocast = if config.orchestrator.autocast.what_if {
-        orchestrator::orchestrate_under_autocast(&analysis, &config.orchestrator)
+        orchestrator::orchestrate_under_autocast(&analysis, &orchestrator_config)
             .map(|o| Box::new(o.value))
     } else {
         None

@@ -31,9 +31,16 @@ use super::{LengthFacts, ScaleError};
 use crate::diag::Warning;
 use crate::trace::{Dtype, TensorArg, TensorInput, Trace};
 
-/// The sequence length of a trace: the last dim of the indices of its first
-/// `aten::embedding` (token ids `[B, T]`), and the batch (their first dim).
+/// The sequence length of a trace and its batch: the token ids `[B, T]` of
+/// its first `aten::embedding` (their last and first dims), or else — a
+/// model that indexes its table (`weight[token_ids]`, whose indices the
+/// profiler does not record) — the samples the data loader stacks: `B`
+/// tensors of `T` tokens.
 pub(super) fn traced_shape(trace: &Trace) -> Option<(u32, u32)> {
+    embedding_ids(trace).or_else(|| loader_samples(trace))
+}
+
+fn embedding_ids(trace: &Trace) -> Option<(u32, u32)> {
     let op = trace
         .ops
         .iter()
@@ -50,6 +57,40 @@ pub(super) fn traced_shape(trace: &Trace) -> Option<(u32, u32)> {
         1
     };
     Some((t, b.max(1)))
+}
+
+fn loader_samples(trace: &Trace) -> Option<(u32, u32)> {
+    let loader: Vec<(i64, i64)> = trace
+        .annotations
+        .iter()
+        .filter(|a| {
+            let n = trace.name(a.name);
+            n.contains("DataLoader") && n.contains("__next__")
+        })
+        .map(|a| (a.start.get(), a.start.get() + a.dur.get()))
+        .collect();
+    trace
+        .ops
+        .iter()
+        .filter(|o| trace.name(o.name) == "aten::stack")
+        .filter(|o| {
+            let t = o.start.get();
+            loader.iter().any(|&(s, e)| s <= t && t <= e)
+        })
+        .min_by_key(|o| o.start)
+        .and_then(|o| {
+            let samples: Vec<&[i64]> = trace
+                .tensor_args(o)
+                .iter()
+                .filter(|a| a.list_index.is_some())
+                .map(|a| trace.numbers(a.dims))
+                .collect();
+            let first = *samples.first()?;
+            let [t] = first else { return None };
+            let t = u32::try_from(*t).ok().filter(|&t| t > 1)?;
+            let b = u32::try_from(samples.len()).ok()?;
+            samples.iter().all(|d| *d == first).then_some((t, b))
+        })
 }
 
 /// The sequence length of a trace (see [`traced_shape`]).
@@ -516,6 +557,11 @@ impl<'a> Shapes<'a> {
                         return None;
                     }
                     let o = trace.ops.get(op)?;
+                    // `table[ids]`: the profiler records no index tensors, so
+                    // only the readers' shapes tell (as for a factory).
+                    if trace.name(o.name) == "aten::index" {
+                        return None;
+                    }
                     let powers = args
                         .iter()
                         .map(|&(arg, b)| self.arg_power(arg, b, &block, o.start.get()));

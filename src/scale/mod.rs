@@ -191,7 +191,7 @@ pub enum ScaleError {
     TensorTooLarge,
     #[error("the sequence length must be at least 1")]
     ZeroLength,
-    #[error("the sequence length of the trace could not be found: its first embedding or model input was not recorded with shapes; profile with record_shapes=True, or give two or three traces of the job at different lengths")]
+    #[error("the sequence length of the trace could not be found: it is read from the token ids of the first embedding (aten::embedding) or from the samples the data loader stacks, and the trace shows neither with shapes; profile with record_shapes=True and feed the model token ids through an nn.Embedding or a DataLoader")]
     LengthNotFound,
     #[error("the traces are not the same job: {0}; give traces of one job that differ only in the sequence length")]
     NotTheSameJob(String),

@@ -33,6 +33,7 @@ pub fn foreach_temporary_lists(optimizer: &str) -> Option<&'static [&'static str
 pub(super) fn apply_foreach(
     analysis: &Analysis,
     path: OptimizerPath,
+    remodel_foreach: bool,
     windows: &[PhaseWindow],
     items: &mut Vec<Item>,
     counts: &mut RuleCounts,
@@ -49,7 +50,7 @@ pub(super) fn apply_foreach(
         ));
         return false;
     }
-    if optimizer.uses_foreach {
+    if optimizer.uses_foreach && !remodel_foreach {
         warnings.push(Warning::new(
             "optimizer_foreach_captured",
             format!("the {class} step was captured with the foreach path, which CUDA uses too; it is kept as captured"),

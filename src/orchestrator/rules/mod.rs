@@ -265,6 +265,7 @@ pub(crate) fn apply_all(
     let foreach_modelled = foreach::apply_foreach(
         analysis,
         config.optimizer_path,
+        config.remodel_foreach,
         &windows,
         &mut items,
         &mut counts,
