@@ -251,6 +251,7 @@ fn run(analysis: &Analysis, iterations: u32, path: OptimizerPath) -> (Schedule, 
         optimizer_path: path,
         autocast: Default::default(),
         parameters: Default::default(),
+        remodel_foreach: false,
     };
     let out = orchestrate(analysis, &config).unwrap();
     out.value.schedule.check().unwrap();
@@ -473,6 +474,7 @@ fn the_parameter_bytes_given_replace_the_frozen_part() {
                 frozen: frozen.map(Bytes),
             },
             autocast: Default::default(),
+            remodel_foreach: false,
         };
         orchestrate(&lp.analysis, &config).map(|o| {
             let s = o.value.schedule;
@@ -969,6 +971,7 @@ proptest::proptest! {
             optimizer_path: if foreach { OptimizerPath::CudaDefault } else { OptimizerPath::Captured },
             autocast: Default::default(),
             parameters: Default::default(),
+        remodel_foreach: false,
         };
         let first = orchestrate(&lp.analysis, &config).unwrap();
         proptest::prop_assert_eq!(first.value.schedule.check(), Ok(()));
@@ -988,6 +991,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
         optimizer_path: OptimizerPath::CudaDefault,
         autocast: Default::default(),
         parameters: Default::default(),
+        remodel_foreach: false,
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),
@@ -998,6 +1002,7 @@ fn orchestration_is_deterministic_and_rejects_bad_input() {
         optimizer_path: OptimizerPath::CudaDefault,
         autocast: Default::default(),
         parameters: Default::default(),
+        remodel_foreach: false,
     };
     assert!(matches!(
         orchestrate(&lp.analysis, &config),
