@@ -230,3 +230,64 @@ fn a_rebuilt_estimate_matches_its_snapshot() {
     crate::cli_terms::report(&mut report);
     insta::assert_json_snapshot!("scaled_llama-small_seq32_L2_to_L8_seq512", report);
 }
+
+/// A real GPU run of `tests/data/scaled_gpu_pairs.json` (the CS336 2.7B LM,
+/// 32 layers, recorded on a GPU) against the estimate from a 2-block CPU
+/// trace, possibly at a shorter context.
+fn real_run(index: usize, trace: &str, settings: Settings, percent: f64) {
+    let pairs: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/scaled_gpu_pairs.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let real = pairs[index]["real_peak_reserved"].as_u64().unwrap() as f64;
+    let path = format!(
+        "{}/tests/data/traces-scaled/{trace}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    let config = settings.config().unwrap();
+    let report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
+    let got = report.peak.reserved_bytes.get() as f64;
+    let off = 100.0 * (got - real) / real;
+    assert!(
+        off.abs() <= percent,
+        "{trace} vs {}: {got} vs {real} ({off:+.2} %)",
+        pairs[index]["snapshot"]
+    );
+}
+
+#[test]
+fn two_blocks_at_a_short_context_estimate_real_gpu_runs_of_the_full_model() {
+    let at = |gpu: &str, alloc_conf: &str, layers: u32, seq_len: Option<u32>| Settings {
+        gpus: vec![gpu.to_owned()],
+        alloc_conf: alloc_conf.to_owned(),
+        layers: Some(layers),
+        seq_len,
+        ..Settings::default()
+    };
+    // A full AdamW (foreach) training step at 128 tokens, on an H100.
+    real_run(
+        0,
+        "cs336_2.7B_L2_train_ctx128_fp32_adamwforeach.json.gz",
+        at("h100-80gb", "", 32, None),
+        1.0,
+    );
+    // The step at 512 tokens, from the trace at 128.
+    real_run(
+        4,
+        "cs336_2.7B_L2_train_ctx128_fp32_adamwforeach.json.gz",
+        at("a100-80gb", "", 32, Some(512)),
+        1.5,
+    );
+    // A no_grad forward at 2048 tokens, from the trace at 128, on a B200.
+    real_run(
+        14,
+        "cs336_2.7B_L2_fwdonly_nograd_ctx128_fp32.json.gz",
+        at("b200", "expandable_segments:True", 32, Some(2048)),
+        1.0,
+    );
+}
