@@ -2,8 +2,9 @@
 //!
 //! Pure serde types, compiled natively and round-trip tested, so the worker
 //! protocol can be checked without a browser. Messages travel as JSON strings;
-//! the file itself travels as a `Blob` next to a [`Request::Run`], so the page
-//! never copies its bytes. Every request is self-contained except
+//! the files themselves travel as `Blob`s (a JS array `files`, in the order of
+//! [`Request::Run`]'s `names`) next to the request, so the page never copies
+//! their bytes. Every request is self-contained except
 //! [`Request::Resimulate`], which reuses the trace the worker last prepared and
 //! is answered with [`Response::NeedTrace`] when the worker has none.
 
@@ -18,12 +19,15 @@ use crate::whatif::{WhatIfKind, WhatIfResult};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Request {
-    /// Read the attached file in chunks and run the whole pipeline on it.
+    /// Read the attached files in chunks and run the whole pipeline on them:
+    /// one trace, or two or three of one job at different sequence lengths
+    /// (`config.scale.seq_len` names the length to estimate).
     Run {
         /// A number the page chooses; every response to this request carries it.
         job: u32,
-        /// The file name to report (a `Blob` from `fetch` has none).
-        name: String,
+        /// The file names to report, one per attached `Blob`, in order (a
+        /// `Blob` from `fetch` has none).
+        names: Vec<String>,
         config: Config,
     },
     /// Simulate the last prepared trace again with other GPUs or allocator
@@ -118,8 +122,13 @@ mod tests {
         let requests = [
             Request::Run {
                 job: 7,
-                name: "a.json.gz".into(),
+                names: vec!["a.json.gz".into()],
                 config: Config::standard(),
+            },
+            Request::Run {
+                job: 10,
+                names: vec!["seq32.json.gz".into(), "seq64.json.gz".into()],
+                config: scaled_config(),
             },
             Request::Resimulate {
                 job: 8,
@@ -134,6 +143,30 @@ mod tests {
         for request in requests {
             assert_eq!(Request::from_json(&request.to_json()).unwrap(), request);
         }
+    }
+
+    /// A config asking for a deeper, longer job than the traces'.
+    fn scaled_config() -> Config {
+        let mut config = Config::standard();
+        config.scale.layers = Some(8);
+        config.scale.seq_len = Some(128);
+        config
+    }
+
+    #[test]
+    fn several_files_carry_their_names_and_the_target_in_order() {
+        let request = Request::Run {
+            job: 1,
+            names: vec!["b.json.gz".into(), "a.json.gz".into()],
+            config: scaled_config(),
+        };
+        let back = Request::from_json(&request.to_json()).unwrap();
+        let Request::Run { names, config, .. } = back else {
+            panic!("not a run: {back:?}");
+        };
+        assert_eq!(names, ["b.json.gz", "a.json.gz"]);
+        assert_eq!(config.scale.layers, Some(8));
+        assert_eq!(config.scale.seq_len, Some(128));
     }
 
     #[test]
@@ -155,6 +188,54 @@ mod tests {
         for response in responses {
             assert_eq!(Response::from_json(&response.to_json()).unwrap(), response);
         }
+    }
+
+    #[test]
+    fn a_scaled_report_round_trips_with_what_the_trace_is_and_what_was_rebuilt() {
+        use crate::scale::{DepthFacts, LengthFacts, StackFacts, Traced};
+        let bytes = include_bytes!("../tests/fixtures/tiny_step.json");
+        let config = Config::for_gpus("t4", &["t4".to_owned()]).unwrap();
+        let mut report = crate::pipeline::run(bytes, &config, &mut |_| {})
+            .unwrap()
+            .value;
+        report.summary.traced = Traced {
+            block: Some("LlamaDecoderLayer".into()),
+            layers: Some(2),
+            stacks: Some(1),
+            seq_len: Some(32),
+            batch: Some(4),
+        };
+        report.summary.scaled.depth = Some(DepthFacts {
+            traced: 2,
+            estimated: 8,
+            stacks: vec![StackFacts {
+                block: "LlamaDecoderLayer".into(),
+                parent: "LlamaModel_0".into(),
+                template: "LlamaDecoderLayer_1".into(),
+                bytes_per_call: crate::Bytes(1 << 20),
+            }],
+        });
+        report.summary.scaled.length = Some(LengthFacts {
+            traced: vec![32, 64],
+            estimated: 128,
+            method: "fit".into(),
+            linear: 10,
+            quadratic: 2,
+        });
+        let response = Response::Done {
+            job: 4,
+            trace: TraceIdentity::joined(&[
+                TraceIdentity::of("seq32.json.gz", b"a"),
+                TraceIdentity::of("seq64.json.gz", b"b"),
+            ]),
+            report: Box::new(report),
+        };
+        let back = Response::from_json(&response.to_json()).unwrap();
+        assert_eq!(back, response);
+        let Response::Done { trace, .. } = back else {
+            panic!("not done");
+        };
+        assert_eq!(trace.name, "seq32.json.gz + seq64.json.gz");
     }
 
     #[test]

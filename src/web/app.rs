@@ -42,11 +42,32 @@ struct Shown {
     shared: bool,
 }
 
-/// The file the current estimate came from, kept to re-run after a cancel.
+/// The most traces of one job the page takes together (the CLI's limit).
+const MAX_FILES: usize = 3;
+
+/// The file the current estimate came from (or the files: one job traced at
+/// different sequence lengths), kept to re-run after a cancel or with other
+/// choices.
 #[derive(Clone)]
 struct Input {
-    blob: Blob,
-    name: String,
+    blobs: Vec<Blob>,
+    /// One name per blob, in order.
+    names: Vec<String>,
+}
+
+impl Input {
+    /// One file.
+    fn one(blob: Blob, name: String) -> Input {
+        Input {
+            blobs: vec![blob],
+            names: vec![name],
+        }
+    }
+
+    /// The names as the page shows them (and the permalink joins them).
+    fn label(&self) -> String {
+        self.names.join(" + ")
+    }
 }
 
 /// A request made before the worker was ready.
@@ -61,7 +82,7 @@ impl Queued {
     /// What the status line says is waiting.
     fn label(&self) -> String {
         match self {
-            Queued::Run(input) => input.name.clone(),
+            Queued::Run(input) => input.label(),
             Queued::Resimulate => "the new settings".into(),
             Queued::WhatIf(_) => "the what-if".into(),
         }
@@ -163,7 +184,7 @@ fn App() -> impl IntoView {
         }
     }
 
-    let settings = move || {
+    let settings = move || -> Result<Settings, String> {
         let (params, frozen_params) = figures.get();
         let mut settings = Settings {
             gpus: choice.gpus(),
@@ -173,7 +194,7 @@ fn App() -> impl IntoView {
             ..base.get_value()
         };
         autocast.apply_to(&mut settings);
-        settings
+        Ok(settings)
     };
     let next_job = move || {
         let next = job.get_value().wrapping_add(1);
@@ -193,22 +214,19 @@ fn App() -> impl IntoView {
     // re-simulation or what-if reuses the trace's orchestration, so it keeps
     // the ones that made it (and its link carries those).
     let post_request =
-        move |build: &dyn Fn(u32, Config) -> Request, file: Option<&Blob>, run: bool| -> bool {
-            let mut chosen = settings();
-            if !run {
-                job_settings.with_value(|last| orchestrated_as(&mut chosen, last));
-            }
-            let sent = chosen
-                .config()
-                .map_err(|err| err.to_string())
-                .and_then(|config| {
-                    let request = build(next_job(), config);
-                    job_settings.set_value(chosen);
-                    worker.with_value(|worker| match worker {
-                        Some(worker) => bridge::post(worker, &request, file),
-                        None => Err("the worker is not running; reload the page".into()),
-                    })
-                });
+        move |build: &dyn Fn(u32, Config) -> Request, files: &[Blob], run: bool| -> bool {
+            let sent = settings().and_then(|mut chosen| {
+                if !run {
+                    job_settings.with_value(|last| orchestrated_as(&mut chosen, last));
+                }
+                let config = chosen.config().map_err(|err| err.to_string())?;
+                let request = build(next_job(), config);
+                job_settings.set_value(chosen);
+                worker.with_value(|worker| match worker {
+                    Some(worker) => bridge::post(worker, &request, files),
+                    None => Err("the worker is not running; reload the page".into()),
+                })
+            });
             match sent {
                 Ok(()) => true,
                 Err(message) => {
@@ -221,18 +239,23 @@ fn App() -> impl IntoView {
         Queued::Run(file) => {
             let build = |job, config| Request::Run {
                 job,
-                name: file.name.clone(),
+                names: file.names.clone(),
                 config,
             };
-            if post_request(&build, Some(&file.blob), true) {
+            if post_request(&build, &file.blobs, true) {
+                let several = file.blobs.len() > 1;
                 input.set_value(Some(file));
-                working("Sending the file");
+                working(if several {
+                    "Sending the files"
+                } else {
+                    "Sending the file"
+                });
             }
         }
         Queued::Resimulate => {
             if post_request(
                 &|job, config| Request::Resimulate { job, config },
-                None,
+                &[],
                 false,
             ) {
                 working("Simulating");
@@ -241,7 +264,7 @@ fn App() -> impl IntoView {
         Queued::WhatIf(what) => {
             if post_request(
                 &|job, config| Request::WhatIf { job, what, config },
-                None,
+                &[],
                 false,
             ) {
                 working("Simulating the what-if");
@@ -383,12 +406,21 @@ fn App() -> impl IntoView {
         start_worker();
     };
 
-    let submit_file = move |file: File| {
-        let name = file.name();
-        submit(Queued::Run(Input {
-            blob: file.into(),
-            name,
-        }));
+    // One file, or two or three: one job at different sequence lengths.
+    let submit_files = move |files: Vec<File>| {
+        if files.is_empty() {
+            return;
+        }
+        if files.len() > MAX_FILES {
+            error.set(Some(format!(
+                "{} files were given: drop one trace, or two or three traces of one job at different sequence lengths",
+                files.len()
+            )));
+            return;
+        }
+        let names = files.iter().map(File::name).collect();
+        let blobs = files.into_iter().map(Blob::from).collect();
+        submit(Queued::Run(Input { blobs, names }));
     };
     let demo = move |_| {
         let starting = matches!(status.get_untracked(), Status::Starting { .. });
@@ -397,10 +429,7 @@ fn App() -> impl IntoView {
         }
         leptos::task::spawn_local(async move {
             match fetch_blob(DEMO_URL).await {
-                Ok(blob) => submit(Queued::Run(Input {
-                    blob,
-                    name: DEMO_NAME.into(),
-                })),
+                Ok(blob) => submit(Queued::Run(Input::one(blob, DEMO_NAME.into()))),
                 Err(message) => {
                     if ready.get_value() {
                         status.set(Status::Idle);
@@ -431,7 +460,7 @@ fn App() -> impl IntoView {
         </header>
         <main>
             <section class="input" class:compact=move || shown.with(Option::is_some)>
-                <TraceInput on_file=Callback::new(submit_file) />
+                <TraceInput on_files=Callback::new(submit_files) />
                 <div class="actions">
                     <button id="demo" type="button" on:click=demo>"Try the demo"</button>
                     <CapturePanel />

@@ -1,7 +1,7 @@
 //! The page's side of the worker protocol: spawning the worker, waiting for its
-//! "ready" message, and posting requests with the file attached.
+//! "ready" message, and posting requests with the files attached.
 
-use js_sys::{Object, Reflect};
+use js_sys::{Array, Object, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::{Blob, MessageEvent, Worker};
@@ -37,14 +37,18 @@ pub fn spawn(on_response: impl Fn(Response) + 'static) -> Result<Worker, String>
     Ok(worker)
 }
 
-/// Posts `request`, with `file` attached when given; the file is shared with the worker by
-/// structured clone (a `Blob` handle, not a copy of its bytes).
-pub fn post(worker: &Worker, request: &Request, file: Option<&Blob>) -> Result<(), String> {
+/// Posts `request`, with `files` attached (a JS array under `files`, in the
+/// order of the request's names) when there are any; each is shared with the
+/// worker by structured clone (a `Blob` handle, not a copy of its bytes).
+pub fn post(worker: &Worker, request: &Request, files: &[Blob]) -> Result<(), String> {
     let message = Object::new();
     Reflect::set(&message, &"request".into(), &request.to_json().into())
-        .and_then(|_| match file {
-            Some(file) => Reflect::set(&message, &"file".into(), file),
-            None => Ok(true),
+        .and_then(|_| {
+            if files.is_empty() {
+                return Ok(true);
+            }
+            let list: Array = files.iter().collect();
+            Reflect::set(&message, &"files".into(), &list)
         })
         .map_err(|err| format!("cannot build the worker message: {err:?}"))?;
     worker

@@ -27,11 +27,20 @@ pub(super) enum Status {
     },
 }
 
-/// The drop zone and file picker: hands the dropped or picked file on.
+/// The files of a `FileList`, in order.
+fn all_files(files: Option<web_sys::FileList>) -> Vec<File> {
+    let Some(files) = files else {
+        return Vec::new();
+    };
+    (0..files.length()).filter_map(|i| files.get(i)).collect()
+}
+
+/// The drop zone and file picker: hands the dropped or picked files on
+/// (one trace, or two or three of one job at different sequence lengths).
 #[component]
 pub(super) fn TraceInput(
-    /// Called with the file the user dropped or picked.
-    on_file: Callback<File>,
+    /// Called with the files the user dropped or picked, in order.
+    on_files: Callback<Vec<File>>,
 ) -> impl IntoView {
     let dragging = RwSignal::new(false);
     let on_pick = move |ev: leptos::ev::Event| {
@@ -41,8 +50,9 @@ pub(super) fn TraceInput(
         else {
             return;
         };
-        if let Some(file) = target.files().and_then(|files| files.get(0)) {
-            on_file.run(file);
+        let files = all_files(target.files());
+        if !files.is_empty() {
+            on_files.run(files);
         }
         // Let the same file be picked again.
         target.set_value("");
@@ -50,12 +60,9 @@ pub(super) fn TraceInput(
     let on_drop = move |ev: leptos::ev::DragEvent| {
         ev.prevent_default();
         dragging.set(false);
-        if let Some(file) = ev
-            .data_transfer()
-            .and_then(|transfer| transfer.files())
-            .and_then(|files| files.get(0))
-        {
-            on_file.run(file);
+        let files = all_files(ev.data_transfer().and_then(|transfer| transfer.files()));
+        if !files.is_empty() {
+            on_files.run(files);
         }
     };
     view! {
@@ -70,8 +77,9 @@ pub(super) fn TraceInput(
             on:dragleave=move |_| dragging.set(false)
             on:drop=on_drop
         >
-            <input id="file-input" type="file" accept=".json,.gz,application/json,application/gzip" on:change=on_pick />
+            <input id="file-input" type="file" multiple accept=".json,.gz,application/json,application/gzip" on:change=on_pick />
             <span>"Drop a " <code>".json"</code> " or " <code>".json.gz"</code> " trace here, or choose a file"</span>
+            <span class="hint">"(or two or three traces of one job at different sequence lengths, together)"</span>
         </label>
     }
 }

@@ -1,8 +1,10 @@
 //! The Web Worker: runs the pipeline off the page's thread.
 //!
-//! It receives a [`Request`] with a `Blob` and streams the blob slice by slice
-//! into [`crate::pipeline::prepare_from`] (fingerprinting each slice on the way), so a
-//! file of hundreds of MB is never held whole, neither on the page nor here;
+//! It receives a [`Request`] with one `Blob` (or two or three: one job traced
+//! at different sequence lengths) and streams each slice by slice into
+//! [`crate::pipeline::prepare_many_from`] (fingerprinting each slice on the
+//! way), so a file of hundreds of MB is never held whole, neither on the page
+//! nor here;
 //! then it runs [`crate::pipeline::estimate`] and posts [`Response`]s back as JSON
 //! strings. It keeps the last prepared trace, so a change of GPUs or
 //! allocator settings re-runs only the simulation.
@@ -56,11 +58,12 @@ thread_local! {
     static WAITING: RefCell<Option<Waiting>> = const { RefCell::new(None) };
 }
 
-/// A prepared trace and its result, until the hasher's fingerprint arrives.
+/// A prepared trace and its result, until the hasher's fingerprints arrive.
 struct Waiting {
     job: u32,
-    name: String,
-    blob: Blob,
+    /// The files' names and blobs, in the order they were read.
+    names: Vec<String>,
+    blobs: Vec<Blob>,
     prepared: Prepared,
     result: Result<Box<crate::report::Report>, String>,
 }
@@ -69,8 +72,9 @@ struct Waiting {
 #[derive(Debug, Serialize, Deserialize)]
 struct Fingerprinted {
     job: u32,
-    /// The identity (its name is filled in by the receiver), or why not.
-    identity: Result<TraceIdentity, String>,
+    /// The identity of each file in order (their names are filled in by the
+    /// receiver), or why not.
+    identities: Result<Vec<TraceIdentity>, String>,
 }
 
 /// Installs the message handler and tells the page the worker is ready; the
@@ -133,15 +137,15 @@ fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
         let post = |response: Response| post_to(&post_scope, response);
         let job = WAITING.with(|slot| slot.borrow().as_ref().map(|w| w.job));
         if let Some(job) = job {
-            let identity = Err("the hasher stopped".to_owned());
-            fingerprinted(Fingerprinted { job, identity }, &post);
+            let identities = Err("the hasher stopped".to_owned());
+            fingerprinted(Fingerprinted { job, identities }, &post);
         }
     });
     hasher.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
 }
 
-/// The hasher: fingerprints each blob it is sent.
+/// The hasher: fingerprints the blobs of each job it is sent, in order.
 fn register_hasher(scope: &DedicatedWorkerGlobalScope) {
     let post_scope = scope.clone();
     let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
@@ -150,12 +154,10 @@ fn register_hasher(scope: &DedicatedWorkerGlobalScope) {
             .ok()
             .and_then(|v| v.as_f64())
             .map_or(0, |v| v as u32);
-        let identity = Reflect::get(&data, &"file".into())
-            .ok()
-            .and_then(|value| value.dyn_into::<Blob>().ok())
+        let identities = attached_blobs(&data)
             .ok_or_else(|| "no file to fingerprint".to_owned())
-            .and_then(fingerprint_blob);
-        let reply = Fingerprinted { job, identity };
+            .and_then(fingerprint_all);
+        let reply = Fingerprinted { job, identities };
         if let Ok(text) = serde_json::to_string(&reply) {
             let _ = post_scope.post_message(&text.into());
         }
@@ -165,6 +167,34 @@ fn register_hasher(scope: &DedicatedWorkerGlobalScope) {
     // Get the hash function optimized before the first file.
     let _ = TraceIdentity::of("", &vec![0_u8; 4 << 20]);
     let _ = scope.post_message(&HASHER_READY.into());
+}
+
+/// The blobs under `files` in a message (a JS array of `Blob`s, in order);
+/// `None` when there is none or anything else is there.
+fn attached_blobs(data: &JsValue) -> Option<Vec<Blob>> {
+    let list = Reflect::get(data, &"files".into())
+        .ok()?
+        .dyn_into::<js_sys::Array>()
+        .ok()?;
+    let blobs = list
+        .iter()
+        .map(|value| value.dyn_into::<Blob>().ok())
+        .collect::<Option<Vec<Blob>>>()?;
+    (!blobs.is_empty()).then_some(blobs)
+}
+
+/// Fingerprints each blob in turn (without names).
+fn fingerprint_all(blobs: Vec<Blob>) -> Result<Vec<TraceIdentity>, String> {
+    blobs.into_iter().map(fingerprint_blob).collect()
+}
+
+/// The identity the CLI gives the same files: each file's under its name,
+/// joined when there are several ([`TraceIdentity::joined`]).
+fn identity_of(mut identities: Vec<TraceIdentity>, names: &[String]) -> TraceIdentity {
+    for (identity, name) in identities.iter_mut().zip(names) {
+        identity.name.clone_from(name);
+    }
+    TraceIdentity::joined(&identities)
 }
 
 /// Reads a whole blob slice by slice and fingerprints it.
@@ -191,11 +221,11 @@ fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
         // A job that failed or was replaced meanwhile.
         return;
     };
-    let mut identity = match reply.identity {
-        Ok(identity) => identity,
+    let identities = match reply.identities {
+        Ok(identities) if identities.len() == waiting.names.len() => identities,
         // The hasher could not: hash here.
-        Err(_) => match fingerprint_blob(waiting.blob.clone()) {
-            Ok(identity) => identity,
+        _ => match fingerprint_all(waiting.blobs.clone()) {
+            Ok(identities) => identities,
             Err(message) => {
                 post(Response::Failed {
                     job: waiting.job,
@@ -205,7 +235,7 @@ fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
             }
         },
     };
-    identity.name = waiting.name;
+    let identity = identity_of(identities, &waiting.names);
     finish(
         waiting.job,
         identity,
@@ -274,11 +304,9 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
         return;
     };
     match request {
-        Request::Run { job, name, config } => {
-            let blob = Reflect::get(data, &"file".into())
-                .ok()
-                .and_then(|value| value.dyn_into::<Blob>().ok());
-            let Some(blob) = blob else {
+        Request::Run { job, names, config } => {
+            let blobs = attached_blobs(data).filter(|blobs| blobs.len() == names.len());
+            let Some(blobs) = blobs else {
                 post(Response::Failed {
                     job,
                     message: "no file came with the request; drop the file again".into(),
@@ -289,10 +317,14 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
             let hashed_elsewhere = HASHER.with(|slot| {
                 slot.borrow()
                     .as_ref()
-                    .is_some_and(|hasher| post_to_hasher(hasher, job, &blob))
+                    .is_some_and(|hasher| post_to_hasher(hasher, job, &blobs))
             });
-            match BlobSource::new(blob, !hashed_elsewhere) {
-                Ok(mut source) => run(job, &name, &mut source, &config, post),
+            let sources = blobs
+                .into_iter()
+                .map(|blob| BlobSource::new(blob, !hashed_elsewhere))
+                .collect::<Result<Vec<BlobSource>, String>>();
+            match sources {
+                Ok(mut sources) => run(job, &names, &mut sources, &config, post),
                 Err(message) => post(Response::Failed { job, message }),
             }
         }
@@ -301,11 +333,12 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
     }
 }
 
-/// Asks the hasher to fingerprint `blob` for `job`; whether it was asked.
-fn post_to_hasher(hasher: &Worker, job: u32, blob: &Blob) -> bool {
+/// Asks the hasher to fingerprint `blobs` for `job`; whether it was asked.
+fn post_to_hasher(hasher: &Worker, job: u32, blobs: &[Blob]) -> bool {
     let message = js_sys::Object::new();
+    let list: js_sys::Array = blobs.iter().collect();
     Reflect::set(&message, &"job".into(), &JsValue::from(job)).is_ok()
-        && Reflect::set(&message, &"file".into(), blob).is_ok()
+        && Reflect::set(&message, &"files".into(), &list).is_ok()
         && hasher.post_message(&message).is_ok()
 }
 
@@ -382,20 +415,31 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
     }
 }
 
-/// Prepares and estimates a trace; one that prepares replaces the worker's
+/// Prepares and estimates a trace (or one job from its traces at several
+/// sequence lengths, read in turn); one that prepares replaces the worker's
 /// current trace, once its fingerprint is known (at once when this worker
-/// hashed it, when the hasher answers otherwise).
-fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dyn Fn(Response)) {
+/// hashed the files, when the hasher answers otherwise).
+fn run(
+    job: u32,
+    names: &[String],
+    sources: &mut [BlobSource],
+    config: &Config,
+    post: &dyn Fn(Response),
+) {
     let mut progress = progress_poster(job, post);
     // The page offers the mixed-precision what-if: prepare its job too.
     let mut with_what_if = config.clone();
     with_what_if.orchestrator.autocast.what_if = true;
-    let prepared = match pipeline::prepare_from(source, &with_what_if, &mut progress) {
+    let mut dyns: Vec<&mut dyn TraceSource> = sources
+        .iter_mut()
+        .map(|source| source as &mut dyn TraceSource)
+        .collect();
+    let prepared = match pipeline::prepare_many_from(&mut dyns, &with_what_if, &mut progress) {
         Ok(prepared) => prepared,
         Err(err) => {
             post(Response::Failed {
                 job,
-                message: format!("{name}: {err}"),
+                message: format!("{}: {err}", names.join(" + ")),
             });
             return;
         }
@@ -403,13 +447,17 @@ fn run(job: u32, name: &str, source: &mut BlobSource, config: &Config, post: &dy
     let result = pipeline::estimate(&prepared, config, &mut progress)
         .map(|report| Box::new(report.value))
         .map_err(|err| err.to_string());
-    match source.fingerprint.take() {
-        Some(fingerprint) => finish(job, fingerprint.finish(name), prepared, result, post),
+    let hashed_here = sources
+        .iter_mut()
+        .map(|source| source.fingerprint.take().map(|f| f.finish("")))
+        .collect::<Option<Vec<TraceIdentity>>>();
+    match hashed_here {
+        Some(identities) => finish(job, identity_of(identities, names), prepared, result, post),
         None => {
             let waiting = Waiting {
                 job,
-                name: name.to_owned(),
-                blob: source.blob.clone(),
+                names: names.to_vec(),
+                blobs: sources.iter().map(|source| source.blob.clone()).collect(),
                 prepared,
                 result,
             };
