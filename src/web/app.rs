@@ -20,6 +20,7 @@ use super::controls::{Status, StatusLine, TraceInput, WhatIfSection};
 use super::format::{exact, gib, open_state, seconds, short, thousands};
 use super::gpus::{Choice, GpuChooser};
 use super::params::{ParamFigures, ParamsForm};
+use super::scale::{scaled_note, ScaleChoice, ScaleForm, ScaledTable, TraceFacts};
 use crate::orchestrator::Phase;
 use crate::permalink::{self, Shared, TraceIdentity};
 use crate::pipeline::{Config, Settings};
@@ -126,7 +127,8 @@ fn show_link(link: &str) {
 }
 
 /// Takes from `last` the choices its orchestration was made with (the
-/// parameter figures and the autocast choices).
+/// parameter figures, the autocast choices, and the depth and length its
+/// trace was rebuilt for).
 fn orchestrated_as(settings: &mut Settings, last: &Settings) {
     settings.params.clone_from(&last.params);
     settings.frozen_params.clone_from(&last.frozen_params);
@@ -134,6 +136,8 @@ fn orchestrated_as(settings: &mut Settings, last: &Settings) {
     settings.autocast_dtype.clone_from(&last.autocast_dtype);
     settings.autocast_policy.clone_from(&last.autocast_policy);
     settings.grad_scaler = last.grad_scaler;
+    settings.layers = last.layers;
+    settings.seq_len = last.seq_len;
 }
 
 /// The root component.
@@ -145,6 +149,9 @@ fn App() -> impl IntoView {
     let choice = Choice::new();
     let figures = ParamFigures::new();
     let autocast = AutocastChoice::new();
+    let scale = ScaleChoice::new();
+    // Files dropped together that wait for a sequence length (their names).
+    let pending = RwSignal::new(None::<String>);
     // Settings the page has no control for (from a permalink made with
     // other options); the page's choices override the GPUs and allocator.
     let base = StoredValue::new(Settings::default());
@@ -170,6 +177,7 @@ fn App() -> impl IntoView {
                     shared.settings.frozen_params.as_deref(),
                 );
                 autocast.restore(&shared.settings);
+                scale.restore(&shared.settings);
                 base.set_value(shared.settings.clone());
                 whatif_result.set(shared.whatif.clone());
                 link.set(href.clone());
@@ -194,6 +202,7 @@ fn App() -> impl IntoView {
             ..base.get_value()
         };
         autocast.apply_to(&mut settings);
+        scale.apply_to(&mut settings)?;
         Ok(settings)
     };
     let next_job = move || {
@@ -210,9 +219,10 @@ fn App() -> impl IntoView {
     };
     // Builds a request from the current settings and posts it; says whether it
     // went out (a failure is shown as the page's error). Only a run of the
-    // trace takes the forms' parameter figures and autocast choices; a
-    // re-simulation or what-if reuses the trace's orchestration, so it keeps
-    // the ones that made it (and its link carries those).
+    // trace takes the forms' parameter figures, autocast choices, layers and
+    // sequence length; a re-simulation or what-if reuses the trace's
+    // orchestration, so it keeps the ones that made it (and its link carries
+    // those).
     let post_request =
         move |build: &dyn Fn(u32, Config) -> Request, files: &[Blob], run: bool| -> bool {
             let sent = settings().and_then(|mut chosen| {
@@ -245,6 +255,7 @@ fn App() -> impl IntoView {
             if post_request(&build, &file.blobs, true) {
                 let several = file.blobs.len() > 1;
                 input.set_value(Some(file));
+                pending.set(None);
                 working(if several {
                     "Sending the files"
                 } else {
@@ -406,7 +417,9 @@ fn App() -> impl IntoView {
         start_worker();
     };
 
-    // One file, or two or three: one job at different sequence lengths.
+    // One file runs at once. Two or three are one job at different sequence
+    // lengths: they run once a length to estimate is typed (kept until then,
+    // and run by the form's Apply).
     let submit_files = move |files: Vec<File>| {
         if files.is_empty() {
             return;
@@ -420,7 +433,15 @@ fn App() -> impl IntoView {
         }
         let names = files.iter().map(File::name).collect();
         let blobs = files.into_iter().map(Blob::from).collect();
-        submit(Queued::Run(Input { blobs, names }));
+        let given = Input { blobs, names };
+        pending.set(None);
+        if given.blobs.len() > 1 && !scale.has_length() {
+            error.set(None);
+            pending.set(Some(given.label()));
+            input.set_value(Some(given));
+            return;
+        }
+        submit(Queued::Run(given));
     };
     let demo = move |_| {
         let starting = matches!(status.get_untracked(), Status::Starting { .. });
@@ -429,7 +450,10 @@ fn App() -> impl IntoView {
         }
         leptos::task::spawn_local(async move {
             match fetch_blob(DEMO_URL).await {
-                Ok(blob) => submit(Queued::Run(Input::one(blob, DEMO_NAME.into()))),
+                Ok(blob) => {
+                    pending.set(None);
+                    submit(Queued::Run(Input::one(blob, DEMO_NAME.into())));
+                }
                 Err(message) => {
                     if ready.get_value() {
                         status.set(Status::Idle);
@@ -440,9 +464,13 @@ fn App() -> impl IntoView {
         });
     };
     let changed = Callback::new(move |()| resimulate());
-    // Parameter figures and autocast choices change the orchestrated
-    // schedule: run the trace again.
+    // Parameter figures, autocast choices, layers and sequence length change
+    // the orchestrated schedule: run the trace again.
     let rerun = Callback::new(move |()| match input.get_value() {
+        // Several traces are estimated at a length only.
+        Some(files) if files.blobs.len() > 1 && !scale.has_length() => {
+            pending.set(Some(files.label()));
+        }
         Some(file) => submit(Queued::Run(file)),
         None if shown.with_untracked(Option::is_some) => error.set(Some(
             "these choices need the trace: drop it (or try the demo) again".into(),
@@ -450,6 +478,14 @@ fn App() -> impl IntoView {
         None => {}
     });
     let failed = Callback::new(move |message: String| error.set(Some(message)));
+    let trace_facts = Signal::derive(move || {
+        shown.with(|s| {
+            s.as_ref().map(|s| TraceFacts {
+                traced: s.report.summary.traced.clone(),
+                scaled: s.report.summary.scaled.clone(),
+            })
+        })
+    });
 
     view! {
         <header>
@@ -470,6 +506,8 @@ fn App() -> impl IntoView {
             </section>
 
             {move || shown.get().map(|shown| view! { <Verdict shown=shown /> })}
+
+            <ScaleForm choice=scale facts=trace_facts pending=pending apply=rerun />
 
             <GpuChooser choice=choice changed=changed failed=failed />
             <ParamsForm figures=figures apply=rerun />
@@ -620,6 +658,9 @@ fn Verdict(
                 </p>
             })}
             <Answer report=shown.report.clone() />
+            {scaled_note(&shown.report.summary.scaled).map(|note| view! {
+                <p id="scaled-note" class="hint">{note}</p>
+            })}
         </section>
     }
 }
@@ -706,6 +747,10 @@ fn Results(
                     short(report.summary.buffer_bytes))}</dd>
                 <dt>"GPUs"</dt><dd>{shown.settings.gpus.join(", ")}{(!shown.settings.alloc_conf.is_empty()).then(|| format!(" — PYTORCH_CUDA_ALLOC_CONF={}", shown.settings.alloc_conf))}</dd>
             </dl>
+
+            {(!report.summary.scaled.is_empty()).then(|| view! {
+                <ScaledTable scaled=report.summary.scaled.clone() />
+            })}
 
             <h3>"Timeline"</h3>
             <canvas id="timeline-chart" node_ref=timeline_canvas width="1040" height="320"></canvas>
