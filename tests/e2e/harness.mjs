@@ -187,16 +187,22 @@ export function cliRun(args) {
 
 /** Drops `file` (a path) on the drop zone as a user would: dragover, then drop. */
 export async function dropFile(page, file, name = path.basename(file)) {
-  const base64 = (await readFile(file)).toString("base64");
-  const transfer = await page.evaluateHandle(
-    ({ base64, name }) => {
-      const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
-      const dt = new DataTransfer();
-      dt.items.add(new File([bytes], name));
-      return dt;
-    },
-    { base64, name },
+  await dropFiles(page, [file], [name]);
+}
+
+/** Drops several `files` (paths) together on the drop zone, in order: one drag of all of them. */
+export async function dropFiles(page, files, names = files.map((f) => path.basename(f))) {
+  const items = await Promise.all(
+    files.map(async (file, i) => ({ base64: (await readFile(file)).toString("base64"), name: names[i] })),
   );
+  const transfer = await page.evaluateHandle((items) => {
+    const dt = new DataTransfer();
+    for (const { base64, name } of items) {
+      const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+      dt.items.add(new File([bytes], name));
+    }
+    return dt;
+  }, items);
   await page.dispatchEvent("#drop-zone", "dragover", { dataTransfer: transfer });
   await page.dispatchEvent("#drop-zone", "drop", { dataTransfer: transfer });
 }
