@@ -14,6 +14,7 @@ mod controls;
 mod format;
 mod gpus;
 mod params;
+mod results;
 mod scale;
 mod whatif;
 pub mod worker;

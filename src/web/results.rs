@@ -1,0 +1,307 @@
+//! The estimate on screen: the first screen's verdict (marked when it came
+//! from a permalink) and the details below it — summary, what was rebuilt
+//! for a deeper or longer job, charts with their tables, layers, warnings,
+//! the report JSON and the link. Display only: every number is the report's.
+
+use leptos::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+use web_sys::HtmlCanvasElement;
+
+use super::answer::Answer;
+use super::charts::{self, Band};
+use super::format::{exact, gib, open_state, seconds, short, thousands};
+use super::scale::{scaled_note, ScaledTable};
+use crate::orchestrator::Phase;
+use crate::permalink::TraceIdentity;
+use crate::pipeline::Settings;
+use crate::report::{Breakdown, LayerKey, Report};
+
+/// An estimate on screen.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Shown {
+    pub(super) trace: TraceIdentity,
+    /// What it was computed with.
+    pub(super) settings: Settings,
+    pub(super) report: Report,
+    /// Opened from a permalink (no trace in this browser).
+    pub(super) shared: bool,
+}
+
+fn breakdown_parts(breakdown: &Breakdown) -> [(&'static str, crate::Bytes); 9] {
+    [
+        ("parameters", breakdown.parameters),
+        ("buffers", breakdown.buffers),
+        ("gradients", breakdown.gradients),
+        ("optimizer state", breakdown.optimizer_state),
+        ("activations", breakdown.activations),
+        ("batch", breakdown.batch),
+        ("temporaries", breakdown.temporaries),
+        ("cached / fragmentation", breakdown.cached),
+        ("CUDA context + workspaces", breakdown.overheads),
+    ]
+}
+
+/// The shaded phases of the timeline, and their names for the legend.
+const BAND_PHASES: [(Phase, &str); 6] = [
+    (Phase::DataLoading, "data loading"),
+    (Phase::ZeroGrad, "zero_grad"),
+    (Phase::Forward, "forward"),
+    (Phase::Backward, "backward"),
+    (Phase::OptimizerStep, "optimizer step"),
+    (Phase::ClipGrad, "gradient clipping"),
+];
+
+fn phase_bands(report: &Report) -> Vec<Band> {
+    report
+        .phases
+        .iter()
+        .filter_map(|window| {
+            let shade = BAND_PHASES
+                .iter()
+                .position(|(phase, _)| *phase == window.phase)?;
+            Some(Band {
+                start_ns: window.start.get(),
+                end_ns: window.end.get(),
+                label: BAND_PHASES[shade].1.to_string(),
+                shade,
+            })
+        })
+        .collect()
+}
+
+/// Draws a chart once its canvas is in the page.
+fn draw_on(
+    canvas: NodeRef<leptos::html::Canvas>,
+    draw: impl Fn(&HtmlCanvasElement) -> Result<(), String> + 'static,
+) {
+    Effect::new(move |_| {
+        if let Some(element) = canvas.get() {
+            if let Err(message) = draw(&element) {
+                web_sys::console::warn_1(&format!("chart not drawn: {message}").into());
+            }
+        }
+    });
+}
+
+/// The first screen's answer, marked when it was opened from a permalink.
+#[component]
+pub(super) fn Verdict(
+    /// The estimate to answer for.
+    shown: Shown,
+) -> impl IntoView {
+    view! {
+        <section class="result first">
+            {shown.shared.then(|| view! {
+                <p id="shared-banner" class="shared-banner">
+                    "Shared estimate — computed elsewhere from "<strong>{shown.trace.name.clone()}</strong>
+                    " (SHA-256 "<code>{shown.trace.sha256.chars().take(16).collect::<String>()}"…"</code>"). No trace is loaded in this browser."
+                </p>
+            })}
+            <Answer report=shown.report.clone() />
+            {scaled_note(&shown.report.summary.scaled).map(|note| view! {
+                <p id="scaled-note" class="hint">{note}</p>
+            })}
+        </section>
+    }
+}
+
+/// The estimate's details: summary, charts with their tables, layers,
+/// warnings, JSON, link.
+#[component]
+pub(super) fn Results(
+    /// The estimate to show.
+    shown: Shown,
+    /// Its permalink (with the what-if asked on it, if any).
+    link: RwSignal<String>,
+) -> impl IntoView {
+    let report = shown.report.clone();
+    let peak = report.peak.clone();
+    let parts = breakdown_parts(&report.breakdown_at_peak);
+
+    let timeline_canvas = NodeRef::<leptos::html::Canvas>::new();
+    let gpu_canvas = NodeRef::<leptos::html::Canvas>::new();
+    let breakdown_canvas = NodeRef::<leptos::html::Canvas>::new();
+    let bands = phase_bands(&report);
+    {
+        let report = report.clone();
+        draw_on(timeline_canvas, move |canvas| {
+            charts::timeline(canvas, &report, &bands)
+        });
+    }
+    {
+        let report = report.clone();
+        draw_on(gpu_canvas, move |canvas| charts::gpus(canvas, &report));
+    }
+    draw_on(breakdown_canvas, move |canvas| {
+        charts::breakdown(canvas, &parts)
+    });
+
+    let copied = RwSignal::new(false);
+    let timeline_details = NodeRef::<leptos::html::Details>::new();
+    let (timeline_open, timeline_toggled) = open_state(timeline_details);
+    let json_details = NodeRef::<leptos::html::Details>::new();
+    let (json_open, json_toggled) = open_state(json_details);
+    let timeline = std::sync::Arc::new(report.timeline.clone());
+    let json_report = std::sync::Arc::new(report.clone());
+    let copy_link = move |_| {
+        let clipboard = window().navigator().clipboard();
+        let promise = clipboard.write_text(&link.get_untracked());
+        leptos::task::spawn_local(async move {
+            copied.set(JsFuture::from(promise).await.is_ok());
+        });
+    };
+    let where_peak = {
+        let at = &peak.at;
+        let mut parts = Vec::new();
+        if let Some(iteration) = at.iteration {
+            parts.push(format!("iteration {iteration}"));
+        }
+        parts.push(format!("{:?}", at.phase).to_lowercase());
+        if let Some(op) = &at.op {
+            parts.push(format!("op {op}"));
+        }
+        if let Some(layer) = &at.layer {
+            parts.push(format!("layer {layer}"));
+        }
+        parts.join(", ")
+    };
+
+    view! {
+        <section id="results" class="result">
+            <h2>"Details"</h2>
+            <dl class="summary">
+                <dt>"Trace"</dt><dd id="trace-name">{shown.trace.name.clone()}" ("{exact(shown.trace.size_bytes)}")"</dd>
+                <dt>"Reserved by PyTorch"</dt><dd id="peak-reserved">{format!("{} — {}", gib(peak.reserved_bytes), exact(peak.reserved_bytes))}</dd>
+                <dt>"Allocated (live tensors)"</dt><dd id="peak-allocated">{format!("{} — {}", gib(peak.allocated_bytes), exact(peak.allocated_bytes))}</dd>
+                <dt>"CUDA context"</dt><dd>{format!("{} — {}", gib(peak.context_bytes), exact(peak.context_bytes))}</dd>
+                <dt>"Where"</dt><dd id="peak-where">{where_peak}</dd>
+                <dt>"Run"</dt><dd id="run-facts">{format!("{}: {} iterations simulated ({} captured), optimizer {}{}, target GPU {}",
+                    report.summary.run_kind.label().replace('_', " "),
+                    report.summary.iterations_simulated, report.summary.iterations_captured,
+                    report.summary.optimizer.clone().unwrap_or_else(|| "unknown".into()),
+                    if report.summary.foreach_modelled { " (foreach)" } else { "" },
+                    report.reference_gpu)}</dd>
+                <dt>"Model"</dt><dd id="model-facts">{format!("{} parameter tensors, {} ({} trainable, {} frozen), buffers {}",
+                    thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
+                    short(report.summary.trainable_parameter_bytes), short(report.summary.frozen_parameter_bytes),
+                    short(report.summary.buffer_bytes))}</dd>
+                <dt>"GPUs"</dt><dd>{shown.settings.gpus.join(", ")}{(!shown.settings.alloc_conf.is_empty()).then(|| format!(" — PYTORCH_CUDA_ALLOC_CONF={}", shown.settings.alloc_conf))}</dd>
+            </dl>
+
+            {(!report.summary.scaled.is_empty()).then(|| view! {
+                <ScaledTable scaled=report.summary.scaled.clone() />
+            })}
+
+            <h3>"Timeline"</h3>
+            <canvas id="timeline-chart" node_ref=timeline_canvas width="1040" height="320"></canvas>
+            <p class="legend">
+                {BAND_PHASES.iter().enumerate().map(|(idx, (_, name))| {
+                    let c = charts::BAND_COLORS[idx];
+                    view! { <span class="swatch" style=format!("background: rgba({},{},{},0.35)", c.0, c.1, c.2)></span>" "{*name}" " }
+                }).collect_view()}
+            </p>
+            <table id="iterations-table">
+                <thead><tr><th>"iteration"</th><th>"from captured"</th><th>"start"</th><th>"end"</th><th>"peak allocated (B)"</th><th>"peak reserved (B)"</th></tr></thead>
+                <tbody>
+                    {report.iterations.iter().map(|it| {
+                        let t0 = report.timeline.first().map_or(0, |f| f.time_ns.get());
+                        view! {
+                            <tr><td>{it.index}</td><td>{it.source}</td><td>{seconds(it.start_ns.get() - t0)}</td><td>{seconds(it.end_ns.get() - t0)}</td>
+                                <td class="num">{thousands(it.peak_allocated_bytes.get())}</td><td class="num">{thousands(it.peak_reserved_bytes.get())}</td></tr>
+                        }
+                    }).collect_view()}
+                </tbody>
+            </table>
+            <details class="numbers" node_ref=timeline_details on:toggle=timeline_toggled>
+                <summary>"Timeline numbers ("{report.timeline.len()}" points)"</summary>
+                <table id="timeline-table">
+                    <thead><tr><th>"time"</th><th>"allocated (B)"</th><th>"reserved (B)"</th></tr></thead>
+                    <tbody>
+                        // Built when first opened: thousands of rows cost more than the charts.
+                        {move || timeline_open.get().then(|| {
+                            let t0 = timeline.first().map_or(0, |f| f.time_ns.get());
+                            timeline.iter().map(|p| view! {
+                                <tr><td>{seconds(p.time_ns.get() - t0)}</td>
+                                    <td>{thousands(p.allocated_bytes.get())}</td><td>{thousands(p.reserved_bytes.get())}</td></tr>
+                            }).collect_view()
+                        })}
+                    </tbody>
+                </table>
+            </details>
+
+            <h3>"GPUs"</h3>
+            <div class="chart-and-table">
+                <canvas id="gpu-chart" node_ref=gpu_canvas width="620" height={(60 + 44 * report.gpus.len().max(1)).to_string()}></canvas>
+                <table id="gpu-table">
+                    <thead><tr><th>"GPU"</th><th>"capacity"</th><th>"verdict"</th><th>"headroom / shortfall"</th></tr></thead>
+                    <tbody>
+                        {report.gpus.iter().map(|gpu| view! {
+                            <tr class=if gpu.fits { "fits" } else { "oom" }>
+                                <td>{gpu.preset.clone()}</td>
+                                <td title=exact(gpu.capacity_bytes)>{gib(gpu.capacity_bytes)}</td>
+                                <td class="verdict">{if gpu.fits { "fits" } else { "out of memory" }}</td>
+                                <td>{match (gpu.headroom_bytes, gpu.shortfall_bytes) {
+                                    (Some(headroom), _) => format!("+{} free", short(headroom)),
+                                    (_, Some(shortfall)) => format!("needs {} more", short(shortfall)),
+                                    _ => String::new(),
+                                }}</td>
+                            </tr>
+                        }).collect_view()}
+                    </tbody>
+                </table>
+            </div>
+
+            <h3>"Breakdown at the peak"</h3>
+            <div class="chart-and-table">
+                <canvas id="breakdown-chart" node_ref=breakdown_canvas width="620" height="150"></canvas>
+                <table id="breakdown-table">
+                    <thead><tr><th></th><th>"category"</th><th>"bytes"</th><th>"GiB"</th></tr></thead>
+                    <tbody>
+                        {parts.iter().enumerate().map(|(idx, (label, bytes))| {
+                            let color = charts::CATEGORY_COLORS.get(idx).map_or(String::new(), |c| format!("background: rgb({},{},{})", c.0, c.1, c.2));
+                            view! {
+                                <tr><td><span class="swatch" style=color></span></td><td>{*label}</td>
+                                    <td class="num">{thousands(bytes.get())}</td><td class="num">{gib(*bytes)}</td></tr>
+                            }
+                        }).collect_view()}
+                        <tr class="total"><td></td><td>"total"</td><td class="num">{thousands(report.breakdown_at_peak.total().get())}</td>
+                            <td class="num">{gib(report.breakdown_at_peak.total())}</td></tr>
+                    </tbody>
+                </table>
+            </div>
+
+            // Without Python frames the report lists operators instead of layers.
+            <h3>{if report.top_layers_by == LayerKey::Op { "Top operators at the peak" } else { "Top layers at the peak" }}</h3>
+            <table id="layers-table">
+                <thead><tr><th>{if report.top_layers_by == LayerKey::Op { "operator" } else { "layer" }}</th><th>"live bytes"</th></tr></thead>
+                <tbody>
+                    {report.top_layers.iter().map(|layer| view! {
+                        <tr><td><code>{layer.layer.clone()}</code></td><td class="num">{thousands(layer.bytes.get())}</td></tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+
+            <h3>"Warnings"</h3>
+            <ul id="warnings" class="warnings">
+                {report.warnings.iter().map(|warning| view! {
+                    <li><code>{warning.code.clone()}</code>" "{warning.message.clone()}</li>
+                }).collect_view()}
+            </ul>
+
+            <details id="report-json-details" class="numbers" node_ref=json_details on:toggle=json_toggled>
+                <summary>"Report JSON (the same as "<code>"memcast estimate --json"</code>")"</summary>
+                {move || json_open.get().then(|| view! {
+                    <textarea id="report-json" readonly rows="12">{serde_json::to_string_pretty(&*json_report).unwrap_or_default()}</textarea>
+                })}
+            </details>
+
+            <h3>"Share"</h3>
+            <div class="share">
+                <input id="permalink" type="text" readonly prop:value=move || link.get() />
+                <button id="copy-link" type="button" on:click=copy_link>"Copy link"</button>
+                {move || copied.get().then(|| view! { <span class="copied">"Copied"</span> })}
+            </div>
+            <p class="hint">"The link carries this estimate (numbers, breakdown, a downsampled timeline, the GPUs and settings, the trace's name and SHA-256) — never the trace."</p>
+        </section>
+    }
+}
