@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use super::align::align;
 use super::events::{base_total, pair, retotal, strip_first_step_state};
 use super::frames::{self, ModuleFrame, Stack};
-use super::names::{out_name, renumber_sequences, Renumber};
+use super::names::{renumber_sequences, Interner, Renumber};
 use super::{DepthFacts, ScaleError, StackFacts};
 use crate::diag::Warning;
 use crate::trace::{MemoryEvent, OpEvent, Trace};
@@ -677,7 +677,8 @@ impl<'a> Rebuild<'a> {
         out.ops = ops.into_iter().map(|(o, _, _)| o).collect();
 
         // Python frames: copies get new ids; module frames are renumbered.
-        let names = Renumber::new(trace, self.frames, self.stacks, k);
+        let names = Renumber::new(self.frames, self.stacks, k);
+        let mut interner = Interner::new(trace);
         let py_span = trace
             .python
             .iter()
@@ -699,7 +700,7 @@ impl<'a> Rebuild<'a> {
             orig.start = Nanos(s);
             orig.dur = Nanos(d);
             if let Some((name, module_id)) = names.original(i) {
-                orig.name = out_name(&mut out, &name);
+                orig.name = interner.id(&mut out, &name);
                 orig.module_id = module_id.or(orig.module_id);
             }
             python.push(orig);
@@ -716,7 +717,7 @@ impl<'a> Rebuild<'a> {
                         }
                     });
                     if let Some((name, module_id)) = names.copy(i, part.stack, c) {
-                        copy.name = out_name(&mut out, &name);
+                        copy.name = interner.id(&mut out, &name);
                         copy.module_id = module_id.or(copy.module_id);
                     }
                     python.push(copy);

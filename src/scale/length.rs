@@ -59,8 +59,9 @@ fn embedding_ids(trace: &Trace) -> Option<(u32, u32)> {
     Some((t, b.max(1)))
 }
 
-fn loader_samples(trace: &Trace) -> Option<(u32, u32)> {
-    let loader: Vec<(i64, i64)> = trace
+/// The spans of the data loader's `__next__` annotations.
+fn loader_spans(trace: &Trace) -> Vec<(i64, i64)> {
+    trace
         .annotations
         .iter()
         .filter(|a| {
@@ -68,7 +69,11 @@ fn loader_samples(trace: &Trace) -> Option<(u32, u32)> {
             n.contains("DataLoader") && n.contains("__next__")
         })
         .map(|a| (a.start.get(), a.start.get() + a.dur.get()))
-        .collect();
+        .collect()
+}
+
+fn loader_samples(trace: &Trace) -> Option<(u32, u32)> {
+    let loader = loader_spans(trace);
     trace
         .ops
         .iter()
@@ -370,15 +375,7 @@ impl<'a> Shapes<'a> {
                 .get(i)
                 .map(|o| (o.start, std::cmp::Reverse(o.dur)))
         });
-        let loader = trace
-            .annotations
-            .iter()
-            .filter(|a| {
-                let n = trace.name(a.name);
-                n.contains("DataLoader") && n.contains("__next__")
-            })
-            .map(|a| (a.start.get(), a.start.get() + a.dur.get()))
-            .collect();
+        let loader = loader_spans(trace);
         Shapes {
             trace,
             t,

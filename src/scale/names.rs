@@ -5,15 +5,35 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::frames::{ModuleFrame, Stack};
-use crate::trace::{OpEvent, Trace};
+use crate::trace::{NameId, OpEvent, Trace};
 
-/// The id of `name` in the rebuilt trace's table (added when new).
-pub(super) fn out_name(trace: &mut Trace, name: &str) -> crate::trace::NameId {
-    if let Some(i) = trace.names.iter().position(|n| n == name) {
-        return crate::trace::NameId(u32::try_from(i).unwrap_or(u32::MAX));
+/// The rebuilt trace's name table: the id of a name, added when new (one
+/// lookup per frame, not a scan of the table).
+pub(super) struct Interner {
+    lookup: HashMap<String, NameId>,
+}
+
+impl Interner {
+    pub(super) fn new(trace: &Trace) -> Interner {
+        let mut lookup = HashMap::with_capacity(trace.names.len());
+        for (i, name) in trace.names.iter().enumerate() {
+            lookup
+                .entry(name.clone())
+                .or_insert(NameId(u32::try_from(i).unwrap_or(u32::MAX)));
+        }
+        Interner { lookup }
     }
-    trace.names.push(name.to_owned());
-    crate::trace::NameId(u32::try_from(trace.names.len() - 1).unwrap_or(u32::MAX))
+
+    /// The id of `name` in `trace`'s table, added when new.
+    pub(super) fn id(&mut self, trace: &mut Trace, name: &str) -> NameId {
+        if let Some(&id) = self.lookup.get(name) {
+            return id;
+        }
+        let id = NameId(u32::try_from(trace.names.len()).unwrap_or(u32::MAX));
+        trace.names.push(name.to_owned());
+        self.lookup.insert(name.to_owned(), id);
+        id
+    }
 }
 
 /// Autograd sequence numbers in call order: each (number, copy) of a forward
@@ -54,8 +74,6 @@ pub(super) fn renumber_sequences(ops: &mut [(OpEvent, u32, Option<i64>)]) {
 /// Module frame names of the deeper model: per class, instances numbered
 /// in call order, the copies right after the template's.
 pub(super) struct Renumber {
-    /// (class, k) → new k for the trace's own frames.
-    original: HashMap<usize, (String, u32)>,
     /// Per stack and class: the template's first and last instance and count.
     ranges: Vec<BTreeMap<String, (u32, u32, u32)>>,
     shifted: HashMap<(String, u32), u32>,
@@ -63,12 +81,7 @@ pub(super) struct Renumber {
 }
 
 impl Renumber {
-    pub(super) fn new(
-        trace: &Trace,
-        frames: &[ModuleFrame],
-        stacks: &[Stack],
-        copies: u32,
-    ) -> Renumber {
+    pub(super) fn new(frames: &[ModuleFrame], stacks: &[Stack], copies: u32) -> Renumber {
         let mut ranges: Vec<BTreeMap<String, (u32, u32, u32)>> = Vec::new();
         for stack in stacks {
             let t = super::depth::last(stack);
@@ -104,9 +117,7 @@ impl Renumber {
             shifted.insert((f.class.clone(), f.k), f.k.saturating_add(add));
             frame_of.insert(f.python, (f.class.clone(), f.k));
         }
-        let _ = trace;
         Renumber {
-            original: HashMap::new(),
             ranges,
             shifted,
             frame_of,
@@ -115,9 +126,6 @@ impl Renumber {
 
     /// The new name and module id of the trace's own frame `python`.
     pub(super) fn original(&self, python: usize) -> Option<(String, Option<i64>)> {
-        if let Some(x) = self.original.get(&python) {
-            return Some((format!("nn.Module: {}_{}", x.0, x.1), Some(i64::from(x.1))));
-        }
         let (class, k) = self.frame_of.get(&python)?;
         let n = *self.shifted.get(&(class.clone(), *k))?;
         Some((format!("nn.Module: {class}_{n}"), Some(i64::from(n))))
