@@ -16,10 +16,14 @@ for p in pairs:
         print(f"| {p['snapshot']} | refused: {r.stderr.strip().splitlines()[-1]} |"); continue
     d = json.loads(r.stdout)
     er, ea = d["peak"]["reserved_bytes"], d["peak"]["allocated_bytes"]
+    if p.get("compare_iteration") is not None:  # the snapshot's window holds that step only
+        it = d["iterations"][p["compare_iteration"]]
+        er, ea = it["peak_reserved_bytes"], it["peak_allocated_bytes"]
     rr, ra = p["real_peak_reserved"], p["real_peak_allocated"]
     p["estimate_peak_reserved"], p["estimate_peak_allocated"] = er, ea
     p["error_reserved_pct"] = round(100 * (er - rr) / rr, 2)
     name = p["snapshot"].split("memory_snapshots/")[-1]
-    print(f"| {name} | {p['config']['mode'][:40]} | {p['estimate']['context']} | {er/2**30:.2f} | {rr/2**30:.2f} | {100*(er-rr)/rr:+.1f} % | {ea/2**30:.2f} | {ra/2**30:.2f} | {100*(ea-ra)/ra:+.1f} % |")
+    window = "" if p.get("compare_iteration") is None else f" (iteration {p['compare_iteration']})"
+    print(f"| {name} | {p['config']['mode'][:40]}{window} | {p['estimate']['context']} | {er/2**30:.2f} | {rr/2**30:.2f} | {100*(er-rr)/rr:+.1f} % | {ea/2**30:.2f} | {ra/2**30:.2f} | {100*(ea-ra)/ra:+.1f} % |")
 if "--write" in sys.argv:
     json.dump(pairs, open(path, "w"), indent=1)

@@ -21,11 +21,16 @@
 //!   (per class, in call order), autograd sequence numbers follow call
 //!   order, so the analyzer finds each copy's parameters (its `AccumulateGrad`
 //!   nodes, its forward reads) as new parameters.
-//! - Optimizer state the first step made is left out of the rebuilt trace:
-//!   the state of the copies' parameters is not in it, and the analyzer then
-//!   sizes the state from the parameters and the optimizer class and the
-//!   orchestrator makes it in the first step, as for a trace recorded after
-//!   the first step (`analyzer::resident::optimizer`).
+//! - An optimizer step that updates one parameter at a time has its loop
+//!   over the template's parameters copied after itself, as a forward call
+//!   is ([`super::step`]): the copies' state and temporaries are then in the
+//!   trace. A step without such a loop (the foreach or fused path: one op
+//!   for all parameters) has the state its first step made left out of the
+//!   rebuilt trace: the analyzer then sizes the state from the parameters
+//!   and the optimizer class and the orchestrator makes it in the first
+//!   step, as for a trace recorded after the first step
+//!   (`analyzer::resident::optimizer`); the foreach lists are remodelled
+//!   over every parameter.
 //!
 //! Limits (refused with a reason, or said in a warning): the template and its
 //! predecessor must align (the same allocations in the same order, the
@@ -46,13 +51,13 @@ use crate::units::{Bytes, Nanos};
 
 /// An inclusive time interval of the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Seg {
-    start: i64,
-    end: i64,
+pub(super) struct Seg {
+    pub start: i64,
+    pub end: i64,
 }
 
 impl Seg {
-    fn holds(self, t: i64) -> bool {
+    pub(super) fn holds(self, t: i64) -> bool {
         self.start <= t && t <= self.end
     }
     fn holds_span(self, start: i64, end: i64) -> bool {
@@ -65,23 +70,26 @@ impl Seg {
 
 /// Forward or backward part of one call of a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-enum Kind {
+pub(super) enum Kind {
     Forward,
     Backward,
+    /// The optimizer step's loop over the block's parameters
+    /// ([`super::step`]), copied after itself like a forward call.
+    Step,
 }
 
 /// One copied segment of the template, with the predecessor's matching part.
 #[derive(Debug, Clone)]
-struct Part {
-    stack: usize,
-    kind: Kind,
-    seg: Seg,
+pub(super) struct Part {
+    pub stack: usize,
+    pub kind: Kind,
+    pub seg: Seg,
     /// The template's `[memory]` events in it (indices into `Trace::memory`).
     events: Vec<usize>,
     /// The predecessor's events of the same part.
     pred: Vec<usize>,
     /// Alignment: template position → predecessor position, and back.
-    t2p: Vec<Option<usize>>,
+    pub t2p: Vec<Option<usize>>,
     p2t: Vec<Option<usize>>,
 }
 
@@ -152,6 +160,7 @@ pub(super) fn deepen(
     if copies == 0 {
         return Ok((trace.clone(), facts));
     }
+    let strip = super::step::step_parts(trace, first, stacks.len(), traced, &mut parts, warnings);
     let unaligned: usize = parts
         .iter()
         .map(|p| p.t2p.iter().filter(|x| x.is_none()).count())
@@ -162,7 +171,9 @@ pub(super) fn deepen(
             format!("{unaligned} allocations of the repeated block have no counterpart in the block before it; they are copied as the block's own"),
         ));
     }
-    let rebuilt = Rebuild::new(trace, &frames, &stacks, parts, copies).build();
+    let mut rebuild = Rebuild::new(trace, &frames, &stacks, parts, copies);
+    rebuild.strip = strip;
+    let rebuilt = rebuild.build();
     Ok((rebuilt, facts))
 }
 
@@ -225,11 +236,7 @@ fn stack_parts(
         });
     }
     let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
-    let in_seg = |seg: Seg| -> Vec<usize> {
-        let lo = ts.partition_point(|&x| x < seg.start);
-        let hi = ts.partition_point(|&x| x <= seg.end);
-        (lo..hi).collect()
-    };
+    let in_seg = |seg: Seg| events_in(&ts, seg);
     let mut parts = Vec::new();
     for (tf, pf) in tc.iter().zip(&pc) {
         parts.push(part(
@@ -273,9 +280,16 @@ fn stack_parts(
     Ok(parts)
 }
 
+/// The `[memory]` events (sorted times `ts`) inside `seg`.
+pub(super) fn events_in(ts: &[i64], seg: Seg) -> Vec<usize> {
+    let lo = ts.partition_point(|&x| x < seg.start);
+    let hi = ts.partition_point(|&x| x <= seg.end);
+    (lo..hi).collect()
+}
+
 /// Aligns a template part with the predecessor's (the same allocation and
 /// free sizes in the same order; the predecessor may have more).
-fn part(
+pub(super) fn part(
     trace: &Trace,
     stack: &Stack,
     index: usize,
@@ -347,6 +361,8 @@ struct Rebuild<'a> {
     loc: Vec<Loc>,
     partner: Vec<Option<usize>>,
     next_addr: u64,
+    /// Leave out the state the first optimizer step made ([`strip_first_step_state`]).
+    strip: bool,
 }
 
 impl<'a> Rebuild<'a> {
@@ -382,6 +398,7 @@ impl<'a> Rebuild<'a> {
             loc,
             partner: pair(&trace.memory),
             next_addr: (max_addr | 0xFFFF).saturating_add(1),
+            strip: true,
         }
     }
 
@@ -534,7 +551,7 @@ impl<'a> Rebuild<'a> {
             .parts
             .iter()
             .map(|p| match p.kind {
-                Kind::Forward => (p.seg.end, true, p.seg.len() * i64::from(k)),
+                Kind::Forward | Kind::Step => (p.seg.end, true, p.seg.len() * i64::from(k)),
                 Kind::Backward => (p.seg.start, false, p.seg.len() * i64::from(k)),
             })
             .collect();
@@ -549,7 +566,7 @@ impl<'a> Rebuild<'a> {
         let copy_time = |p: &Part, t: i64, c: u32| -> i64 {
             let d = p.seg.len() * i64::from(c);
             match p.kind {
-                Kind::Forward => t + shift(t) + d,
+                Kind::Forward | Kind::Step => t + shift(t) + d,
                 Kind::Backward => t + shift(t) - d,
             }
         };
@@ -767,7 +784,9 @@ impl<'a> Rebuild<'a> {
         }
         flows.sort_by_key(|f| f.ts);
         out.flows = flows;
-        strip_first_step_state(&mut out);
+        if self.strip {
+            strip_first_step_state(&mut out);
+        }
         out
     }
 }

@@ -24,6 +24,7 @@ mod fit;
 mod frames;
 mod length;
 mod names;
+mod step;
 
 use serde::{Deserialize, Serialize};
 

@@ -231,9 +231,54 @@ fn a_rebuilt_estimate_matches_its_snapshot() {
     insta::assert_json_snapshot!("scaled_llama-small_seq32_L2_to_L8_seq512", report);
 }
 
+/// The estimate of a trace in `tests/data/traces-scaled`.
+fn estimate_data(trace: &str, settings: &Settings) -> Report {
+    let path = format!(
+        "{}/tests/data/traces-scaled/{trace}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let config = settings.config().unwrap();
+    memcast::run(&bytes, &config, &mut |_| {}).unwrap().value
+}
+
+/// An optimizer that updates one parameter at a time (the CS336 AdamW, which
+/// makes its moments anew every step, and torch.optim's single-tensor
+/// AdamW): a 2-block trace at 3 layers is the 3-block trace, its state and
+/// step temporaries included, on the default (foreach) path and as captured.
+#[test]
+fn a_per_parameter_optimizer_step_is_copied_with_the_blocks() {
+    for optimizer in ["cs336-adamw", "torch-adamw-single"] {
+        for captured in [false, true] {
+            let at = |layers: Option<u32>| Settings {
+                captured_optimizer: captured,
+                ..settings(layers, None)
+            };
+            let trace = |l: u32| format!("cs336_small_L{l}_train_ctx64_{optimizer}.json.gz");
+            let scaled = estimate_data(&trace(2), &at(Some(3)));
+            let deep = estimate_data(&trace(3), &at(None));
+            let label = format!("{optimizer} (captured step: {captured}): L2 with --layers 3");
+            within(&label, &scaled, &deep, 0.5);
+            let (a, b) = (&scaled.breakdown_at_peak, &deep.breakdown_at_peak);
+            assert_eq!(a.optimizer_state, b.optimizer_state, "{label}");
+            assert!(a.optimizer_state.get() > 0, "{label}");
+            assert!(
+                scaled
+                    .warnings
+                    .iter()
+                    .any(|w| w.code == "layers_optimizer_loop"),
+                "{label}: {:?}",
+                scaled.warnings
+            );
+        }
+    }
+}
+
 /// A real GPU run of `tests/data/scaled_gpu_pairs.json` (the CS336 2.7B LM,
 /// 32 layers, recorded on a GPU) against the estimate from a 2-block CPU
-/// trace, possibly at a shorter context.
+/// trace, possibly at a shorter context; the peak of the whole estimate, or
+/// of its iteration `compare_iteration` where the snapshot records that
+/// step only.
 fn real_run(index: usize, trace: &str, settings: Settings, percent: f64) {
     let pairs: serde_json::Value = serde_json::from_slice(
         &std::fs::read(concat!(
@@ -244,14 +289,11 @@ fn real_run(index: usize, trace: &str, settings: Settings, percent: f64) {
     )
     .unwrap();
     let real = pairs[index]["real_peak_reserved"].as_u64().unwrap() as f64;
-    let path = format!(
-        "{}/tests/data/traces-scaled/{trace}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let bytes = std::fs::read(&path).unwrap();
-    let config = settings.config().unwrap();
-    let report = memcast::run(&bytes, &config, &mut |_| {}).unwrap().value;
-    let got = report.peak.reserved_bytes.get() as f64;
+    let report = estimate_data(trace, &settings);
+    let got = match pairs[index]["compare_iteration"].as_u64() {
+        Some(i) => report.iterations[i as usize].peak_reserved_bytes.get() as f64,
+        None => report.peak.reserved_bytes.get() as f64,
+    };
     let off = 100.0 * (got - real) / real;
     assert!(
         off.abs() <= percent,
@@ -282,6 +324,20 @@ fn two_blocks_at_a_short_context_estimate_real_gpu_runs_of_the_full_model() {
         "cs336_2.7B_L2_train_ctx128_fp32_adamwforeach.json.gz",
         at("a100-80gb", "", 32, Some(512)),
         1.5,
+    );
+    // The first step of a fresh model with a hand-written AdamW that makes
+    // its moments anew each step (the snapshot holds that step only).
+    real_run(
+        6,
+        "cs336_2.7B_L2_train_ctx128_fp32_cs336adamw.json.gz",
+        at("a100-80gb", "", 32, None),
+        1.0,
+    );
+    real_run(
+        8,
+        "cs336_2.7B_L2_train_ctx512_fp32_cs336adamw.json.gz",
+        at("a100-80gb", "", 32, None),
+        1.0,
     );
     // A no_grad forward at 2048 tokens, from the trace at 128, on a B200.
     real_run(

@@ -14,7 +14,10 @@ use crate::units::Nanos;
 
 /// Rule `activations` (and the categories of captured blocks): roles from the
 /// analyzer; other blocks are temporaries when freed inside the op or the
-/// optimizer step that made them, activations otherwise.
+/// optimizer step that made them, optimizer state when an optimizer step
+/// made them and a later one frees them or none does (an optimizer that
+/// makes its moments anew each step, `state["m"] = m_t`, keeps them from one
+/// step to the next), activations otherwise.
 pub(super) fn category_of(block: &Block) -> Category {
     match block.role {
         BlockRole::Gradient { .. } => Category::Gradient,
@@ -27,8 +30,18 @@ pub(super) fn category_of(block: &Block) -> Category {
             let step_temporary = block.alloc_phase == analyzer::Phase::OptimizerStep
                 && block.free_phase == Some(analyzer::Phase::OptimizerStep)
                 && block.free_iteration == block.alloc_iteration;
+            let carried = block.alloc_phase == analyzer::Phase::OptimizerStep
+                && match block.free_phase {
+                    None => block.free_ts.is_none(),
+                    Some(phase) => {
+                        phase == analyzer::Phase::OptimizerStep
+                            && block.free_iteration > block.alloc_iteration
+                    }
+                };
             if block.op_internal || step_temporary {
                 Category::Temporary
+            } else if carried {
+                Category::OptimizerState
             } else {
                 Category::Activation
             }
