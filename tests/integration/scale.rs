@@ -243,21 +243,28 @@ fn estimate_data(trace: &str, settings: &Settings) -> Report {
 }
 
 /// An optimizer that updates one parameter at a time (the CS336 AdamW, which
-/// makes its moments anew every step, and torch.optim's single-tensor
-/// AdamW): a 2-block trace at 3 layers is the 3-block trace, its state and
+/// makes its moments anew every step, torch.optim's single-tensor AdamW,
+/// the HF Trainer's): a 2-block trace at 3 layers is the 3-block trace, its state and
 /// step temporaries included, on the default (foreach) path and as captured.
 #[test]
 fn a_per_parameter_optimizer_step_is_copied_with_the_blocks() {
-    for optimizer in ["cs336-adamw", "torch-adamw-single"] {
+    let jobs = [
+        ("cs336_small_L", "_train_ctx64_cs336-adamw"),
+        ("cs336_small_L", "_train_ctx64_torch-adamw-single"),
+        // The HF Trainer's AdamW: weights and biases in two parameter
+        // groups, so the loop over the block's parameters is two runs.
+        ("hf_trainer_gpt2_L", "_train_seq32"),
+    ];
+    for (head, tail) in jobs {
         for captured in [false, true] {
             let at = |layers: Option<u32>| Settings {
                 captured_optimizer: captured,
                 ..settings(layers, None)
             };
-            let trace = |l: u32| format!("cs336_small_L{l}_train_ctx64_{optimizer}.json.gz");
+            let trace = |l: u32| format!("{head}{l}{tail}.json.gz");
             let scaled = estimate_data(&trace(2), &at(Some(3)));
             let deep = estimate_data(&trace(3), &at(None));
-            let label = format!("{optimizer} (captured step: {captured}): L2 with --layers 3");
+            let label = format!("{head}2{tail} (captured step: {captured}) with --layers 3");
             within(&label, &scaled, &deep, 0.5);
             let (a, b) = (&scaled.breakdown_at_peak, &deep.breakdown_at_peak);
             assert_eq!(a.optimizer_state, b.optimizer_state, "{label}");

@@ -430,6 +430,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         if args.is_empty() {
             continue;
         }
+        reads::list_dtypes_from_children(input, idx, &mut args, &mut dtype_of);
         let concrete = Concrete::of_op(numbers, trace.concrete_args(source));
         ops.push(Op {
             name: names.get(span.name).to_owned(),
@@ -752,38 +753,4 @@ fn hf_model_type(input: &Inputs<'_>) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::findings::{run_kind, totals};
-    use super::*;
-
-    #[test]
-    fn run_kinds_follow_backward_autograd_and_frozen_parameters() {
-        let item = |trainable| StateItem {
-            kind: StateKind::Parameter,
-            trainable,
-            bytes: Bytes(4),
-            shape: vec![1],
-            dtype: None,
-            layer: None,
-            source: StateSource::AccumulateGrad,
-            first_read: None,
-            last_read: None,
-            block: None,
-        };
-        assert_eq!(run_kind(true, true, &[item(true)]), RunKind::Training);
-        assert_eq!(
-            run_kind(true, true, &[item(true), item(false)]),
-            RunKind::FineTuning
-        );
-        assert_eq!(
-            run_kind(false, true, &[item(false)]),
-            RunKind::ForwardWithAutograd
-        );
-        assert_eq!(run_kind(false, false, &[item(false)]), RunKind::Inference);
-        let t = totals(&[item(true), item(false)]);
-        assert_eq!(
-            (t.parameters, t.trainable, t.frozen),
-            (Bytes(8), Bytes(4), Bytes(4))
-        );
-    }
-}
+mod tests;

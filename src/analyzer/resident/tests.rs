@@ -1,0 +1,81 @@
+#![cfg(test)]
+//! The resident-state search on small cases.
+
+use super::findings::{run_kind, totals};
+use super::*;
+
+#[test]
+fn run_kinds_follow_backward_autograd_and_frozen_parameters() {
+    let item = |trainable| StateItem {
+        kind: StateKind::Parameter,
+        trainable,
+        bytes: Bytes(4),
+        shape: vec![1],
+        dtype: None,
+        layer: None,
+        source: StateSource::AccumulateGrad,
+        first_read: None,
+        last_read: None,
+        block: None,
+    };
+    assert_eq!(run_kind(true, true, &[item(true)]), RunKind::Training);
+    assert_eq!(
+        run_kind(true, true, &[item(true), item(false)]),
+        RunKind::FineTuning
+    );
+    assert_eq!(
+        run_kind(false, true, &[item(false)]),
+        RunKind::ForwardWithAutograd
+    );
+    assert_eq!(run_kind(false, false, &[item(false)]), RunKind::Inference);
+    let t = totals(&[item(true), item(false)]);
+    assert_eq!(
+        (t.parameters, t.trainable, t.frozen),
+        (Bytes(8), Bytes(4), Bytes(4))
+    );
+}
+
+/// An autocast forward under no_grad: after a linear layer, a module
+/// reads with one `einsum` the bf16 probabilities it made (a tensor-list
+/// element: no dtype recorded) and an fp32 weight made before the trace;
+/// `einsum`'s child `bmm` records the element's dtype. The parameters
+/// are the linear's two and the einsum's weight: at the trace's common
+/// type (fp32) the probabilities match no live block and were taken for
+/// a fourth.
+#[test]
+fn a_list_element_takes_its_dtype_from_the_ops_children() {
+    let ev = [
+        r#"{"ph": "X", "cat": "python_function", "name": "nn.Module: Model_0", "ts": 10, "dur": 500, "args": {"Python id": 1, "Python parent id": 0}}"#,
+        r#"{"ph": "X", "cat": "python_function", "name": "nn.Module: Attn_0", "ts": 20, "dur": 400, "args": {"Python id": 2, "Python parent id": 1}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 30, "dur": 20, "args": {"Input Dims": [[2, 8, 16], [16, 16], [16]], "Input type": ["float", "float", "float"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 40, "args": {"Addr": 4096, "Bytes": 1024, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::softmax", "ts": 60, "dur": 20, "args": {"Input Dims": [[2, 8, 16], []], "Input type": ["float", "Scalar"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 70, "args": {"Addr": 8192, "Bytes": 512, "Device Type": 0}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 90, "args": {"Addr": 4096, "Bytes": -1024, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::einsum", "ts": 100, "dur": 50, "args": {"Input Dims": [[], [[2, 8, 16], [16, 16]], []], "Input type": ["", "TensorList", ""]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::bmm", "ts": 110, "dur": 20, "args": {"Input Dims": [[2, 8, 16], [16, 16]], "Input type": ["c10::BFloat16", "float"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 120, "args": {"Addr": 12288, "Bytes": 512, "Device Type": 0}}"#,
+    ];
+    let json = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(","));
+    let trace = crate::trace::parse(json.as_bytes()).unwrap().value;
+    let analysis = crate::analyzer::analyze(&trace, &crate::analyzer::AnalyzerConfig::standard())
+        .unwrap()
+        .value;
+    let params: Vec<(Vec<i64>, Bytes)> = analysis
+        .state
+        .items
+        .iter()
+        .filter(|i| i.kind == StateKind::Parameter)
+        .map(|i| (i.shape.clone(), i.bytes))
+        .collect();
+    assert_eq!(
+        params,
+        vec![
+            (vec![16], Bytes(64)),
+            (vec![16, 16], Bytes(1024)),
+            (vec![16, 16], Bytes(1024))
+        ],
+        "{:?}",
+        analysis.state.items
+    );
+}
