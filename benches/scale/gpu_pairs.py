@@ -10,6 +10,8 @@ print("| snapshot | mode | ctx | est reserved GiB | real reserved GiB | error re
 print("|---|---|---|---|---|---|---|---|---|")
 errs = []
 for p in pairs:
+    if p.get("excluded"):
+        print(f"| {p['snapshot'].split('memory_snapshots/')[-1]} | excluded: {p['excluded'][:90]} |"); continue
     args = [exe] + p["estimate_args"][1:]
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode:

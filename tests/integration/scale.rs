@@ -346,6 +346,21 @@ fn two_blocks_at_a_short_context_estimate_real_gpu_runs_of_the_full_model() {
         at("a100-80gb", "", 32, None),
         1.0,
     );
+    // Under bf16 autocast (issue 25): a full AdamW step at 512 tokens and a
+    // forward with autograd and no backward at 512 (the fp32 probabilities
+    // go when their einsum has its bf16 copy).
+    real_run(
+        5,
+        "cs336_2.7B_L2_train_ctx512_bf16_adamwforeach.json.gz",
+        at("a100-80gb", "", 32, None),
+        1.0,
+    );
+    real_run(
+        16,
+        "cs336_2.7B_L2_fwdonly_grad_ctx512_bf16.json.gz",
+        at("b200", "expandable_segments:True", 32, None),
+        1.0,
+    );
     // A no_grad forward at 2048 tokens, from the trace at 128, on a B200.
     real_run(
         14,

@@ -12,7 +12,7 @@
 //! and a CUDA copy the CPU did not make is added.
 
 use super::{bare, cache, Input, Walk};
-use crate::analyzer::{GradMode, Phase};
+use crate::analyzer::GradMode;
 use crate::autocast::{CastPolicy, Dtype};
 use crate::orchestrator::rules::autocast::AddedBlock;
 use crate::orchestrator::rules::RuleId;
@@ -152,9 +152,10 @@ fn copy_free(walk: &Walk, index: usize, policy: Option<CastPolicy>, input: &Inpu
     }
 }
 
-/// After a region that records autograd: a tensor the CPU kept for backward
-/// (freed in backward) whose every reader made a CUDA cast copy of it (which
-/// autograd keeps instead) is freed on CUDA when its last reader returns.
+/// After a region that records autograd: a tensor the CPU kept past the
+/// region (for backward, or with a graph no backward frees) whose every
+/// reader made a CUDA cast copy of it (which autograd keeps instead) is
+/// freed on CUDA when its last reader returns.
 pub(super) fn saved_copies(walk: &mut Walk) {
     if walk.region.grad != GradMode::Enabled {
         return;
@@ -167,8 +168,10 @@ pub(super) fn saved_copies(walk: &mut Walk) {
         let Some(block) = analysis.blocks.get(t.block) else {
             continue;
         };
-        let kept = block.free_ts.is_some_and(|f| f > walk.region.end)
-            && block.free_phase == Some(Phase::Backward);
+        // Kept past the region: freed in backward, or, in a forward that
+        // records autograd and runs no backward, when the graph is dropped
+        // (the output reassigned, the trace's end).
+        let kept = block.free_ts.is_none_or(|f| f > walk.region.end);
         if kept {
             walk.plan
                 .freed

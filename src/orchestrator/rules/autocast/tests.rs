@@ -494,3 +494,55 @@ fn a_region_entered_during_backward_is_not_a_forward_region() {
     assert!(a.autocast.is_empty(), "{:?}", a.autocast);
     assert_eq!(planned(&a, "2.12"), Plan::default());
 }
+
+/// A forward that records autograd and runs no backward (the graph is
+/// dropped when the next iteration reassigns the output, after the region):
+/// `p = softmax(x)` in fp32 is read only by an `einsum`, which CUDA
+/// autocast runs on a bf16 copy of it, the copy autograd saves. On CUDA p
+/// goes when the einsum returns; the CPU held it with the graph.
+#[test]
+fn rule_autocast_input_casts_frees_a_copied_tensor_with_no_backward() {
+    let mut t = Tb::default();
+    t.region(0.0, 200.0);
+    t.frame("nn.Module: Attention_0", 5.0, 100.0);
+    t.op(
+        "aten::softmax",
+        10.0,
+        5.0,
+        &[Arg::T(&[4, 64], F), Arg::T(&[], "Scalar")],
+        Some(1),
+    );
+    t.block(11.0, 1024, Some(300.0));
+    t.op(
+        "aten::einsum",
+        20.0,
+        30.0,
+        &[Arg::T(&[], ""), Arg::List(&[&[4, 64], &[64, 32]])],
+        Some(2),
+    );
+    t.op(
+        "aten::bmm",
+        21.0,
+        25.0,
+        &[Arg::T(&[1, 4, 64], F), Arg::T(&[1, 64, 32], B)],
+        Some(3),
+    );
+    t.cast(22.0, &[1, 4, 64], F, 512, Some(300.0));
+    t.block(30.0, 256, Some(300.0));
+    t.op("aten::relu", 120.0, 5.0, &[Arg::T(&[1, 4, 32], B)], Some(4));
+    t.block(121.0, 256, Some(300.0));
+    let a = t.analysis();
+    assert_eq!(a.autocast[0].grad, GradMode::Enabled);
+    let plan = planned(&a, "2.12");
+    let p = block_at(&a, 1024)[0];
+    let einsum = a
+        .ops
+        .iter()
+        .position(|o| a.name(o.name) == "aten::einsum")
+        .unwrap();
+    assert_eq!(
+        plan.freed.get(&p),
+        Some(&(a.ops[einsum].end, RuleId::AutocastInputCasts)),
+        "{plan:?}"
+    );
+}
