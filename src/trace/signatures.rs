@@ -26,6 +26,14 @@ pub fn weight_args(op: &str, conv1d: bool) -> &'static [u16] {
         "aten::prelu" => &[1],
         "aten::bilinear" => &[2, 3],
         "aten::_native_multi_head_attention" => &[5, 6, 7, 8],
+        // bitsandbytes' autograd functions, recorded by name: the input,
+        // then the quantized weight (int8 for LLM.int8(), packed NF4/FP4
+        // bytes for 4-bit), a parameter (`Int8Params`, `Params4bit`).
+        "MatMul8bitLt" | "MatMul4Bit" => &[1],
+        // bitsandbytes' 4-bit kernels (the inference path calls them
+        // directly): `gemm_4bit(A, B, ...)`, `dequantize_4bit(B, ...)`.
+        "bitsandbytes::gemm_4bit" => &[1],
+        "bitsandbytes::dequantize_4bit" => &[0],
         // Hugging Face Conv1D: torch.addmm(bias, x, weight)
         "aten::addmm" if conv1d => &[0, 2],
         _ => &[],

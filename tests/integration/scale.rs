@@ -361,6 +361,19 @@ fn two_blocks_at_a_short_context_estimate_real_gpu_runs_of_the_full_model() {
         at("b200", "expandable_segments:True", 32, None),
         1.0,
     );
+    // bf16 no_grad forwards (the weight casts cached until autocast exits).
+    real_run(
+        18,
+        "cs336_2.7B_L2_fwdonly_nograd_ctx512_bf16.json.gz",
+        at("a100-80gb", "", 32, None),
+        0.5,
+    );
+    real_run(
+        21,
+        "cs336_2.7B_L2_fwdonly_nograd_ctx128_bf16.json.gz",
+        at("h100-80gb", "", 32, None),
+        0.5,
+    );
     // A no_grad forward at 2048 tokens, from the trace at 128, on a B200.
     real_run(
         14,

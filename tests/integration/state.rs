@@ -319,3 +319,38 @@ fn ddp_buckets_are_resident_and_named_for_the_what_if() {
         .filter(|b| b.category == Category::Bucket)
         .all(|b| b.op.as_deref() == Some(BUCKET_OP)));
 }
+
+/// Quantized weights are parameters (bitsandbytes' `Int8Params` and
+/// `Params4bit` are `nn.Parameter`s): LLM.int8() weights at one byte per
+/// element read by `MatMul8bitLt`, packed NF4 bytes at half a byte read by
+/// `MatMul4Bit` through a view (each layer's weight its own, though several
+/// share a shape), counted with the unquantized rest and the adapters, and
+/// no quantized weight taken for a buffer.
+#[test]
+fn quantized_weights_are_parameters_at_their_stored_size() {
+    for name in ["llama_nograd_int8", "llama_qlora_nf4"] {
+        let path = format!("fixtures/traces-llm/{name}.json.gz");
+        let meta = meta_of(&path);
+        let analysis = analysis_of(&common::read_shared(&path));
+        let totals = analysis.state.totals;
+        assert_eq!(totals.parameters, bytes_of(&meta, "param_bytes"), "{name}");
+        assert_eq!(
+            totals.trainable,
+            bytes_of(&meta, "trainable_param_bytes"),
+            "{name}"
+        );
+        let quant = &meta["quantization"];
+        assert_eq!(
+            totals.parameters.get(),
+            quant["unquantized_param_bytes"].as_u64().unwrap()
+                + quant["quantized_weight_bytes"].as_u64().unwrap()
+                + quant["trainable_adapter_bytes"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert!(
+            totals.buffers.get() <= bytes_of(&meta, "buffer_bytes").get(),
+            "{name}: buffers {:?}",
+            totals.buffers
+        );
+    }
+}

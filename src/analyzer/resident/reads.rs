@@ -300,7 +300,13 @@ pub fn pre_trace_reads(
     default_dtype: Option<u32>,
 ) -> Vec<Found> {
     let mut live = LiveBlocks::new(blocks);
-    let mut derived: HashMap<Layout, (bool, Option<u32>)> = HashMap::new();
+    // A view's output: whether it views state, its dtype, the read of the
+    // state it views, and for an identity view (same layout as its input)
+    // the call it was made in: only that call reads the identity through
+    // it; another tensor of that layout elsewhere (a weight of the same
+    // shape in the next layer) is not it.
+    type Derived = (bool, Option<u32>, Option<usize>, Option<(u32, i64)>);
+    let mut derived: HashMap<Layout, Derived> = HashMap::new();
     let mut iteration = usize::MAX;
     let mut nth: HashMap<(u32, i64, &str), u32> = HashMap::new();
     let mut reads: Vec<Read> = Vec::new();
@@ -328,6 +334,7 @@ pub fn pre_trace_reads(
         *n += 1;
         let nth_here = *n;
         let mut arg0_state: Option<bool> = None;
+        let mut arg0_read: Option<usize> = None;
         let first_read = reads.len();
         let mut activations: Vec<Vec<i64>> = Vec::new();
         for a in &op.args {
@@ -341,13 +348,26 @@ pub fn pre_trace_reads(
                 strides,
             };
             let dtype = a.dtype.map(|d| d.name).or(default_dtype);
-            if let Some(&(is_state, d)) = derived.get(&layout) {
+            let hit = derived
+                .get(&layout)
+                .filter(|x| x.3.is_none_or(|call| call == call_key));
+            if let Some(&(is_state, d, source, _)) = hit {
                 if dtype.is_none() || d.is_none() || d == dtype {
                     if !is_state {
                         activations.push(layout.dims.clone());
                     }
                     if a.pos == 0 && a.list.is_none() {
                         arg0_state = Some(is_state);
+                        arg0_read = source;
+                    }
+                    // State a layer op takes as its weight through a view
+                    // (bitsandbytes' `Params4bit` viewed before `gemm_4bit`)
+                    // is a parameter, whatever the view's read said.
+                    if is_state && a.list.is_none() && weights.contains(&a.pos) {
+                        if let Some(r) = source.and_then(|i| reads.get_mut(i)) {
+                            r.kind = ReadKind::Parameter;
+                            r.known_role = true;
+                        }
                     }
                     continue;
                 }
@@ -375,10 +395,13 @@ pub fn pre_trace_reads(
             }
             if a.pos == 0 && a.list.is_none() {
                 arg0_state = Some(state);
+                arg0_read = Some(reads.len());
             }
             let integer = a.dtype.is_some_and(|d| !d.floating);
+            // An integer weight of a known layer op is a quantized
+            // parameter; other integer state is a buffer (positions, masks).
             let kind = if buffers.contains(&a.pos)
-                || integer
+                || (integer && !known_role)
                 || (!known_role && positional_view(&op.name))
             {
                 ReadKind::Buffer
@@ -445,7 +468,11 @@ pub fn pre_trace_reads(
                     // An identity (a no-copy `to`, `contiguous`) makes no new layout:
                     // an activation read through it is read through its own block.
                     if is_state || out != input {
-                        derived.insert(out, (is_state, first.dtype.map(|d| d.name)));
+                        let identity = (out == input).then_some(call_key);
+                        derived.insert(
+                            out,
+                            (is_state, first.dtype.map(|d| d.name), arg0_read, identity),
+                        );
                     }
                 }
             }
@@ -635,6 +662,8 @@ pub fn is_bookkeeping(op: &str) -> bool {
         "aten::set_",
         "aten::is_nonzero",
         "aten::result_type",
+        // `param.data = t` asks whether t's type fits; no data is read
+        "aten::_has_compatible_shallow_copy_type",
     ];
     OPS.contains(&op)
         || ["Backward0", "Backward1", "Backward2"]
