@@ -139,3 +139,48 @@ fn an_autocast_trace_has_no_precision_what_if_and_an_fp32_one_has() {
     let err = memcast::whatif::precision::compare(&plain, &config).unwrap_err();
     assert!(matches!(err, memcast::whatif::WhatIfError::NoAutocastJob));
 }
+
+/// The estimate of a trace in `tests/data/traces-autocast` (GPT-2, 2 layers,
+/// batch 2, 32 tokens, each mode traced in fp32 and under CPU autocast bf16
+/// with `tracegen/profile_cpu.py`).
+fn twin(mode: &str, autocast: &str) -> (Prepared, memcast::report::Report) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/traces-autocast")
+        .join(format!("gpt2_{mode}_{autocast}.json.gz"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|err| panic!("{path:?}: {err}"));
+    let config = Config::standard();
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    let prepared = prepare(&trace, &config);
+    let report = memcast::estimate(&prepared, &config, &mut |_| {})
+        .unwrap()
+        .value;
+    (prepared, report)
+}
+
+/// Mixed precision changes activations, never the model's state (issue 25):
+/// in every mode the bf16 twin has the fp32 trace's parameters, buffers and
+/// run kind, and in training the same gradients and AdamW state at the
+/// peak. Under `no_grad` the weight casts stay cached until autocast exits;
+/// under `inference_mode` (PyTorch ≥ 2.10) nothing is cached, so the
+/// inference_mode twin holds less than the no_grad one.
+#[test]
+fn bf16_twins_keep_the_fp32_state_and_only_no_grad_caches_weight_casts() {
+    let mut activations = std::collections::BTreeMap::new();
+    for mode in ["no_grad", "inference_mode", "eval_grad", "train"] {
+        let (p32, r32) = twin(mode, "none");
+        let (p16, r16) = twin(mode, "bf16");
+        assert_eq!(p16.state, p32.state, "{mode}");
+        assert_eq!(p16.run_kind, p32.run_kind, "{mode}");
+        let (a, b) = (&r16.breakdown_at_peak, &r32.breakdown_at_peak);
+        if mode == "train" {
+            assert_eq!(a.gradients, b.gradients, "{mode}");
+            assert_eq!(a.optimizer_state, b.optimizer_state, "{mode}");
+            assert!(a.optimizer_state.get() > 0);
+        }
+        activations.insert(mode, r16.peak.allocated_bytes.get());
+    }
+    assert!(
+        activations["no_grad"] > activations["inference_mode"],
+        "{activations:?}"
+    );
+}
