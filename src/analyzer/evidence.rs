@@ -755,6 +755,7 @@ pub(crate) fn assemble(
         autocast: Vec::new(),
         op_inputs: Vec::new(),
         state: super::resident::ModelState::default(),
+        generation: None,
     }
 }
 

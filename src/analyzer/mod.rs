@@ -36,6 +36,7 @@
 
 mod autocast;
 mod evidence;
+pub mod generation;
 mod leaves;
 mod lifecycle;
 mod phases;
@@ -229,6 +230,9 @@ pub enum BlockRole {
     /// A DistributedDataParallel gradient bucket the reducer (re)built
     /// inside the trace: read by its all-reduce in backward.
     Bucket,
+    /// A generation's KV cache: keys and values a call of the model makes
+    /// and a later call reads ([`generation`]).
+    KvCache,
     /// Anything else: activations and temporaries (decided by later stages).
     Other,
 }
@@ -444,6 +448,9 @@ pub struct Analysis {
     /// before the trace) and the kind of run ([`resident`]).
     #[serde(default)]
     pub state: resident::ModelState,
+    /// A `generate()` run: its calls and KV cache ([`generation`]).
+    #[serde(default)]
+    pub generation: Option<generation::Generation>,
 }
 
 /// The batch size of a trace as its data loader made it: the number of
@@ -567,6 +574,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
         &mut warnings,
     );
 
+    let generation = generation::find(trace, &mut life, &index, &iterations, &names);
     let regions = autocast::find_regions(&index, &names, &trace.tensor_args);
     let op_inputs = if regions.is_empty() && !config.keep_op_inputs {
         Vec::new()
@@ -578,6 +586,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     analysis.autocast = regions;
     analysis.op_inputs = op_inputs;
     analysis.state = state;
+    analysis.generation = generation;
     Ok(Warned {
         value: analysis,
         warnings,

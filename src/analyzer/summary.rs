@@ -48,6 +48,9 @@ pub struct AnalysisSummary {
     pub zero_grad: ZeroGradFacts,
     pub optimizer: OptimizerFacts,
     pub roles: RoleTotals,
+    /// A `generate()` run: its calls and KV cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<super::generation::Generation>,
     /// The run's structure and training recipe.
     #[serde(default)]
     pub recipe: super::RunRecipe,
@@ -130,6 +133,10 @@ pub struct RoleTotals {
     pub batch_bytes: Bytes,
     pub op_internal_blocks: usize,
     pub cpu_scratch_blocks: usize,
+    #[serde(default)]
+    pub kv_cache_blocks: usize,
+    #[serde(default)]
+    pub kv_cache_bytes: Bytes,
 }
 
 /// One layer's live bytes at the peak.
@@ -166,6 +173,10 @@ fn role_totals(analysis: &Analysis) -> RoleTotals {
             BlockRole::Batch => {
                 roles.batch_blocks += 1;
                 roles.batch_bytes += size;
+            }
+            BlockRole::KvCache => {
+                roles.kv_cache_blocks += 1;
+                roles.kv_cache_bytes += size;
             }
             BlockRole::Other | BlockRole::Parameter | BlockRole::Buffer | BlockRole::Bucket => {}
         }
@@ -229,6 +240,7 @@ pub fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> AnalysisSummary
         zero_grad: analysis.zero_grad.clone(),
         optimizer: analysis.optimizer.clone(),
         roles: role_totals(analysis),
+        generation: analysis.generation.clone(),
         recipe: analysis.recipe.clone(),
         top_layers: analysis
             .layers_at_peak

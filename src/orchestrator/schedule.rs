@@ -29,16 +29,20 @@ pub enum Category {
     Workspace,
     /// DistributedDataParallel's gradient buckets, persistent.
     Bucket,
+    /// A generation's KV cache: keys and values kept from one call of the
+    /// model to the next.
+    KvCache,
 }
 
 impl Category {
     /// Every category, in breakdown order.
-    pub const ALL: [Category; 9] = [
+    pub const ALL: [Category; 10] = [
         Category::Parameter,
         Category::Buffer,
         Category::Gradient,
         Category::OptimizerState,
         Category::Bucket,
+        Category::KvCache,
         Category::Activation,
         Category::Batch,
         Category::Temporary,

@@ -147,6 +147,9 @@ pub struct Prepared {
     /// The traced job's depth and length (of the first trace).
     #[serde(default)]
     pub traced: crate::scale::Traced,
+    /// A `generate()` run: its calls and KV cache.
+    #[serde(default)]
+    pub generation: Option<analyzer::generation::Generation>,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -287,6 +290,7 @@ fn prepare_trace(
         autocast,
         scaled,
         traced: crate::scale::Traced::default(),
+        generation: analysis.generation.clone(),
     })
 }
 

@@ -158,6 +158,7 @@ impl<'c> Runs<'c> {
             recipe: prepared.recipe.clone(),
             scaled: prepared.scaled.clone(),
             traced: prepared.traced.clone(),
+            generation: prepared.generation.clone(),
         };
         ReportInput {
             schedule,

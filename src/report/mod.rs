@@ -88,6 +88,10 @@ pub struct RunSummary {
     /// `--layers` and `--seq-len` start from).
     #[serde(default, skip_serializing_if = "crate::scale::Traced::is_empty")]
     pub traced: crate::scale::Traced,
+    /// A `generate()` run: model calls, the KV cache at the end of the
+    /// first generation and its bytes per token; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<crate::analyzer::generation::Generation>,
 }
 
 /// When and where the peak happens.
@@ -130,6 +134,9 @@ pub struct Breakdown {
     /// DistributedDataParallel's gradient buckets (absent when none).
     #[serde(default, skip_serializing_if = "Bytes::is_zero")]
     pub buckets: Bytes,
+    /// A generation's KV cache (absent when none).
+    #[serde(default, skip_serializing_if = "Bytes::is_zero")]
+    pub kv_cache: Bytes,
     pub activations: Bytes,
     pub batch: Bytes,
     pub temporaries: Bytes,
@@ -148,6 +155,7 @@ impl Breakdown {
             + self.gradients
             + self.optimizer_state
             + self.buckets
+            + self.kv_cache
             + self.activations
             + self.batch
             + self.temporaries
@@ -166,6 +174,7 @@ impl Breakdown {
             Category::Temporary => &mut self.temporaries,
             Category::Workspace => &mut self.overheads,
             Category::Bucket => &mut self.buckets,
+            Category::KvCache => &mut self.kv_cache,
         };
         *slot += size;
     }

@@ -38,7 +38,7 @@ pub const BAND_COLORS: [RGBColor; 6] = [
 ];
 
 /// The colours of the breakdown categories, in the report's order.
-pub const CATEGORY_COLORS: [RGBColor; 9] = [
+pub const CATEGORY_COLORS: [RGBColor; 10] = [
     RGBColor(59, 111, 214),
     RGBColor(100, 150, 230),
     RGBColor(142, 68, 173),
@@ -48,6 +48,8 @@ pub const CATEGORY_COLORS: [RGBColor; 9] = [
     RGBColor(127, 140, 141),
     RGBColor(189, 195, 199),
     RGBColor(52, 73, 94),
+    // the KV cache of a generation, listed last when there is one
+    RGBColor(22, 160, 133),
 ];
 
 /// The label of a horizontal-bar chart's tick at `y`: the name of the row

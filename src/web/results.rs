@@ -27,8 +27,10 @@ pub(super) struct Shown {
     pub(super) shared: bool,
 }
 
-fn breakdown_parts(breakdown: &Breakdown) -> [(&'static str, crate::Bytes); 9] {
-    [
+/// The breakdown's rows in chart order; a generation's KV cache last, when
+/// there is one (its colour is the last of [`charts::CATEGORY_COLORS`]).
+fn breakdown_parts(breakdown: &Breakdown) -> Vec<(&'static str, crate::Bytes)> {
+    let mut parts = vec![
         ("parameters", breakdown.parameters),
         ("buffers", breakdown.buffers),
         ("gradients", breakdown.gradients),
@@ -38,7 +40,11 @@ fn breakdown_parts(breakdown: &Breakdown) -> [(&'static str, crate::Bytes); 9] {
         ("temporaries", breakdown.temporaries),
         ("cached / fragmentation", breakdown.cached),
         ("CUDA context + workspaces", breakdown.overheads),
-    ]
+    ];
+    if !breakdown.kv_cache.is_zero() {
+        parts.push(("KV cache", breakdown.kv_cache));
+    }
+    parts
 }
 
 /// The shaded phases of the timeline, and their names for the legend.
@@ -132,9 +138,12 @@ pub(super) fn Results(
         let report = report.clone();
         draw_on(gpu_canvas, move |canvas| charts::gpus(canvas, &report));
     }
-    draw_on(breakdown_canvas, move |canvas| {
-        charts::breakdown(canvas, &parts)
-    });
+    {
+        let parts = parts.clone();
+        draw_on(breakdown_canvas, move |canvas| {
+            charts::breakdown(canvas, &parts)
+        });
+    }
 
     let copied = RwSignal::new(false);
     let timeline_details = NodeRef::<leptos::html::Details>::new();
@@ -185,6 +194,11 @@ pub(super) fn Results(
                     thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
                     short(report.summary.trainable_parameter_bytes), short(report.summary.frozen_parameter_bytes),
                     short(report.summary.buffer_bytes))}</dd>
+                {report.summary.generation.clone().map(|g| view! {
+                    <dt>"Generation"</dt><dd id="generation-facts">{format!("{} calls of the model (prefill + decode steps), {} KV cache: {} at the end{}",
+                        g.calls, g.cache, short(g.kv_bytes_at_end),
+                        g.bytes_per_token.map(|b| format!(", {} per token", exact(b))).unwrap_or_default())}</dd>
+                })}
                 <dt>"GPUs"</dt><dd>{shown.settings.gpus.join(", ")}{(!shown.settings.alloc_conf.is_empty()).then(|| format!(" — PYTORCH_CUDA_ALLOC_CONF={}", shown.settings.alloc_conf))}</dd>
             </dl>
 

@@ -233,7 +233,10 @@ impl BatchModel {
                 let size = i64::try_from(block.size.get()).unwrap_or(i64::MAX);
                 let scales = matches!(
                     block.category,
-                    Category::Activation | Category::Batch | Category::Temporary
+                    Category::Activation
+                        | Category::Batch
+                        | Category::Temporary
+                        | Category::KvCache
                 ) && matches!(
                     block.phase,
                     Phase::Forward | Phase::Backward | Phase::DataLoading

@@ -164,6 +164,7 @@ pub fn estimate_schedule(
         autocast: None,
         scaled: prepared.scaled.clone(),
         traced: prepared.traced.clone(),
+        generation: prepared.generation.clone(),
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }

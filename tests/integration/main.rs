@@ -37,6 +37,8 @@ mod replay;
 mod replay_cut;
 // Allocator behaviour: the spec's worked vectors and property tests.
 mod simulator;
+// LLM jobs: generation and its KV cache (issue 26).
+mod llm;
 // The model's resident state: parameters with and without gradients, buffers,
 // run kind, state made before the trace, DDP buckets, traces without shapes.
 mod state;

@@ -325,7 +325,8 @@ fn ddp_buckets_are_resident_and_named_for_the_what_if() {
 /// element read by `MatMul8bitLt`, packed NF4 bytes at half a byte read by
 /// `MatMul4Bit` through a view (each layer's weight its own, though several
 /// share a shape), counted with the unquantized rest and the adapters, and
-/// no quantized weight taken for a buffer.
+/// no quantized weight taken for a buffer; the run kind follows the grad
+/// mode.
 #[test]
 fn quantized_weights_are_parameters_at_their_stored_size() {
     for name in ["llama_nograd_int8", "llama_qlora_nf4"] {
@@ -352,5 +353,12 @@ fn quantized_weights_are_parameters_at_their_stored_size() {
             "{name}: buffers {:?}",
             totals.buffers
         );
+        // bitsandbytes' autograd Functions carry a sequence number under
+        // no_grad too: the int8 forward is still inference.
+        let kind = match meta["grad_mode"].as_str().unwrap() {
+            "no_grad" => RunKind::Inference,
+            _ => RunKind::FineTuning,
+        };
+        assert_eq!(analysis.state.run_kind, kind, "{name}");
     }
 }

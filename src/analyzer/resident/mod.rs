@@ -379,7 +379,12 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         let Some(source) = input.index.ops.source_in(idx, &trace.ops) else {
             continue;
         };
-        any_forward_sequence |= source.sequence_number.is_some();
+        // A Python autograd Function (`MatMul8bitLt`, named without a
+        // `::` namespace) is recorded with the next sequence number
+        // whatever the grad mode (`THPFunction_apply` peeks it): only an
+        // ATen op's number shows that autograd records the forward.
+        any_forward_sequence |=
+            source.sequence_number.is_some() && names.get(span.name).contains("::");
         let call = frame.map(|f| {
             *call_of_frame.entry(f).or_insert_with(|| {
                 let frame = input.index.frames.spans.get(f);

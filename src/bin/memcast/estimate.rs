@@ -143,6 +143,21 @@ fn print_table(out: &mut String, report: &Report) {
     ] {
         row(out, label, bytes);
     }
+    if !b.kv_cache.is_zero() {
+        row(out, "KV cache", b.kv_cache);
+    }
+    if let Some(g) = &report.summary.generation {
+        let per_token = g
+            .bytes_per_token
+            .map_or_else(|| "unknown".to_owned(), |b| format!("{} B", b.get()));
+        let _ = writeln!(
+            out,
+            "generation: {} calls of the model (prefill + decode steps), {} KV cache, {} B at the end, {per_token} per token",
+            g.calls,
+            g.cache,
+            g.kv_bytes_at_end.get()
+        );
+    }
     if !report.top_layers.is_empty() {
         let _ = writeln!(
             out,

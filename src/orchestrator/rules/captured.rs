@@ -26,6 +26,7 @@ pub(super) fn category_of(block: &Block) -> Category {
         BlockRole::Parameter => Category::Parameter,
         BlockRole::Buffer => Category::Buffer,
         BlockRole::Bucket => Category::Bucket,
+        BlockRole::KvCache => Category::KvCache,
         BlockRole::Other => {
             let step_temporary = block.alloc_phase == analyzer::Phase::OptimizerStep
                 && block.free_phase == Some(analyzer::Phase::OptimizerStep)

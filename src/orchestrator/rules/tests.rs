@@ -117,6 +117,7 @@ impl Loop {
                     has_shapes: true,
                     ..Default::default()
                 },
+                generation: None,
             },
             next_event: 0,
         }
