@@ -70,6 +70,9 @@ pub struct Settings {
     /// The sequence length of the job to estimate, when the trace's differs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<u32>,
+    /// The new tokens a `generate()` job makes, when the trace made fewer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tokens: Option<u32>,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -92,6 +95,7 @@ impl Default for Settings {
             grad_scaler: false,
             layers: None,
             seq_len: None,
+            new_tokens: None,
         }
     }
 }
@@ -147,6 +151,7 @@ impl Settings {
         config.scale = crate::scale::Target {
             layers: self.layers,
             seq_len: self.seq_len,
+            new_tokens: self.new_tokens,
         };
         Ok(config)
     }
@@ -230,10 +235,12 @@ mod tests {
             grad_scaler: true,
             layers: Some(32),
             seq_len: Some(4096),
+            new_tokens: Some(64),
         };
         let config = settings.config().unwrap();
         assert_eq!(config.scale.layers, Some(32));
         assert_eq!(config.scale.seq_len, Some(4096));
+        assert_eq!(config.scale.new_tokens, Some(64));
         let autocast = &config.orchestrator.autocast;
         assert_eq!(autocast.mode, AutocastMode::Off);
         assert_eq!(autocast.dtype, Some(Dtype::F16));

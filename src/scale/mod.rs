@@ -25,6 +25,9 @@ mod frames;
 mod length;
 mod names;
 mod step;
+mod tokens;
+
+pub use tokens::TokenFacts;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +39,8 @@ use crate::units::Bytes;
 pub const MAX_LAYERS: u32 = 1000;
 /// The longest sequence a rebuild makes.
 pub const MAX_SEQ_LEN: u32 = 1 << 24;
+/// The most new tokens a rebuild makes.
+pub const MAX_NEW_TOKENS: u32 = 1 << 16;
 
 /// The job to estimate, when it differs from the traced one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,12 +49,15 @@ pub struct Target {
     pub layers: Option<u32>,
     /// Sequence length (`None`: as traced).
     pub seq_len: Option<u32>,
+    /// New tokens a `generate()` run makes (`None`: as traced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tokens: Option<u32>,
 }
 
 impl Target {
     /// Nothing to rebuild.
     pub fn is_identity(&self) -> bool {
-        self.layers.is_none() && self.seq_len.is_none()
+        self.layers.is_none() && self.seq_len.is_none() && self.new_tokens.is_none()
     }
 }
 
@@ -141,12 +149,14 @@ pub struct ScaleFacts {
     pub depth: Option<DepthFacts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub length: Option<LengthFacts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenFacts>,
 }
 
 impl ScaleFacts {
     /// Nothing was rebuilt.
     pub fn is_empty(&self) -> bool {
-        self.depth.is_none() && self.length.is_none()
+        self.depth.is_none() && self.length.is_none() && self.tokens.is_none()
     }
 }
 
@@ -198,6 +208,18 @@ pub enum ScaleError {
     NotTheSameJob(String),
     #[error("the traces have the same sequence length ({0}): give traces at different lengths")]
     SameLength(u32),
+    #[error("the trace shows no generate() run of three calls of the model or more (the prompt and two new tokens at least): only a generation can be estimated at more new tokens; trace one that makes at least 2 new tokens, or leave the number of new tokens empty")]
+    NoGeneration,
+    #[error(
+        "the generation cannot be extended: {0}; trace a generation whose decode steps are alike"
+    )]
+    StepsDiffer(String),
+    #[error("the trace makes {traced} new tokens and {asked} were asked for: give at least {traced} (trace fewer tokens to estimate fewer)")]
+    FewerTokens { traced: u32, asked: u32 },
+    #[error("the number of new tokens must be at least 1")]
+    ZeroTokens,
+    #[error("{0} new tokens is more than memcast rebuilds (at most 65536): give fewer")]
+    TooManyTokens(u32),
     #[error("several traces were given, which estimate their job at another sequence length: set the sequence length to estimate")]
     SeveralWithoutLength,
 }
@@ -264,6 +286,16 @@ pub fn scale_many(
         }
         None => lengthened.unwrap_or_else(|| first.clone()),
     };
+    let out = match target.new_tokens {
+        Some(0) => return Err(ScaleError::ZeroTokens),
+        Some(n) if n > MAX_NEW_TOKENS => return Err(ScaleError::TooManyTokens(n)),
+        Some(n) => {
+            let (trace, f) = tokens::extend(&out, n)?;
+            facts.tokens = Some(f);
+            trace
+        }
+        None => out,
+    };
     if !facts.is_empty() {
         warnings.push(Warning::new("scaled", describe(&facts)));
     }
@@ -305,6 +337,21 @@ pub fn describe(facts: &ScaleFacts) -> String {
                 "each size fitted across the traces"
             } else {
                 "found from the recorded shapes"
+            }
+        ));
+    }
+    if let Some(t) = &facts.tokens {
+        parts.push(format!(
+            "generating {} new tokens from a trace of {} ({} generation(s): the last decode step copied {} times, {} allocations growing a position per step{})",
+            t.estimated,
+            t.traced,
+            t.generations,
+            t.estimated.saturating_sub(t.traced),
+            t.growing,
+            if t.static_cache > 0 {
+                format!(", {} StaticCache blocks made for the longer generation", t.static_cache)
+            } else {
+                String::new()
             }
         ));
     }

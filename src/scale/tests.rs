@@ -155,6 +155,7 @@ fn deepen(trace: &Trace, layers: u32) -> (Trace, ScaleFacts) {
     let target = Target {
         layers: Some(layers),
         seq_len: None,
+        new_tokens: None,
     };
     scale(trace, &target).unwrap().value
 }
@@ -242,6 +243,7 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
     let fewer = Target {
         layers: Some(2),
         seq_len: None,
+        new_tokens: None,
     };
     assert!(matches!(
         scale(&trace, &fewer),
@@ -253,11 +255,13 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
     let zero = Target {
         layers: Some(0),
         seq_len: None,
+        new_tokens: None,
     };
     assert!(matches!(scale(&trace, &zero), Err(ScaleError::ZeroLayers)));
     let huge = Target {
         layers: Some(u32::MAX),
         seq_len: None,
+        new_tokens: None,
     };
     assert!(matches!(
         scale(&trace, &huge),
@@ -266,12 +270,14 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
     let long = Target {
         layers: None,
         seq_len: Some(u32::MAX),
+        new_tokens: None,
     };
     assert!(matches!(scale(&trace, &long), Err(ScaleError::TooLong(_))));
     // Long enough for a T² tensor past 1 PiB.
     let far = Target {
         layers: None,
         seq_len: Some(MAX_SEQ_LEN),
+        new_tokens: None,
     };
     assert!(matches!(
         scale(&attention(16, 8), &far),
@@ -282,6 +288,7 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
     let four = Target {
         layers: Some(4),
         seq_len: None,
+        new_tokens: None,
     };
     assert!(matches!(
         scale(&bare, &four),
@@ -296,6 +303,7 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
     let longer = Target {
         layers: None,
         seq_len: Some(128),
+        new_tokens: None,
     };
     assert!(matches!(
         scale(&trace, &longer),
@@ -398,6 +406,7 @@ fn lengthen(trace: &Trace, len: u32) -> (Trace, LengthFacts) {
     let target = Target {
         layers: None,
         seq_len: Some(len),
+        new_tokens: None,
     };
     let (trace, facts) = scale(trace, &target).unwrap().value;
     (trace, facts.length.unwrap())
@@ -441,6 +450,7 @@ fn several_traces_are_fitted_size_by_size() {
         let target = Target {
             layers: None,
             seq_len: Some(96),
+            new_tokens: None,
         };
         let (fitted, facts) = scale_many(given, &target).unwrap().value;
         assert_eq!(pattern(&fitted), pattern(&attention(96, 8)));
@@ -453,6 +463,7 @@ fn several_traces_are_fitted_size_by_size() {
     let target = Target {
         layers: None,
         seq_len: Some(96),
+        new_tokens: None,
     };
     assert!(matches!(
         scale_many(&other, &target),
@@ -498,7 +509,7 @@ mod hostile {
                 }
             }
             trace.memory.sort_by_key(|m| m.ts);
-            let target = Target { layers: Some(layers), seq_len: seq };
+            let target = Target { layers: Some(layers), seq_len: seq, new_tokens: None };
             if let Ok(scaled) = scale(&trace, &target) {
                 let (out, _) = scaled.value;
                 prop_assert!(out.memory.len() >= trace.memory.len());

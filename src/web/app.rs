@@ -123,6 +123,7 @@ fn orchestrated_as(settings: &mut Settings, last: &Settings) {
     settings.grad_scaler = last.grad_scaler;
     settings.layers = last.layers;
     settings.seq_len = last.seq_len;
+    settings.new_tokens = last.new_tokens;
 }
 
 /// The root component.

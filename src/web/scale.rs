@@ -17,6 +17,8 @@ use crate::scale::{ScaleFacts, Traced};
 pub struct ScaleChoice {
     pub layers: RwSignal<String>,
     pub seq_len: RwSignal<String>,
+    /// New tokens of a generate() run (`--new-tokens`).
+    pub new_tokens: RwSignal<String>,
 }
 
 /// A figure as [`Settings`] takes it: `None` when blank, an error naming
@@ -36,6 +38,7 @@ impl ScaleChoice {
         ScaleChoice {
             layers: RwSignal::new(String::new()),
             seq_len: RwSignal::new(String::new()),
+            new_tokens: RwSignal::new(String::new()),
         }
     }
 
@@ -44,12 +47,14 @@ impl ScaleChoice {
         let text = |value: Option<u32>| value.map(|v| v.to_string()).unwrap_or_default();
         self.layers.set(text(settings.layers));
         self.seq_len.set(text(settings.seq_len));
+        self.new_tokens.set(text(settings.new_tokens));
     }
 
     /// Writes the figures into `settings` (blank: as traced).
     pub fn apply_to(&self, settings: &mut Settings) -> Result<(), String> {
         settings.layers = figure(&self.layers.get_untracked(), "number of layers")?;
         settings.seq_len = figure(&self.seq_len.get_untracked(), "sequence length")?;
+        settings.new_tokens = figure(&self.new_tokens.get_untracked(), "number of new tokens")?;
         Ok(())
     }
 
@@ -168,6 +173,13 @@ pub fn ScaleForm(
                         on:input=move |ev| choice.seq_len.set(event_target_value(&ev)) />
                     " sequence length"
                 </label>
+                <label>
+                    <input id="new-tokens" type="number" min="1" step="1"
+                        placeholder="as traced"
+                        prop:value=move || choice.new_tokens.get()
+                        on:input=move |ev| choice.new_tokens.set(event_target_value(&ev)) />
+                    " new tokens (generation)"
+                </label>
                 <button id="scale-apply" type="submit">"Apply"</button>
             </form>
         </section>
@@ -192,6 +204,10 @@ pub fn scaled_note(scaled: &ScaleFacts) -> Option<String> {
             "sequence length{plural} {}",
             lengths(&length.traced)
         ));
+    }
+    if let Some(tokens) = &scaled.tokens {
+        job.push(format!("{} new tokens", tokens.estimated));
+        from.push(format!("{} new tokens", tokens.traced));
     }
     let several = scaled.length.as_ref().is_some_and(|l| l.traced.len() > 1);
     Some(format!(
@@ -242,12 +258,22 @@ pub fn ScaledTable(scaled: ScaleFacts) -> impl IntoView {
                 <td class="num">{length.estimated}</td><td>{how}</td></tr>
         }
     });
+    let tokens = scaled.tokens.map(|t| {
+        let how = format!(
+            "the last decode step copied, {} allocations growing a position per step",
+            t.growing
+        );
+        view! {
+            <tr id="scaled-tokens"><td>"new tokens"</td><td class="num">{t.traced}</td>
+                <td class="num">{t.estimated}</td><td>{how}</td></tr>
+        }
+    });
     view! {
         <h3>"Rebuilt from the trace"</h3>
         <p class="hint">"This is not the traced job: its trace was rebuilt for the job below, and the whole sequence simulated (the peak is found again, not scaled)."</p>
         <table id="scaled-table">
             <thead><tr><th></th><th>"traced"</th><th>"estimated"</th><th>"how"</th></tr></thead>
-            <tbody>{depth}{length}</tbody>
+            <tbody>{depth}{length}{tokens}</tbody>
         </table>
     }
 }

@@ -1,9 +1,25 @@
 // LLM jobs on the page (issue 26): a generate() trace dropped shows its KV
 // cache (calls, bytes at the end, bytes per token) and the report is the
-// CLI's `memcast estimate --json` of the same file.
+// CLI's `memcast estimate --json` of the same file; new tokens typed are the
+// CLI's `--new-tokens`, and the link restores the report and the field.
+
+/** The fragment of a permalink, decoded (`#e=v2.` + base64url(deflate(json))). */
+function decodeLink(link) {
+  const fragment = link.slice(link.indexOf("#") + 1);
+  assert.ok(fragment.startsWith("e=v2."), link);
+  return JSON.parse(inflateRawSync(Buffer.from(fragment.slice("e=v2.".length), "base64url")).toString("utf8"));
+}
+
+async function reportJson(page) {
+  if (!(await page.locator("#report-json-details").evaluate((d) => d.open))) {
+    await page.click("#report-json-details summary");
+  }
+  return JSON.parse(await page.inputValue("#report-json"));
+}
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
+import { inflateRawSync } from "node:zlib";
 import path from "node:path";
 import { serveDist, launchBrowser, fixture, openApp, cliRun, screenshot, dropFile } from "./harness.mjs";
 
@@ -30,16 +46,36 @@ test("a generate trace dropped: the KV cache and its bytes per token are shown, 
   assert.match(facts, /16 calls of the model/, facts);
   assert.match(facts, /dynamic KV cache/, facts);
   assert.match(facts, /8,192 B per token|8192 B per token/, facts);
-  if (!(await page.locator("#report-json-details").evaluate((d) => d.open))) {
-    await page.click("#report-json-details summary");
-  }
-  const shown = JSON.parse(await page.inputValue("#report-json"));
+  const shown = await reportJson(page);
   const gpus = shown.gpus.map((g) => g.preset).flatMap((g) => ["--gpu", g]);
   const expected = JSON.parse(cliRun(["estimate", "--json", file, ...gpus]));
   assert.deepEqual(shown, expected, "the page's report is the CLI's");
   assert.equal(shown.summary.generation.bytes_per_token, 8192);
   assert.equal(shown.summary.run_kind, "inference");
   await screenshot(page, "llm-generate");
-  assert.deepEqual(problems, [], "the page threw");
+
+  // 64 new tokens from the trace of 16.
+  await page.fill("#new-tokens", "64");
+  await page.click("#scale-apply");
+  await page.locator("#scaled-tokens").waitFor({ timeout: 120_000 });
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  const longer = await reportJson(page);
+  const args = ["--new-tokens", "64"];
+  assert.deepEqual(longer, JSON.parse(cliRun(["estimate", "--json", file, ...gpus, ...args])), "the CLI's --new-tokens 64");
+  assert.equal(longer.summary.generation.calls, 64);
+  assert.equal(longer.summary.generation.kv_bytes_at_end, (32 + 64 - 1) * 8192);
+  assert.match(await page.textContent("#generation-facts"), /64 calls of the model/);
+  const pageLink = await page.inputValue("#permalink");
+  assert.equal(decodeLink(pageLink).settings.new_tokens, 64);
+  assert.equal(cliRun(["estimate", file, "--link", site.url, ...gpus, ...args]).trim(), pageLink, "--link with --new-tokens");
   await page.close();
+
+  const other = await browser.newPage();
+  other.on("pageerror", (err) => problems.push(String(err)));
+  await other.goto(pageLink);
+  await other.locator("#shared-banner").waitFor({ timeout: 30_000 });
+  assert.equal(await other.inputValue("#new-tokens"), "64");
+  assert.deepEqual(await reportJson(other), decodeLink(pageLink).report, "the link's report is on screen");
+  await other.close();
+  assert.deepEqual(problems, [], "the page threw");
 });

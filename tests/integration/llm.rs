@@ -79,3 +79,95 @@ fn a_generation_shows_its_kv_cache_exactly() {
     }
     assert!(checked >= 5, "{checked} generate traces");
 }
+
+fn estimate(
+    name: &str,
+    new_tokens: Option<u32>,
+) -> Result<memcast::report::Report, memcast::Error> {
+    let bytes = common::read_shared(&format!("fixtures/traces-llm/{name}.json.gz"));
+    let settings = memcast::Settings {
+        gpus: vec!["a100-80gb".to_owned()],
+        new_tokens,
+        ..memcast::Settings::default()
+    };
+    let config = settings.config().unwrap();
+    memcast::run(&bytes, &config, &mut |_| {}).map(|w| w.value)
+}
+
+/// `--new-tokens`: an 8-token generation estimated at 32 tokens is the
+/// 32-token trace's estimate (peak reserved within 0.5 %, the KV cache and
+/// the parameters exactly); every generate fixture extended holds
+/// `prompt + N - 1` positions of the sidecar's bytes per token at the end,
+/// DynamicCache (grown by a position per copied step) and StaticCache (made
+/// once for the longer generation) alike.
+#[test]
+fn new_tokens_extend_a_generation_to_the_longer_trace() {
+    let scaled = estimate("distilgpt2_gen8", Some(32)).unwrap();
+    let traced = estimate("distilgpt2_gen32", None).unwrap();
+    let (a, b) = (
+        scaled.peak.reserved_bytes.get() as f64,
+        traced.peak.reserved_bytes.get() as f64,
+    );
+    assert!((a - b).abs() / b <= 0.005, "{a} vs {b}");
+    assert_eq!(
+        scaled.summary.parameter_bytes,
+        traced.summary.parameter_bytes
+    );
+    assert_eq!(scaled.summary.generation, traced.summary.generation);
+    let facts = scaled.summary.scaled.tokens.as_ref().unwrap();
+    assert_eq!((facts.traced, facts.estimated), (8, 32));
+
+    for (name, n) in [
+        ("llama_gen16_dynamic", 40),
+        ("llama_gen16_static", 40),
+        ("mixtral_gen8", 24),
+        ("distilgpt2_gen8", 9),
+    ] {
+        let meta = meta_of(name);
+        let g = &meta["generate"];
+        let per_token = g["kv_cache_bytes_per_token"].as_u64().unwrap();
+        let prompt = g["prompt_len"].as_u64().unwrap();
+        let short = estimate(name, None).unwrap();
+        let long = estimate(name, Some(n)).unwrap();
+        let gen = long.summary.generation.as_ref().unwrap();
+        assert_eq!(gen.calls, n, "{name}");
+        assert_eq!(
+            gen.kv_bytes_at_end.get(),
+            (prompt + u64::from(n) - 1) * per_token,
+            "{name}"
+        );
+        assert_eq!(
+            gen.bytes_per_token.map(Bytes::get),
+            Some(per_token),
+            "{name}"
+        );
+        assert_eq!(
+            long.summary.parameter_bytes, short.summary.parameter_bytes,
+            "{name}: no phantom state from the grown steps"
+        );
+        assert!(
+            long.peak.allocated_bytes >= short.peak.allocated_bytes,
+            "{name}"
+        );
+    }
+}
+
+/// What `--new-tokens` cannot extend is refused with the reason.
+#[test]
+fn new_tokens_refuse_what_is_not_a_longer_generation() {
+    let fewer = estimate("distilgpt2_gen32", Some(8))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        fewer.contains("makes 32 new tokens and 8 were asked for"),
+        "{fewer}"
+    );
+    let none = estimate("llama_nograd_fp32", Some(8))
+        .unwrap_err()
+        .to_string();
+    assert!(none.contains("no generate() run"), "{none}");
+    let zero = estimate("distilgpt2_gen8", Some(0))
+        .unwrap_err()
+        .to_string();
+    assert!(zero.contains("at least 1"), "{zero}");
+}

@@ -149,7 +149,11 @@ fn depth_and_length_together_in_either_order() {
     // length first (the pipeline's order) and depth first.
     let trace = |p: &str| memcast::trace::parse(&read_shared(p)).unwrap().value;
     let base = trace("fixtures/traces-depth/llama-small_adamw_bs4_seq64_L2.json.gz");
-    let only = |layers, seq_len| Target { layers, seq_len };
+    let only = |layers, seq_len| Target {
+        layers,
+        seq_len,
+        new_tokens: None,
+    };
     let length_first = scale::scale(&base, &only(None, Some(128))).unwrap().value.0;
     let length_first = scale::scale(&length_first, &only(Some(3), None))
         .unwrap()

@@ -71,6 +71,11 @@ pub struct SettingsArgs {
     /// traces of the job at shorter lengths (each size fitted across them).
     #[arg(long = "seq-len", value_name = "L")]
     seq_len: Option<u32>,
+    /// Estimate a generate() run to N new tokens, from a trace of fewer
+    /// (at least 2): its last decode step is copied, each copy one cached
+    /// position longer, and the whole generation simulated.
+    #[arg(long = "new-tokens", value_name = "N")]
+    new_tokens: Option<u32>,
 }
 
 /// `--autocast`.
@@ -112,6 +117,7 @@ impl SettingsArgs {
             grad_scaler: self.grad_scaler,
             layers: self.layers,
             seq_len: self.seq_len,
+            new_tokens: self.new_tokens,
         };
         settings.gpus = settings.gpu_specs();
         settings
