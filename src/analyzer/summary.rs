@@ -72,6 +72,9 @@ pub struct ParameterSummary {
     pub trainable_bytes: Bytes,
     /// Those that get none (frozen, or every one in a forward-only run).
     pub frozen_bytes: Bytes,
+    /// Of those, the ones stored quantized (int8, packed 4-bit).
+    #[serde(default, skip_serializing_if = "Bytes::is_zero")]
+    pub quantized_bytes: Bytes,
 }
 
 /// The buffers found in the trace.
@@ -201,6 +204,7 @@ pub fn summarize(analysis: &Analysis, warnings: Vec<Warning>) -> AnalysisSummary
             trainable_count: totals.n_trainable,
             trainable_bytes: totals.trainable,
             frozen_bytes: totals.frozen,
+            quantized_bytes: totals.quantized,
         },
         buffers: BufferSummary {
             bytes: totals.buffers,

@@ -134,6 +134,10 @@ pub struct StateFacts {
     pub frozen_bytes: Bytes,
     /// The model's buffers.
     pub buffer_bytes: Bytes,
+    /// Of the frozen parameters, those stored quantized (integer storage:
+    /// int8, packed 4-bit), as the trace shows them.
+    #[serde(default)]
+    pub quantized_bytes: Bytes,
 }
 
 /// The bytes one rule added to (negative: removed from) the captured

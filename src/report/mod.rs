@@ -65,6 +65,10 @@ pub struct RunSummary {
     /// The model's buffers (BatchNorm statistics, position ids, ...).
     #[serde(default)]
     pub buffer_bytes: Bytes,
+    /// Of the frozen parameters, those stored quantized (int8, packed
+    /// 4-bit); absent when none.
+    #[serde(default, skip_serializing_if = "Bytes::is_zero")]
+    pub quantized_parameter_bytes: Bytes,
     /// What the run does: training, fine_tuning, forward_with_autograd or
     /// inference.
     #[serde(default)]

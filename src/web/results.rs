@@ -190,9 +190,12 @@ pub(super) fn Results(
                     report.summary.optimizer.clone().unwrap_or_else(|| "unknown".into()),
                     if report.summary.foreach_modelled { " (foreach)" } else { "" },
                     report.reference_gpu)}</dd>
-                <dt>"Model"</dt><dd id="model-facts">{format!("{} parameter tensors, {} ({} trainable, {} frozen), buffers {}",
+                <dt>"Model"</dt><dd id="model-facts">{format!("{} parameter tensors, {} ({} trainable, {} frozen{}), buffers {}",
                     thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
                     short(report.summary.trainable_parameter_bytes), short(report.summary.frozen_parameter_bytes),
+                    if report.summary.quantized_parameter_bytes.is_zero() { String::new() } else {
+                        format!(", of which {} quantized", short(report.summary.quantized_parameter_bytes))
+                    },
                     short(report.summary.buffer_bytes))}</dd>
                 {report.summary.generation.clone().map(|g| view! {
                     <dt>"Generation"</dt><dd id="generation-facts">{format!("{} calls of the model (prefill + decode steps), {} KV cache: {} at the end{}",

@@ -353,6 +353,25 @@ fn quantized_weights_are_parameters_at_their_stored_size() {
             "{name}: buffers {:?}",
             totals.buffers
         );
+        assert_eq!(
+            totals.quantized.get(),
+            quant["quantized_weight_bytes"].as_u64().unwrap(),
+            "{name}: the quantized share"
+        );
+        // Below the fp32 twin by what quantization saved.
+        let twin = if name.contains("int8") {
+            "llama_nograd_fp32"
+        } else {
+            "llama_lora_fp32"
+        };
+        let twin_path = format!("fixtures/traces-llm/{twin}.json.gz");
+        let fp32 = analysis_of(&common::read_shared(&twin_path)).state.totals;
+        assert_eq!(
+            fp32.parameters.get() - totals.parameters.get(),
+            quant["quantized_weights_float32_bytes"].as_u64().unwrap()
+                - quant["quantized_weight_bytes"].as_u64().unwrap(),
+            "{name} against {twin}"
+        );
         // bitsandbytes' autograd Functions carry a sequence number under
         // no_grad too: the int8 forward is still inference.
         let kind = match meta["grad_mode"].as_str().unwrap() {

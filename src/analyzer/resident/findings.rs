@@ -107,6 +107,9 @@ pub(super) fn totals(items: &[StateItem]) -> StateTotals {
             StateKind::Parameter => {
                 t.n_parameters += 1;
                 t.parameters += i.bytes;
+                if i.dtype.as_deref().is_some_and(is_integer_dtype) {
+                    t.quantized += i.bytes;
+                }
                 if i.trainable {
                     t.n_trainable += 1;
                     t.trainable += i.bytes;
@@ -121,4 +124,18 @@ pub(super) fn totals(items: &[StateItem]) -> StateTotals {
         }
     }
     t
+}
+
+/// An integer `Input type` (a quantized weight's storage).
+fn is_integer_dtype(dtype: &str) -> bool {
+    matches!(
+        dtype,
+        "signed char"
+            | "unsigned char"
+            | "short int"
+            | "int"
+            | "long int"
+            | "c10::Float8_e4m3fn"
+            | "c10::Float8_e5m2"
+    )
 }

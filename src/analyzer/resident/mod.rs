@@ -222,6 +222,11 @@ pub struct StateTotals {
     pub activations_before_trace: Bytes,
     pub optimizer_state_before_trace: Bytes,
     pub buckets: Bytes,
+    /// Parameters stored as integers: quantized weights (bitsandbytes'
+    /// int8 `Int8Params`, packed 4-bit `Params4bit`), included in
+    /// `parameters` and `frozen`.
+    #[serde(default)]
+    pub quantized: Bytes,
 }
 
 /// A tie decision: several reads of one signature counted as one tensor.

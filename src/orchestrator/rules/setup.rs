@@ -157,7 +157,10 @@ pub(super) fn setup_items(
     if n_buckets > 0 {
         counts.insert(RuleId::DdpBuckets, count(n_buckets));
     }
-    let facts = state_facts(analysis, &params, in_trace, &items);
+    let mut facts = state_facts(analysis, &params, in_trace, &items);
+    if !overrides.is_set() {
+        facts.quantized_bytes = analysis.state.totals.quantized;
+    }
     if n_parameters > 0 && !overrides.is_set() {
         warnings.push(found_warning(analysis, &facts));
     }
@@ -216,6 +219,8 @@ fn state_facts(
                 .map(|p| p.bytes)
                 .sum(),
         buffer_bytes: buffers + in_trace_buffers,
+        // set by the caller when the parameters are the trace's own
+        quantized_bytes: Bytes::ZERO,
     }
 }
 
