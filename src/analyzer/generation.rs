@@ -45,6 +45,16 @@ pub struct Generation {
     /// `kv_bytes_at_end / positions`: every layer's keys and values of one
     /// position for the whole batch.
     pub bytes_per_token: Option<Bytes>,
+    /// The first generation's prompt call and its decode steps (first to
+    /// last call), in the analysis clock.
+    pub prefill_window: (Nanos, Nanos),
+    pub decode_window: (Nanos, Nanos),
+    /// Peak allocated (live) bytes the simulation reaches in each window
+    /// (set by the report; absent in the analysis).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_peak_allocated_bytes: Option<Bytes>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_peak_allocated_bytes: Option<Bytes>,
 }
 
 /// Ops whose output, kept past a call, is the KV cache.
@@ -143,7 +153,13 @@ pub(crate) fn find(
     let bytes_per_token = positions
         .filter(|&p| p > 0)
         .map(|p| Bytes(kv_bytes_at_end.get() / p));
+    let prefill_window = first.first().copied().unwrap_or((start, start));
+    let decode_window = (first.get(1).map_or(end, |c| c.0), end);
     Some(Generation {
+        prefill_window,
+        decode_window,
+        prefill_peak_allocated_bytes: None,
+        decode_peak_allocated_bytes: None,
         calls: u32::try_from(first.len()).unwrap_or(u32::MAX),
         cache: if dynamic { "dynamic" } else { "static" }.to_owned(),
         kv_blocks,

@@ -396,11 +396,27 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
             }
         })
         .collect();
+    // A generation: the live bytes' peak in its prompt call and in its
+    // decode steps (reserved memory only grows from one to the next).
+    let mut summary = input.summary.clone();
+    if let Some(g) = summary.generation.as_mut() {
+        let peak_in = |(from, to): (Nanos, Nanos)| {
+            schedule
+                .events
+                .iter()
+                .zip(samples)
+                .filter(|(e, _)| from <= e.time && e.time <= to)
+                .map(|(_, s)| s.allocated)
+                .max()
+        };
+        g.prefill_peak_allocated_bytes = peak_in(g.prefill_window);
+        g.decode_peak_allocated_bytes = peak_in(g.decode_window);
+    }
     let gpus = input.gpus.iter().map(verdict).collect();
     Ok(Report {
         schema: SCHEMA.to_owned(),
         reference_gpu: input.reference.name.clone(),
-        summary: input.summary.clone(),
+        summary,
         peak: Peak {
             reserved_bytes: peak_reserved,
             allocated_bytes: peak_allocated,

@@ -198,9 +198,11 @@ pub(super) fn Results(
                     },
                     short(report.summary.buffer_bytes))}</dd>
                 {report.summary.generation.clone().map(|g| view! {
-                    <dt>"Generation"</dt><dd id="generation-facts">{format!("{} calls of the model (prefill + decode steps), {} KV cache: {} at the end{}",
+                    <dt>"Generation"</dt><dd id="generation-facts">{format!("{} calls of the model (prefill + decode steps), {} KV cache: {} at the end{}; live peak {} in the prefill, {} in the decode steps",
                         g.calls, g.cache, short(g.kv_bytes_at_end),
-                        g.bytes_per_token.map(|b| format!(", {} per token", exact(b))).unwrap_or_default())}</dd>
+                        g.bytes_per_token.map(|b| format!(", {} per token", exact(b))).unwrap_or_default(),
+                        g.prefill_peak_allocated_bytes.map_or_else(|| "-".to_owned(), short),
+                        g.decode_peak_allocated_bytes.map_or_else(|| "-".to_owned(), short))}</dd>
                 })}
                 <dt>"GPUs"</dt><dd>{shown.settings.gpus.join(", ")}{(!shown.settings.alloc_conf.is_empty()).then(|| format!(" — PYTORCH_CUDA_ALLOC_CONF={}", shown.settings.alloc_conf))}</dd>
             </dl>

@@ -113,7 +113,29 @@ fn new_tokens_extend_a_generation_to_the_longer_trace() {
         scaled.summary.parameter_bytes,
         traced.summary.parameter_bytes
     );
-    assert_eq!(scaled.summary.generation, traced.summary.generation);
+    let (g, t) = (
+        scaled.summary.generation.as_ref().unwrap(),
+        traced.summary.generation.as_ref().unwrap(),
+    );
+    let same = |g: &memcast::analyzer::generation::Generation| {
+        (
+            g.calls,
+            g.kv_blocks,
+            g.kv_bytes_at_end,
+            g.positions,
+            g.bytes_per_token,
+        )
+    };
+    assert_eq!(same(g), same(t));
+    assert_eq!(
+        g.prefill_peak_allocated_bytes,
+        t.prefill_peak_allocated_bytes
+    );
+    let (gd, td) = (
+        g.decode_peak_allocated_bytes.unwrap().get() as f64,
+        t.decode_peak_allocated_bytes.unwrap().get() as f64,
+    );
+    assert!((gd - td).abs() / td <= 0.005, "decode peak {gd} vs {td}");
     let facts = scaled.summary.scaled.tokens.as_ref().unwrap();
     assert_eq!((facts.traced, facts.estimated), (8, 32));
 
@@ -149,6 +171,26 @@ fn new_tokens_extend_a_generation_to_the_longer_trace() {
             long.peak.allocated_bytes >= short.peak.allocated_bytes,
             "{name}"
         );
+        // The prompt's call and the decode steps each peak under the run's
+        // peak; more tokens make the decode steps' peak no lower.
+        let (p, d) = (
+            gen.prefill_peak_allocated_bytes.unwrap(),
+            gen.decode_peak_allocated_bytes.unwrap(),
+        );
+        assert!(
+            p <= long.peak.allocated_bytes && d <= long.peak.allocated_bytes,
+            "{name}"
+        );
+        let before = short.summary.generation.as_ref().unwrap();
+        // The same prompt: the same prefill, but for a StaticCache, which
+        // the prompt's call makes for the whole (longer) generation.
+        let prefill_before = before.prefill_peak_allocated_bytes.unwrap();
+        if gen.cache == "static" {
+            assert!(prefill_before < p, "{name}");
+        } else {
+            assert_eq!(prefill_before, p, "{name}: same prompt");
+        }
+        assert!(before.decode_peak_allocated_bytes.unwrap() <= d, "{name}");
     }
 }
 

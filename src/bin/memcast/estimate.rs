@@ -150,12 +150,17 @@ fn print_table(out: &mut String, report: &Report) {
         let per_token = g
             .bytes_per_token
             .map_or_else(|| "unknown".to_owned(), |b| format!("{} B", b.get()));
+        let live = |b: Option<memcast::Bytes>| {
+            b.map_or_else(|| "-".to_owned(), |b| format!("{} B", b.get()))
+        };
         let _ = writeln!(
             out,
-            "generation: {} calls of the model (prefill + decode steps), {} KV cache, {} B at the end, {per_token} per token",
+            "generation: {} calls of the model (prefill + decode steps), {} KV cache, {} B at the end, {per_token} per token; live peak {} in the prefill, {} in the decode steps",
             g.calls,
             g.cache,
-            g.kv_bytes_at_end.get()
+            g.kv_bytes_at_end.get(),
+            live(g.prefill_peak_allocated_bytes),
+            live(g.decode_peak_allocated_bytes)
         );
     }
     if !report.top_layers.is_empty() {
