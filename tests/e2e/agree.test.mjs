@@ -11,7 +11,7 @@ import { inflateRawSync } from "node:zlib";
 import path from "node:path";
 import {
   serveDist, launchBrowser, fixture, openApp, cliRun, bytesOf, screenshot, ROOT,
-  allFixtures,
+  allFixtures, reportJson, decodeLink,
 } from "./harness.mjs";
 
 let site;
@@ -77,12 +77,6 @@ async function choose(page, { target, compare, customs, allocConf }) {
   await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
 }
 
-async function reportJson(page) {
-  if (!(await page.locator("#report-json-details").evaluate((d) => d.open))) {
-    await page.click("#report-json-details summary");
-  }
-  return JSON.parse(await page.inputValue("#report-json"));
-}
 
 // [page button, CLI command, the page's title for it]
 const WHATIFS = [
@@ -208,12 +202,6 @@ test("an old #e=v1. permalink still opens with its numbers", async () => {
   await page.close();
 });
 
-/** The fragment of a permalink, decoded (`#e=v2.` + base64url(deflate(json))). */
-function decodeLink(link) {
-  const fragment = link.slice(link.indexOf("#") + 1);
-  assert.ok(fragment.startsWith("e=v2."), link);
-  return JSON.parse(inflateRawSync(Buffer.from(fragment.slice("e=v2.".length), "base64url")).toString("utf8"));
-}
 
 test("inference, forward-only, frozen and LoRA traces: the page's report is the CLI's, and shows the run kind and the parameter split", async () => {
   const { page, problems } = await openApp(browser, site.url);

@@ -5,9 +5,10 @@
 import { createServer } from "node:http";
 import { readFile, stat, mkdir, mkdtemp } from "node:fs/promises";
 import { existsSync, readdirSync, readFileSync, writeFileSync, mkdtempSync } from "node:fs";
-import { gunzipSync } from "node:zlib";
+import { gunzipSync, inflateRawSync } from "node:zlib";
 import { execFileSync } from "node:child_process";
 import { tmpdir } from "node:os";
+import assert from "node:assert/strict";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
@@ -173,6 +174,26 @@ export async function openApp(browser, url) {
   await page.goto(url);
   await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
   return { page, problems, requests };
+}
+
+/** The report JSON the page shows (its details opened first), parsed. */
+export async function reportJson(page) {
+  if (!(await page.locator("#report-json-details").evaluate((d) => d.open))) {
+    await page.click("#report-json-details summary");
+  }
+  return JSON.parse(await page.inputValue("#report-json"));
+}
+
+/** The fragment of a permalink, decoded (`#e=v2.` + base64url(deflate(json))). */
+export function decodeLink(link) {
+  const fragment = link.slice(link.indexOf("#") + 1);
+  assert.ok(fragment.startsWith("e=v2."), link);
+  return JSON.parse(inflateRawSync(Buffer.from(fragment.slice("e=v2.".length), "base64url")).toString("utf8"));
+}
+
+/** `--gpu` for each GPU of a report, in its order (the page's default selection). */
+export function gpuArgs(report) {
+  return report.gpus.map((g) => g.preset).flatMap((g) => ["--gpu", g]);
 }
 
 /** The digits of a "1,234 B" text as a number. */

@@ -3,25 +3,12 @@
 // CLI's `memcast estimate --json` of the same file; new tokens typed are the
 // CLI's `--new-tokens`, and the link restores the report and the field.
 
-/** The fragment of a permalink, decoded (`#e=v2.` + base64url(deflate(json))). */
-function decodeLink(link) {
-  const fragment = link.slice(link.indexOf("#") + 1);
-  assert.ok(fragment.startsWith("e=v2."), link);
-  return JSON.parse(inflateRawSync(Buffer.from(fragment.slice("e=v2.".length), "base64url")).toString("utf8"));
-}
-
-async function reportJson(page) {
-  if (!(await page.locator("#report-json-details").evaluate((d) => d.open))) {
-    await page.click("#report-json-details summary");
-  }
-  return JSON.parse(await page.inputValue("#report-json"));
-}
-
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { inflateRawSync } from "node:zlib";
 import path from "node:path";
-import { serveDist, launchBrowser, fixture, openApp, cliRun, screenshot, dropFile } from "./harness.mjs";
+import {
+  serveDist, launchBrowser, fixture, openApp, cliRun, screenshot, dropFile, reportJson, decodeLink, gpuArgs,
+} from "./harness.mjs";
 
 let site;
 let browser;
@@ -47,7 +34,7 @@ test("a generate trace dropped: the KV cache and its bytes per token are shown, 
   assert.match(facts, /dynamic KV cache/, facts);
   assert.match(facts, /8,192 B per token|8192 B per token/, facts);
   const shown = await reportJson(page);
-  const gpus = shown.gpus.map((g) => g.preset).flatMap((g) => ["--gpu", g]);
+  const gpus = gpuArgs(shown);
   const expected = JSON.parse(cliRun(["estimate", "--json", file, ...gpus]));
   assert.deepEqual(shown, expected, "the page's report is the CLI's");
   assert.equal(shown.summary.generation.bytes_per_token, 8192);

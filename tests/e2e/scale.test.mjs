@@ -6,10 +6,10 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { inflateRawSync } from "node:zlib";
 import path from "node:path";
 import {
   serveDist, launchBrowser, fixture, openApp, cliRun, bytesOf, screenshot, dropFile, dropFiles,
+  reportJson, decodeLink, gpuArgs,
 } from "./harness.mjs";
 
 let site;
@@ -24,25 +24,6 @@ after(async () => {
   await browser?.close();
   await site?.close();
 });
-
-async function reportJson(page) {
-  if (!(await page.locator("#report-json-details").evaluate((d) => d.open))) {
-    await page.click("#report-json-details summary");
-  }
-  return JSON.parse(await page.inputValue("#report-json"));
-}
-
-/** The fragment of a permalink, decoded (`#e=v2.` + base64url(deflate(json))). */
-function decodeLink(link) {
-  const fragment = link.slice(link.indexOf("#") + 1);
-  assert.ok(fragment.startsWith("e=v2."), link);
-  return JSON.parse(inflateRawSync(Buffer.from(fragment.slice("e=v2.".length), "base64url")).toString("utf8"));
-}
-
-/** `--gpu` for each GPU of a report, in its order (the page's default selection). */
-function gpuArgs(report) {
-  return report.gpus.map((g) => g.preset).flatMap((g) => ["--gpu", g]);
-}
 
 test("two traces of one job dropped together, estimated at 8 layers and length 128: the CLI's report and link, restored by the link", async () => {
   const files = [
