@@ -40,14 +40,21 @@ pub(super) fn traced_shape(trace: &Trace) -> Option<(u32, u32)> {
     embedding_ids(trace).or_else(|| loader_samples(trace))
 }
 
-fn embedding_ids(trace: &Trace) -> Option<(u32, u32)> {
+/// The dims of the token ids the first `aten::embedding` starting within
+/// `from..=to` reads.
+pub(super) fn embedding_ids_dims(trace: &Trace, from: i64, to: i64) -> Option<&[i64]> {
     let op = trace
         .ops
         .iter()
+        .filter(|o| from <= o.start.get() && o.start.get() <= to)
         .filter(|o| trace.name(o.name) == "aten::embedding")
         .min_by_key(|o| o.start)?;
     let indices = trace.tensor_args(op).iter().find(|a| a.position == 1)?;
-    let dims = trace.numbers(indices.dims);
+    Some(trace.numbers(indices.dims))
+}
+
+fn embedding_ids(trace: &Trace) -> Option<(u32, u32)> {
+    let dims = embedding_ids_dims(trace, i64::MIN, i64::MAX)?;
     let t = u32::try_from(*dims.last()?).ok().filter(|&t| t > 1)?;
     let b = if dims.len() >= 2 {
         dims.first()

@@ -85,6 +85,12 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
         (ts.partition_point(|&x| x < s)..ts.partition_point(|&x| x <= e)).collect()
     };
     let partner = pair(&trace.memory);
+    // Each free's allocation (the reverse of `partner`).
+    let made_of: HashMap<usize, usize> = partner
+        .iter()
+        .enumerate()
+        .filter_map(|(a, f)| f.map(|f| (f, a)))
+        .collect();
     let size = |i: usize| trace.memory.get(i).map_or(0, |m| m.bytes);
     let mut next_addr = trace.memory.iter().map(|m| m.addr).max().unwrap_or(0) | 0xFFFF;
     let mut fresh = || {
@@ -202,7 +208,6 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                 chain_frees.push((j, grown(i, k)));
             }
         }
-        let _ = pos_p;
         // The template, grown to the last step.
         for (i, &e) in t_ev.iter().enumerate() {
             let Some(m) = trace.memory.get(e) else {
@@ -249,21 +254,21 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                     grown(i, c)
                 } else {
                     // the size of the block it frees
-                    let made = partner
-                        .iter()
-                        .position(|p| *p == Some(e))
-                        .and_then(|a| {
-                            pos_t.get(&a).map(|&ai| grown(ai, c)).or_else(|| {
-                                p_ev.iter().position(|&b| b == a).map(|bi| {
-                                    if c == 1 {
-                                        size(a)
-                                    } else {
-                                        grown(bi, c - 1)
-                                    }
+                    let made =
+                        made_of
+                            .get(&e)
+                            .and_then(|&a| {
+                                pos_t.get(&a).map(|&ai| grown(ai, c)).or_else(|| {
+                                    pos_p.get(&a).map(|&bi| {
+                                        if c == 1 {
+                                            size(a)
+                                        } else {
+                                            grown(bi, c - 1)
+                                        }
+                                    })
                                 })
                             })
-                        })
-                        .unwrap_or(-m.bytes);
+                            .unwrap_or(-m.bytes);
                     -made
                 };
                 copies.push((
@@ -404,6 +409,13 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
         .unwrap_or(0)
         .max(0)
         + 1;
+    // The ids of the Python frames the templates hold (copied with them).
+    let copied_ids: std::collections::HashSet<i64> = trace
+        .python
+        .iter()
+        .filter(|p| in_template(p.start.get()).is_some())
+        .filter_map(|p| p.id)
+        .collect();
     let mut python = Vec::new();
     for p in &trace.python {
         let s = p.start.get();
@@ -411,20 +423,16 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
             start: Nanos(s + shift(s)),
             ..p.clone()
         });
-        if let Some(&((a, b), len)) = in_template(s) {
-            let inside = |id: i64| {
-                trace
-                    .python
-                    .iter()
-                    .any(|q| q.id == Some(id) && a <= q.start.get() && q.start.get() <= b)
-            };
+        if let Some(&((a, _), len)) = in_template(s) {
+            // a parent copied with it is the copy's parent
+            let inside = p.parent_id.is_some_and(|x| copied_ids.contains(&x));
             for c in 1..=k {
                 let mut q = p.clone();
                 q.start = Nanos(s + (c - 1) * len + earlier(a));
                 q.id = p.id.map(|x| x + py_span * c);
                 q.parent_id = p
                     .parent_id
-                    .map(|x| if inside(x) { x + py_span * c } else { x });
+                    .map(|x| if inside { x + py_span * c } else { x });
                 python.push(q);
             }
         }
@@ -483,20 +491,7 @@ fn static_cache(
     if zeros.is_empty() {
         return (Vec::new(), None);
     }
-    let prompt = trace
-        .ops
-        .iter()
-        .filter(|o| {
-            s <= o.start.get() && o.start.get() <= e && trace.name(o.name) == "aten::embedding"
-        })
-        .min_by_key(|o| o.start)
-        .and_then(|o| {
-            trace
-                .tensor_args(o)
-                .iter()
-                .find(|a| a.position == 1)
-                .and_then(|a| trace.numbers(a.dims).last().copied())
-        });
+    let prompt = super::length::embedding_ids_dims(trace, s, e).and_then(|d| d.last().copied());
     let Some(positions) = prompt.map(|p| p + i64::from(n) - 1).filter(|&p| p > 0) else {
         return (Vec::new(), None);
     };
