@@ -756,6 +756,7 @@ pub(crate) fn assemble(
         op_inputs: Vec::new(),
         state: super::resident::ModelState::default(),
         generation: None,
+        quant_kernels: Vec::new(),
     }
 }
 

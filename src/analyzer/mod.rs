@@ -40,6 +40,7 @@ pub mod generation;
 mod leaves;
 mod lifecycle;
 mod phases;
+pub mod quantized;
 mod recipes;
 pub(crate) use phases::locate;
 pub mod resident;
@@ -451,6 +452,9 @@ pub struct Analysis {
     /// A `generate()` run: its calls and KV cache ([`generation`]).
     #[serde(default)]
     pub generation: Option<generation::Generation>,
+    /// The bitsandbytes kernel calls of a quantized model ([`quantized`]).
+    #[serde(default)]
+    pub quant_kernels: Vec<quantized::QuantKernel>,
 }
 
 /// The batch size of a trace as its data loader made it: the number of
@@ -576,6 +580,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
 
     let generation = generation::find(trace, &mut life, &index, &iterations, &names);
     let regions = autocast::find_regions(&index, &names, &trace.tensor_args);
+    let quant_kernels = quantized::kernels(trace, &index, &names);
     let op_inputs = if regions.is_empty() && !config.keep_op_inputs {
         Vec::new()
     } else {
@@ -587,6 +592,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     analysis.op_inputs = op_inputs;
     analysis.state = state;
     analysis.generation = generation;
+    analysis.quant_kernels = quant_kernels;
     Ok(Warned {
         value: analysis,
         warnings,

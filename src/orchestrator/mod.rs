@@ -138,6 +138,9 @@ pub struct StateFacts {
     /// int8, packed 4-bit), as the trace shows them.
     #[serde(default)]
     pub quantized_bytes: Bytes,
+    /// Their quantisation state, not in `parameter_bytes`.
+    #[serde(default)]
+    pub quant_state_bytes: Bytes,
 }
 
 /// The bytes one rule added to (negative: removed from) the captured

@@ -32,12 +32,16 @@ pub enum Category {
     /// A generation's KV cache: keys and values kept from one call of the
     /// model to the next.
     KvCache,
+    /// The quantized weights' quantisation state (bitsandbytes' absmax,
+    /// code tables, `SCB`), persistent.
+    QuantState,
 }
 
 impl Category {
     /// Every category, in breakdown order.
-    pub const ALL: [Category; 10] = [
+    pub const ALL: [Category; 11] = [
         Category::Parameter,
+        Category::QuantState,
         Category::Buffer,
         Category::Gradient,
         Category::OptimizerState,

@@ -151,6 +151,7 @@ impl<'c> Runs<'c> {
             frozen_parameter_bytes: prepared.state.frozen_bytes,
             buffer_bytes: prepared.state.buffer_bytes,
             quantized_parameter_bytes: prepared.state.quantized_bytes,
+            quant_state_bytes: prepared.state.quant_state_bytes,
             run_kind: prepared.run_kind,
             n_blocks: u32::try_from(schedule.blocks.len()).unwrap_or(u32::MAX),
             n_events: u32::try_from(schedule.events.len()).unwrap_or(u32::MAX),

@@ -69,6 +69,11 @@ pub struct RunSummary {
     /// 4-bit); absent when none.
     #[serde(default, skip_serializing_if = "Bytes::is_zero")]
     pub quantized_parameter_bytes: Bytes,
+    /// The quantized weights' quantisation state (bitsandbytes' absmax,
+    /// code tables, LLM.int8()'s `SCB`), resident beside them and not in
+    /// `parameter_bytes`; absent when none.
+    #[serde(default, skip_serializing_if = "Bytes::is_zero")]
+    pub quant_state_bytes: Bytes,
     /// What the run does: training, fine_tuning, forward_with_autograd or
     /// inference.
     #[serde(default)]
@@ -132,6 +137,9 @@ pub struct Peak {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Breakdown {
     pub parameters: Bytes,
+    /// The quantized weights' quantisation state (absent when none).
+    #[serde(default, skip_serializing_if = "Bytes::is_zero")]
+    pub quant_state: Bytes,
     pub buffers: Bytes,
     pub gradients: Bytes,
     pub optimizer_state: Bytes,
@@ -155,6 +163,7 @@ impl Breakdown {
     /// The sum of every category.
     pub fn total(&self) -> Bytes {
         self.parameters
+            + self.quant_state
             + self.buffers
             + self.gradients
             + self.optimizer_state
@@ -179,6 +188,7 @@ impl Breakdown {
             Category::Workspace => &mut self.overheads,
             Category::Bucket => &mut self.buckets,
             Category::KvCache => &mut self.kv_cache,
+            Category::QuantState => &mut self.quant_state,
         };
         *slot += size;
     }

@@ -21,7 +21,7 @@ pub use args::dtype_size;
 mod build;
 mod loose;
 mod signatures;
-pub use signatures::{weight_args, ACCUMULATE_GRAD};
+pub use signatures::{quant_state_args, weight_args, ACCUMULATE_GRAD};
 mod plain;
 mod raw;
 mod stream;

@@ -39,3 +39,34 @@ pub fn weight_args(op: &str, conv1d: bool) -> &'static [u16] {
         _ => &[],
     }
 }
+
+/// Argument positions of bitsandbytes ops that hold a quantized weight's
+/// *quantisation state* (`QuantState` for 4-bit: the blockwise absmax —
+/// itself 8-bit with double quantisation, then with its own absmax and
+/// code table — and the offset; `SCB`, the per-output-row scales, for
+/// LLM.int8()). The state lives beside the packed weight for the model's
+/// whole life; bitsandbytes hands it to these ops directly, so they are
+/// read inside the layer's autograd Function (nested ops), not by the
+/// layer's top-level op:
+/// - `gemm_4bit(A, B, shapeB, absmax, blocksize, …)`: every tensor after
+///   `A` and `B` (with double quantisation the nested absmax, the quantized
+///   absmax, its code table and the offset);
+/// - `dequantize_4bit(A, absmax, …)`: the absmax (without double
+///   quantisation the stored one; with it, a temporary the call made, which
+///   the state search tells apart by its allocation);
+/// - `dequantize_blockwise(A, absmax, code, …)`: the quantized absmax, its
+///   absmax and code (how a 4-bit layer undoes double quantisation);
+/// - `int8_scaled_mm(A, B, row_stats, col_stats, …)`,
+///   `int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, …)`,
+///   `int8_mm_dequant(A, row_stats, col_stats, …)`: the weight's `SCB`.
+pub fn quant_state_args(op: &str) -> &'static [u16] {
+    match op {
+        "bitsandbytes::gemm_4bit" => &[3, 4, 5, 6, 7, 8, 9, 10],
+        "bitsandbytes::dequantize_4bit" => &[1],
+        "bitsandbytes::dequantize_blockwise" => &[0, 1, 2],
+        "bitsandbytes::int8_scaled_mm" => &[3],
+        "bitsandbytes::int8_mixed_scaled_mm" => &[4],
+        "bitsandbytes::int8_mm_dequant" => &[2],
+        _ => &[],
+    }
+}

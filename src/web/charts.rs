@@ -38,7 +38,7 @@ pub const BAND_COLORS: [RGBColor; 6] = [
 ];
 
 /// The colours of the breakdown categories, in the report's order.
-pub const CATEGORY_COLORS: [RGBColor; 10] = [
+pub const CATEGORY_COLORS: [RGBColor; 11] = [
     RGBColor(59, 111, 214),
     RGBColor(100, 150, 230),
     RGBColor(142, 68, 173),
@@ -50,7 +50,13 @@ pub const CATEGORY_COLORS: [RGBColor; 10] = [
     RGBColor(52, 73, 94),
     // the KV cache of a generation, listed last when there is one
     RGBColor(22, 160, 133),
+    // quantisation state, after the parameters when there is some
+    RGBColor(26, 82, 160),
 ];
+
+/// One row of the breakdown: its label, bytes and colour (an index into
+/// [`CATEGORY_COLORS`]).
+pub type Part = (&'static str, Bytes, usize);
 
 /// The label of a horizontal-bar chart's tick at `y`: the name of the row
 /// whose bar is centred there, empty between rows. Rows are drawn top to
@@ -268,9 +274,9 @@ pub fn gpus(canvas: &HtmlCanvasElement, report: &Report) -> Result<(), String> {
 }
 
 /// One stacked bar: the breakdown at the peak by category.
-pub fn breakdown(canvas: &HtmlCanvasElement, parts: &[(&str, Bytes)]) -> Result<(), String> {
+pub fn breakdown(canvas: &HtmlCanvasElement, parts: &[Part]) -> Result<(), String> {
     let root = area(canvas)?;
-    let total: f64 = parts.iter().map(|(_, b)| gib(*b)).sum::<f64>();
+    let total: f64 = parts.iter().map(|(_, b, _)| gib(*b)).sum::<f64>();
     let (x_max, x_step) = nice_axis(total, 5);
     let mut chart = ChartBuilder::on(&root)
         .margin(12)
@@ -289,8 +295,8 @@ pub fn breakdown(canvas: &HtmlCanvasElement, parts: &[(&str, Bytes)]) -> Result<
         .draw()
         .map_err(|err| err.to_string())?;
     let mut start = 0.0;
-    for (idx, (_, bytes)) in parts.iter().enumerate() {
-        let width = gib(*bytes);
+    for &(_, bytes, idx) in parts {
+        let width = gib(bytes);
         if width <= 0.0 {
             continue;
         }

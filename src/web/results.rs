@@ -27,24 +27,28 @@ pub(super) struct Shown {
     pub(super) shared: bool,
 }
 
-/// The breakdown's rows in chart order; a generation's KV cache last, when
-/// there is one (its colour is the last of [`charts::CATEGORY_COLORS`]).
-fn breakdown_parts(breakdown: &Breakdown) -> Vec<(&'static str, crate::Bytes)> {
-    let mut parts = vec![
-        ("parameters", breakdown.parameters),
-        ("buffers", breakdown.buffers),
-        ("gradients", breakdown.gradients),
-        ("optimizer state", breakdown.optimizer_state),
-        ("activations", breakdown.activations),
-        ("batch", breakdown.batch),
-        ("temporaries", breakdown.temporaries),
-        ("cached / fragmentation", breakdown.cached),
-        ("CUDA context + workspaces", breakdown.overheads),
-    ];
-    if !breakdown.kv_cache.is_zero() {
-        parts.push(("KV cache", breakdown.kv_cache));
-    }
-    parts
+/// The breakdown's rows in chart order, each with its colour's index in
+/// [`charts::CATEGORY_COLORS`]; the quantisation state (after the
+/// parameters) and a generation's KV cache (last) only when there is some.
+fn breakdown_parts(breakdown: &Breakdown) -> Vec<charts::Part> {
+    let optional =
+        |label, bytes: crate::Bytes, color| (!bytes.is_zero()).then_some((label, bytes, color));
+    [
+        Some(("parameters", breakdown.parameters, 0)),
+        optional("quantisation state", breakdown.quant_state, 10),
+        Some(("buffers", breakdown.buffers, 1)),
+        Some(("gradients", breakdown.gradients, 2)),
+        Some(("optimizer state", breakdown.optimizer_state, 3)),
+        Some(("activations", breakdown.activations, 4)),
+        Some(("batch", breakdown.batch, 5)),
+        Some(("temporaries", breakdown.temporaries, 6)),
+        Some(("cached / fragmentation", breakdown.cached, 7)),
+        Some(("CUDA context + workspaces", breakdown.overheads, 8)),
+        optional("KV cache", breakdown.kv_cache, 9),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// The shaded phases of the timeline, and their names for the legend.
@@ -193,8 +197,8 @@ pub(super) fn Results(
                 <dt>"Model"</dt><dd id="model-facts">{format!("{} parameter tensors, {} ({} trainable, {} frozen{}), buffers {}",
                     thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
                     short(report.summary.trainable_parameter_bytes), short(report.summary.frozen_parameter_bytes),
-                    if report.summary.quantized_parameter_bytes.is_zero() { String::new() } else {
-                        format!(", of which {} quantized", short(report.summary.quantized_parameter_bytes))
+                    if report.summary.quantized_parameter_bytes.is_zero() && report.summary.quant_state_bytes.is_zero() { String::new() } else {
+                        format!(", of which {} quantized, plus {} quantisation state", short(report.summary.quantized_parameter_bytes), exact(report.summary.quant_state_bytes))
                     },
                     short(report.summary.buffer_bytes))}</dd>
                 {report.summary.generation.clone().map(|g| view! {
@@ -276,8 +280,8 @@ pub(super) fn Results(
                 <table id="breakdown-table">
                     <thead><tr><th></th><th>"category"</th><th>"bytes"</th><th>"GiB"</th></tr></thead>
                     <tbody>
-                        {parts.iter().enumerate().map(|(idx, (label, bytes))| {
-                            let color = charts::CATEGORY_COLORS.get(idx).map_or(String::new(), |c| format!("background: rgb({},{},{})", c.0, c.1, c.2));
+                        {parts.iter().map(|(label, bytes, idx)| {
+                            let color = charts::CATEGORY_COLORS.get(*idx).map_or(String::new(), |c| format!("background: rgb({},{},{})", c.0, c.1, c.2));
                             view! {
                                 <tr><td><span class="swatch" style=color></span></td><td>{*label}</td>
                                     <td class="num">{thousands(bytes.get())}</td><td class="num">{gib(*bytes)}</td></tr>

@@ -213,3 +213,87 @@ fn new_tokens_refuse_what_is_not_a_longer_generation() {
         .to_string();
     assert!(zero.contains("at least 1"), "{zero}");
 }
+
+/// The report splits a quantized model's state as the sidecar does
+/// (quantized weights, quantisation state, unquantized parameters,
+/// trainable adapters), the quantisation state is its own category from
+/// setup on, and LLM.int8()'s CPU-only temporaries are replaced by what its
+/// CUDA kernels allocate: no float32 copy of an int8 weight is left in the
+/// schedule, and the estimate drops below the trace's CPU pattern.
+#[test]
+fn a_quantized_model_is_split_and_runs_bitsandbytes_cuda_kernels() {
+    for name in ["llama_qlora_nf4", "llama_nograd_int8"] {
+        let meta = meta_of(name);
+        let quant = &meta["quantization"];
+        let p = prepared(name);
+        let report = estimate(name, None).unwrap();
+        let s = &report.summary;
+        let field = |k: &str| Bytes(quant[k].as_u64().unwrap());
+        assert_eq!(
+            s.quantized_parameter_bytes,
+            field("quantized_weight_bytes"),
+            "{name}"
+        );
+        assert_eq!(s.quant_state_bytes, field("quant_state_bytes"), "{name}");
+        assert_eq!(
+            Bytes(
+                s.parameter_bytes.get()
+                    - s.quantized_parameter_bytes.get()
+                    - s.trainable_parameter_bytes.get()
+            ),
+            field("unquantized_param_bytes"),
+            "{name}"
+        );
+        assert_eq!(
+            s.trainable_parameter_bytes,
+            field("trainable_adapter_bytes"),
+            "{name}"
+        );
+        assert_eq!(
+            common::category_bytes(&p.orchestrated.schedule, Category::QuantState),
+            field("quant_state_bytes"),
+            "{name}"
+        );
+        assert_eq!(
+            report.breakdown_at_peak.quant_state,
+            field("quant_state_bytes"),
+            "{name}"
+        );
+    }
+    // int8: every weight's float32 copy (4 bytes an element) is gone.
+    let p = prepared("llama_nograd_int8");
+    let bytes = common::read_shared("fixtures/traces-llm/llama_nograd_int8.json.gz");
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    let analysis =
+        memcast::analyzer::analyze(&trace, &memcast::analyzer::AnalyzerConfig::standard())
+            .unwrap()
+            .value;
+    let weights: Vec<u64> = analysis
+        .state
+        .of(memcast::analyzer::StateKind::Parameter)
+        .filter(|i| i.dtype.as_deref() == Some("signed char"))
+        .map(|i| i.bytes.get() * 4)
+        .collect();
+    assert_eq!(weights.len(), 14);
+    let in_trace = analysis
+        .blocks
+        .iter()
+        .filter(|b| weights.contains(&b.size.get()))
+        .count();
+    assert!(
+        in_trace >= 14,
+        "the CPU trace copies each int8 weight to float32"
+    );
+    let in_schedule = p
+        .orchestrated
+        .schedule
+        .blocks
+        .iter()
+        .filter(|b| weights.contains(&b.size.get()))
+        .count();
+    assert_eq!(in_schedule, 0);
+    let rules = &p.orchestrated.facts.rule_counts;
+    assert!(rules
+        .iter()
+        .any(|r| r.rule == memcast::orchestrator::RuleId::BnbCudaKernels && r.blocks > 0));
+}

@@ -325,8 +325,9 @@ fn ddp_buckets_are_resident_and_named_for_the_what_if() {
 /// element read by `MatMul8bitLt`, packed NF4 bytes at half a byte read by
 /// `MatMul4Bit` through a view (each layer's weight its own, though several
 /// share a shape), counted with the unquantized rest and the adapters, and
-/// no quantized weight taken for a buffer; the run kind follows the grad
-/// mode.
+/// no quantized weight taken for a buffer; the quantisation state (NF4's
+/// absmax, nested absmax, code tables and offset; int8's `SCB`) exactly as
+/// bitsandbytes holds it; the run kind follows the grad mode.
 #[test]
 fn quantized_weights_are_parameters_at_their_stored_size() {
     for name in ["llama_nograd_int8", "llama_qlora_nf4"] {
@@ -357,6 +358,11 @@ fn quantized_weights_are_parameters_at_their_stored_size() {
             totals.quantized.get(),
             quant["quantized_weight_bytes"].as_u64().unwrap(),
             "{name}: the quantized share"
+        );
+        assert_eq!(
+            totals.quant_state.get(),
+            quant["quant_state_bytes"].as_u64().unwrap(),
+            "{name}: the quantisation state"
         );
         // Below the fp32 twin by what quantization saved.
         let twin = if name.contains("int8") {

@@ -2,9 +2,12 @@
 //! tie decision and the warnings that tell how sure each finding is.
 
 use super::ties::{Tie, TieEvidence};
-use super::{ModelState, RunKind, StateItem, StateKind, StateTotals, TieFinding};
+use super::{ModelState, RunKind, StateItem, StateKind, StateSource, StateTotals, TieFinding};
 use crate::diag::Warning;
+use crate::trace::NameId;
 use crate::units::Bytes;
+use crate::units::Nanos;
+use std::collections::BTreeMap;
 
 pub(super) fn tie_finding(tie: &Tie, hf_model_type: Option<&str>) -> TieFinding {
     let why = match &tie.evidence {
@@ -121,6 +124,7 @@ pub(super) fn totals(items: &[StateItem]) -> StateTotals {
             StateKind::Activation => t.activations_before_trace += i.bytes,
             StateKind::OptimizerState => t.optimizer_state_before_trace += i.bytes,
             StateKind::Bucket => t.buckets += i.bytes,
+            StateKind::QuantState => t.quant_state += i.bytes,
         }
     }
     t
@@ -138,4 +142,42 @@ fn is_integer_dtype(dtype: &str) -> bool {
             | "c10::Float8_e4m3fn"
             | "c10::Float8_e5m2"
     )
+}
+
+/// The NF4/FP4 code table of each 4-bit layer. bitsandbytes keeps the 16
+/// values a 4-bit weight decodes to in its `QuantState.code` (float32,
+/// made per weight by `get_4bit_type` when it quantizes, or loaded per
+/// weight from the checkpoint's `quant_map`), but its 4-bit kernels take
+/// the quantisation type by name, so no op reads the table. One is added
+/// per layer whose 4-bit quantisation state the kernels read.
+pub(super) fn four_bit_code_tables(items: &[StateItem]) -> Vec<StateItem> {
+    const FOUR_BIT_OPS: &[&str] = &[
+        "bitsandbytes::gemm_4bit",
+        "bitsandbytes::dequantize_4bit",
+        "bitsandbytes::dequantize_blockwise",
+    ];
+    const VALUES: i64 = 16;
+    let mut tables: BTreeMap<NameId, Option<Nanos>> = BTreeMap::new();
+    for i in items.iter().filter(|i| i.kind == StateKind::QuantState) {
+        let four_bit = matches!(&i.source, StateSource::OpArgument { op, .. } if FOUR_BIT_OPS.contains(&op.as_str()));
+        if let (true, Some(layer)) = (four_bit, i.layer) {
+            let first = tables.entry(layer).or_insert(i.first_read);
+            *first = (*first).min(i.first_read);
+        }
+    }
+    tables
+        .into_iter()
+        .map(|(layer, first_read)| StateItem {
+            kind: StateKind::QuantState,
+            trainable: false,
+            bytes: Bytes(VALUES as u64 * 4),
+            shape: vec![VALUES],
+            dtype: Some("float".to_owned()),
+            layer: Some(layer),
+            source: StateSource::FourBitCodeTable,
+            first_read,
+            last_read: first_read,
+            block: None,
+        })
+        .collect()
 }

@@ -86,6 +86,7 @@
 
 mod buckets;
 mod findings;
+mod lists;
 mod optimizer;
 mod reads;
 mod ties;
@@ -162,6 +163,10 @@ pub enum StateKind {
     OptimizerState,
     /// DistributedDataParallel's gradient buckets.
     Bucket,
+    /// A quantized weight's quantisation state (bitsandbytes' blockwise
+    /// absmax, its nested absmax and code, the offset; LLM.int8()'s `SCB`),
+    /// resident with the model.
+    QuantState,
 }
 
 /// How a resident tensor was found.
@@ -185,6 +190,9 @@ pub enum StateSource {
     Collective,
     /// The trainable bytes (a DDP trace whose buckets show no sizes).
     TrainableBytes,
+    /// A 4-bit weight's 16-value code table (its `QuantState.code`), which
+    /// no kernel is handed: one per 4-bit layer whose state was read.
+    FourBitCodeTable,
 }
 
 /// One tensor resident from the start of the run.
@@ -227,6 +235,9 @@ pub struct StateTotals {
     /// `parameters` and `frozen`.
     #[serde(default)]
     pub quantized: Bytes,
+    /// The quantized weights' quantisation state ([`StateKind::QuantState`]).
+    #[serde(default)]
+    pub quant_state: Bytes,
 }
 
 /// A tie decision: several reads of one signature counted as one tensor.
@@ -364,7 +375,12 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
     let mut floating_votes: BTreeMap<NameId, usize> = BTreeMap::new();
     let mut any_forward_sequence = false;
     for (idx, span) in input.index.ops.spans.iter().enumerate() {
-        if span.parent.is_some() || span.backward || in_pass(span.start) {
+        // Nested ops are read for one thing only: a quantized layer's
+        // quantisation state, which bitsandbytes hands to its kernels
+        // inside the layer's autograd Function.
+        let nested = span.parent.is_some();
+        let quant_args = crate::trace::quant_state_args(names.get(span.name));
+        if (nested && quant_args.is_empty()) || span.backward || in_pass(span.start) {
             continue;
         }
         let (iteration, phase) = locate(input.iterations, span.start);
@@ -389,7 +405,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         // whatever the grad mode (`THPFunction_apply` peeks it): only an
         // ATen op's number shows that autograd records the forward.
         any_forward_sequence |=
-            source.sequence_number.is_some() && names.get(span.name).contains("::");
+            !nested && source.sequence_number.is_some() && names.get(span.name).contains("::");
         let call = frame.map(|f| {
             *call_of_frame.entry(f).or_insert_with(|| {
                 let frame = input.index.frames.spans.get(f);
@@ -424,6 +440,9 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
             if a.dtype.is_some() && dtype.is_none() {
                 continue; // a dtype of unknown size
             }
+            if nested && !quant_args.contains(&a.position) {
+                continue;
+            }
             args.push(Arg {
                 pos: a.position,
                 list: a.list_index,
@@ -440,7 +459,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         if args.is_empty() {
             continue;
         }
-        reads::list_dtypes_from_children(input, idx, &mut args, &mut dtype_of);
+        lists::list_dtypes_from_children(input, idx, &mut args, &mut dtype_of);
         let concrete = Concrete::of_op(numbers, trace.concrete_args(source));
         ops.push(Op {
             name: names.get(span.name).to_owned(),
@@ -546,6 +565,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
             ReadKind::Parameter => StateKind::Parameter,
             ReadKind::Buffer => StateKind::Buffer,
             ReadKind::Activation => StateKind::Activation,
+            ReadKind::QuantState => StateKind::QuantState,
         };
         let layer = f.instance.and_then(|inst| {
             calls
@@ -577,6 +597,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
             block,
         });
     }
+    items.extend(findings::four_bit_code_tables(&items));
     for p in unmatched {
         items.push(StateItem {
             kind: StateKind::Parameter,

@@ -4,7 +4,7 @@
 //! the trace (top-level ops with their tensor arguments, module calls,
 //! blocks) that [`super`] builds from the analysis.
 
-use crate::trace::weight_args;
+use crate::trace::{quant_state_args, weight_args};
 use std::collections::{BTreeMap, HashMap};
 
 use super::views::{contiguous_strides, extent, view_outputs, Concrete, Layout};
@@ -95,6 +95,9 @@ pub enum ReadKind {
     Buffer,
     /// Made before the trace but of the batch: an earlier batch, a KV cache.
     Activation,
+    /// A quantized weight's quantisation state (bitsandbytes' absmax, code,
+    /// `SCB`), read by the layer's kernels.
+    QuantState,
 }
 
 /// One state tensor found, after de-duplication.
@@ -150,6 +153,8 @@ fn positional_view(op: &str) -> bool {
 }
 
 type Binding = (Vec<i64>, Option<u32>);
+/// A module call: its instance and start.
+type CallKey = (u32, i64);
 
 /// Live in-trace blocks by size, each bound to the first tensor read from it.
 struct LiveBlocks<'a> {
@@ -310,6 +315,10 @@ pub fn pre_trace_reads(
     let mut iteration = usize::MAX;
     let mut nth: HashMap<(u32, i64, &str), u32> = HashMap::new();
     let mut reads: Vec<Read> = Vec::new();
+    // (call, dims, dtype) of the quantisation state read so far: the
+    // kernels of one layer call hand the same state down to each other.
+    let mut quant_seen: std::collections::HashSet<(CallKey, Vec<i64>, Option<u32>)> =
+        std::collections::HashSet::new();
     for op in ops {
         live.advance(op.start);
         let call = op.call.and_then(|c| calls.get(c));
@@ -327,6 +336,7 @@ pub fn pre_trace_reads(
         };
         let weights = weight_args(&op.name, call.is_some_and(|c| c.conv1d));
         let buffers = buffer_args(&op.name);
+        let quant = quant_state_args(&op.name);
         let known_op = !weights.is_empty();
         let n = nth
             .entry((call_key.0, call_key.1, op.name.as_str()))
@@ -348,6 +358,48 @@ pub fn pre_trace_reads(
                 strides,
             };
             let dtype = a.dtype.map(|d| d.name).or(default_dtype);
+            if a.list.is_none() && quant.contains(&a.pos) {
+                // Quantisation state: stored beside its weight, unless the
+                // call made a block of its size (the absmax a double
+                // quantisation dequantizes on the fly).
+                let elem = a.dtype.map_or(default_elem, |d| d.size);
+                let size = extent(&layout.dims, &layout.strides).saturating_mul(elem);
+                if size == 0
+                    || (call.is_some() && live.allocated_since(size, call_start))
+                    || !quant_seen.insert((call_key, layout.dims.clone(), dtype))
+                {
+                    continue;
+                }
+                let block = live.construction_block(size);
+                reads.push(Read {
+                    call_key,
+                    slot: hash_of(&(
+                        class,
+                        op.name.as_str(),
+                        nth_here,
+                        a.pos,
+                        &layout.dims,
+                        dtype,
+                    )),
+                    place: hash_of(&(call_key.0, op.name.as_str(), nth_here, a.pos, a.list)),
+                    state: true,
+                    dims: layout.dims.clone(),
+                    dtype,
+                    elem,
+                    kind: ReadKind::QuantState,
+                    in_trace: block.is_some(),
+                    block,
+                    known_role: true,
+                    op_known: true,
+                    data_input: false,
+                    co_operand: false,
+                    op: op.name.clone(),
+                    arg: a.pos,
+                    iteration: op.iteration,
+                    time: op.start,
+                });
+                continue;
+            }
             let hit = derived
                 .get(&layout)
                 .filter(|x| x.3.is_none_or(|call| call == call_key));
@@ -440,7 +492,8 @@ pub fn pre_trace_reads(
             });
         }
         for r in reads.get_mut(first_read..).unwrap_or_default() {
-            r.co_operand = r.dims.len() >= 2
+            r.co_operand = r.kind != ReadKind::QuantState
+                && r.dims.len() >= 2
                 && activations
                     .iter()
                     .any(|d| d.len() == r.dims.len() && d.first() == r.dims.first());
@@ -481,72 +534,6 @@ pub fn pre_trace_reads(
     classify(reads)
 }
 
-/// Gives tensor-list elements (`einsum`'s, `cat`'s, `stack`'s operands, for
-/// which the profiler records no dtype) the dtype the op's own children
-/// record for them: the op hands each element to a view, a `bmm` or a copy
-/// whose `Input type` is kept, the first child argument of the same dims
-/// (each taken once), else of the same element count. Under autocast an
-/// `einsum` reads bf16 probabilities and products in an fp32 trace; sized
-/// at the trace's common type, no live block matches them and they would
-/// pass for tensors made before the trace (parameters).
-pub(super) fn list_dtypes_from_children(
-    input: &super::Inputs<'_>,
-    idx: usize,
-    args: &mut [Arg],
-    dtype_of: &mut impl FnMut(crate::trace::NameId) -> Option<(u64, bool)>,
-) {
-    if !args.iter().any(|a| a.list.is_some() && a.dtype.is_none()) {
-        return;
-    }
-    let trace = input.trace;
-    let spans = &input.index.ops.spans;
-    let Some(end) = spans.get(idx).map(|s| s.end) else {
-        return;
-    };
-    // (dims, numel, dtype) of the children's typed arguments, in call order.
-    let mut typed: Vec<(Vec<i64>, i64, Dtype)> = Vec::new();
-    let mut j = idx + 1;
-    while let Some(child) = spans.get(j) {
-        if child.start > end || typed.len() >= 64 {
-            break;
-        }
-        if let Some(src) = input.index.ops.source_in(j, &trace.ops) {
-            for a in trace.tensor_args(src) {
-                let Some(id) = a.dtype else { continue };
-                let Some((size, floating)) = dtype_of(id) else {
-                    continue;
-                };
-                let dims = trace.numbers(a.dims).to_vec();
-                let numel = dims.iter().product::<i64>();
-                typed.push((
-                    dims,
-                    numel,
-                    Dtype {
-                        size,
-                        name: id.0,
-                        floating,
-                    },
-                ));
-            }
-        }
-        j += 1;
-    }
-    let mut used = vec![false; typed.len()];
-    for a in args
-        .iter_mut()
-        .filter(|a| a.list.is_some() && a.dtype.is_none())
-    {
-        let numel = a.layout.dims.iter().product::<i64>();
-        let pick = (0..typed.len())
-            .find(|&k| !used[k] && typed[k].0 == a.layout.dims)
-            .or_else(|| (0..typed.len()).find(|&k| !used[k] && typed[k].1 == numel && numel > 0));
-        if let Some(k) = pick {
-            used[k] = true;
-            a.dtype = Some(typed[k].2);
-        }
-    }
-}
-
 /// Consensus over slots, data inputs and early reads, then each instance's
 /// largest call.
 fn classify(mut reads: Vec<Read>) -> Vec<Found> {
@@ -582,7 +569,9 @@ fn classify(mut reads: Vec<Read>) -> Vec<Found> {
                 .get(&r.place)
                 .is_some_and(|s| s.len() == 1 && s.contains(&first_iteration))
             && any_iterations.get(&r.place).is_some_and(|s| s.len() >= 2);
-        if (r.data_input && r.op_known) || (early && r.co_operand) {
+        if r.kind != ReadKind::QuantState
+            && ((r.data_input && r.op_known) || (early && r.co_operand))
+        {
             r.kind = ReadKind::Activation;
         }
     }

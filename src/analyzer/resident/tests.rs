@@ -79,3 +79,72 @@ fn a_list_element_takes_its_dtype_from_the_ops_children() {
         analysis.state.items
     );
 }
+
+/// A 4-bit (NF4, double quantisation) and an int8 layer: their packed and
+/// int8 weights are parameters (read by `MatMul4Bit`/`MatMul8bitLt`); the
+/// quantisation state is read only by the nested bitsandbytes kernels:
+/// the quantized absmax, its absmax and code (`dequantize_blockwise`), and
+/// the int8 weight's `SCB` (`int8_mixed_scaled_mm`, then again by
+/// `int8_scaled_mm`: one tensor). The float absmax `dequantize_4bit` reads
+/// was made by the call itself, and the 4-bit layer gets its 16-value code
+/// table.
+#[test]
+fn quantisation_state_is_read_by_nested_kernels_once_per_layer() {
+    let ev = [
+        r#"{"ph": "X", "cat": "python_function", "name": "nn.Module: Model_0", "ts": 10, "dur": 990, "args": {"Python id": 1, "Python parent id": 0}}"#,
+        r#"{"ph": "X", "cat": "python_function", "name": "nn.Module: Linear4bit_0", "ts": 20, "dur": 380, "args": {"Python id": 2, "Python parent id": 1}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "MatMul4Bit", "ts": 30, "dur": 270, "args": {"Input Dims": [[2, 16], [128, 1], [], []], "Input type": ["float", "unsigned char", "", ""]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "bitsandbytes::dequantize_blockwise", "ts": 40, "dur": 60, "args": {"Input Dims": [[4], [1], [256], [], []], "Input type": ["unsigned char", "float", "float", "Scalar", "Scalar"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 50, "args": {"Addr": 4096, "Bytes": 16, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "bitsandbytes::dequantize_4bit", "ts": 110, "dur": 90, "args": {"Input Dims": [[128, 1], [4], [], [], [], []], "Input type": ["unsigned char", "float", "Scalar", "", "ScalarList", "Scalar"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 120, "args": {"Addr": 8192, "Bytes": 1024, "Device Type": 0}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 210, "args": {"Addr": 4096, "Bytes": -16, "Device Type": 0}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 290, "args": {"Addr": 8192, "Bytes": -1024, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "python_function", "name": "nn.Module: Linear8bitLt_0", "ts": 500, "dur": 400, "args": {"Python id": 3, "Python parent id": 1}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "MatMul8bitLt", "ts": 510, "dur": 380, "args": {"Input Dims": [[2, 16], [16, 16], [], []], "Input type": ["float", "signed char", "", ""]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "bitsandbytes::int8_mixed_scaled_mm", "ts": 520, "dur": 280, "args": {"Input Dims": [[2, 16], [2, 16], [16, 16], [2], [16], [0], []], "Input type": ["float", "signed char", "signed char", "float", "float", "long int", ""]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "bitsandbytes::int8_scaled_mm", "ts": 530, "dur": 170, "args": {"Input Dims": [[2, 16], [16, 16], [2], [16], [], []], "Input type": ["signed char", "signed char", "float", "float", "", "Scalar"]}}"#,
+    ];
+    let json = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(","));
+    let trace = crate::trace::parse(json.as_bytes()).unwrap().value;
+    let analysis = crate::analyzer::analyze(&trace, &crate::analyzer::AnalyzerConfig::standard())
+        .unwrap()
+        .value;
+    let of = |kind| -> Vec<(Vec<i64>, Bytes)> {
+        let mut v: Vec<_> = analysis
+            .state
+            .of(kind)
+            .map(|i| (i.shape.clone(), i.bytes))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        of(StateKind::Parameter),
+        vec![(vec![16, 16], Bytes(256)), (vec![128, 1], Bytes(128))],
+        "{:?}",
+        analysis.state.items
+    );
+    assert_eq!(
+        of(StateKind::QuantState),
+        vec![
+            (vec![1], Bytes(4)),
+            (vec![4], Bytes(4)),
+            (vec![16], Bytes(64)),
+            (vec![16], Bytes(64)),
+            (vec![256], Bytes(1024)),
+        ],
+        "{:?}",
+        analysis.state.items
+    );
+    let t = analysis.state.totals;
+    assert_eq!((t.quantized, t.quant_state), (Bytes(384), Bytes(1160)));
+    assert_eq!(analysis.state.run_kind, RunKind::Inference);
+    // the two layers' kernels, for the CUDA rules
+    let kinds: Vec<_> = analysis.quant_kernels.iter().map(|k| k.kind).collect();
+    use crate::analyzer::quantized::QuantOp;
+    assert_eq!(
+        kinds,
+        vec![QuantOp::DequantizeBlockwise, QuantOp::Dequantize4bit]
+    );
+}

@@ -114,6 +114,19 @@ fn print_table(out: &mut String, report: &Report) {
         gib(summary.frozen_parameter_bytes),
         gib(summary.buffer_bytes),
     );
+    if !summary.quantized_parameter_bytes.is_zero() || !summary.quant_state_bytes.is_zero() {
+        let _ = writeln!(
+            out,
+            "model state: {} B quantized weights + {} B quantisation state + {} B unquantized parameters ({} B of them trainable)",
+            summary.quantized_parameter_bytes.get(),
+            summary.quant_state_bytes.get(),
+            summary
+                .parameter_bytes
+                .get()
+                .saturating_sub(summary.quantized_parameter_bytes.get()),
+            summary.trainable_parameter_bytes.get(),
+        );
+    }
     let _ = writeln!(out, "peak");
     row(out, "total (reserved+context)", peak.total_bytes);
     row(out, "reserved", peak.reserved_bytes);
@@ -145,6 +158,9 @@ fn print_table(out: &mut String, report: &Report) {
     }
     if !b.kv_cache.is_zero() {
         row(out, "KV cache", b.kv_cache);
+    }
+    if !b.quant_state.is_zero() {
+        row(out, "quantisation state", b.quant_state);
     }
     if let Some(g) = &report.summary.generation {
         let per_token = g

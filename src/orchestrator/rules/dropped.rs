@@ -49,6 +49,7 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
         RuleId::Parameters
         | RuleId::BatchnormBuffers
         | RuleId::ModelBuffers
+        | RuleId::QuantState
         | RuleId::ConstructorOptimizerState
         | RuleId::ActivationsBeforeTrace
         | RuleId::DdpBuckets
@@ -61,6 +62,7 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
         | RuleId::AutocastCastCache
         | RuleId::CpuLowpMatmulCopies
         | RuleId::AutocastBackward
+        | RuleId::BnbCudaKernels
         | RuleId::GradScalerState
         | RuleId::Gradients
         | RuleId::BatchHandover

@@ -24,6 +24,7 @@
 //! kind, and call it from [`apply_all`], counting what it did.
 
 pub mod autocast;
+mod bnb;
 mod captured;
 mod dropped;
 mod foreach;
@@ -63,6 +64,7 @@ pub enum RuleId {
     Parameters,
     BatchnormBuffers,
     ModelBuffers,
+    QuantState,
     ConstructorOptimizerState,
     ActivationsBeforeTrace,
     DdpBuckets,
@@ -80,6 +82,7 @@ pub enum RuleId {
     AutocastCastCache,
     CpuLowpMatmulCopies,
     AutocastBackward,
+    BnbCudaKernels,
     Gradients,
     BatchHandover,
     ForeachOptimizer,
@@ -90,10 +93,11 @@ pub enum RuleId {
 
 impl RuleId {
     /// Every rule, in the order they apply (and the report lists them).
-    pub const ALL: [RuleId; 26] = [
+    pub const ALL: [RuleId; 28] = [
         RuleId::Parameters,
         RuleId::BatchnormBuffers,
         RuleId::ModelBuffers,
+        RuleId::QuantState,
         RuleId::ConstructorOptimizerState,
         RuleId::ActivationsBeforeTrace,
         RuleId::DdpBuckets,
@@ -111,6 +115,7 @@ impl RuleId {
         RuleId::AutocastCastCache,
         RuleId::CpuLowpMatmulCopies,
         RuleId::AutocastBackward,
+        RuleId::BnbCudaKernels,
         RuleId::Gradients,
         RuleId::BatchHandover,
         RuleId::ForeachOptimizer,
@@ -137,6 +142,7 @@ impl RuleId {
             RuleId::Parameters => "parameters",
             RuleId::BatchnormBuffers => "batchnorm_buffers",
             RuleId::ModelBuffers => "model_buffers",
+            RuleId::QuantState => "quant_state",
             RuleId::ConstructorOptimizerState => "constructor_optimizer_state",
             RuleId::ActivationsBeforeTrace => "activations_before_trace",
             RuleId::DdpBuckets => "ddp_buckets",
@@ -154,6 +160,7 @@ impl RuleId {
             RuleId::AutocastCastCache => "autocast_cast_cache",
             RuleId::CpuLowpMatmulCopies => "cpu_lowp_matmul_copies",
             RuleId::AutocastBackward => "autocast_backward",
+            RuleId::BnbCudaKernels => "bnb_cuda_kernels",
             RuleId::Gradients => "gradients",
             RuleId::BatchHandover => "batch_handover",
             RuleId::ForeachOptimizer => "foreach_optimizer",
@@ -170,6 +177,7 @@ impl RuleId {
             RuleId::BatchnormBuffers => "running_mean, running_var (the BatchNorm weight's shape and dtype) and num_batches_tracked (8 bytes) of every BatchNorm layer, allocated after its parameters",
             RuleId::ConstructorOptimizerState => "optimizer state made before the trace (in the constructor, like Adagrad's sum, or in steps a profiler schedule did not record): the state tensors of each trainable parameter, from the optimizer class and what its step runs, made where the job made them: at setup for a class that builds its state in the constructor (Adagrad), else at the first optimizer step (torch.optim builds state lazily in step())",
             RuleId::ModelBuffers => "buffers other than BatchNorm's that the forward reads and the trace never allocated (position ids, rotary caches), allocated at setup",
+            RuleId::QuantState => "the quantisation state of bitsandbytes-quantized weights that the layers' kernels read and the trace never allocated (a 4-bit weight's blockwise absmax, with double quantisation its nested absmax and code table, the offset and its 16-value NF4/FP4 code table; an int8 weight's SCB row scales), allocated at setup with the model",
             RuleId::ActivationsBeforeTrace => "activations made before the trace (an earlier batch, a KV cache the first iteration reads), allocated at setup and freed after their last read",
             RuleId::DdpBuckets => "DistributedDataParallel's gradient buckets made when the model was wrapped (the tensors its all-reduce reads that the trace never allocated), allocated at setup and freed when the reducer rebuilds its own inside the trace",
             RuleId::OtherDevice => "only blocks of the profiled device are kept: CPU blocks of a CPU trace, CUDA blocks of a CUDA trace (its CPU blocks are host memory)",
@@ -186,6 +194,7 @@ impl RuleId {
             RuleId::AutocastCastCache => "CUDA autocast caches the 16-bit copy of each parameter once per region until the outermost autocast exits (not under inference_mode from PyTorch 2.10); the CPU's per-call copies of a parameter (einsum's bmm) follow it",
             RuleId::CpuLowpMatmulCopies => "the contiguous copies CPU bf16/fp16 matrix-product kernels make of a transposed operand are dropped: cuBLAS reads it in place",
             RuleId::AutocastBackward => "blocks a backward node makes change type with the outputs of its forward op (a gradient has its tensor's type); a guess at the block level",
+            RuleId::BnbCudaKernels => "bitsandbytes ops whose CPU backend computes through ATen temporaries run CUDA kernels that allocate their outputs only, plus a float16 result in int8_mm_dequant and the float16 |A| and bool outlier mask in int8_vectorwise_quant: the CPU's temporaries inside int8_linear_matmul (float32 copies of both int8 operands), int8_mm_dequant, int8_vectorwise_quant, dequantize_4bit, dequantize_blockwise and a gemm_4bit of at most 4 rows (7 in float32: the fused kernel, no dequantized weight) are replaced by the CUDA ones",
             RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
             RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
             RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",
@@ -242,7 +251,13 @@ pub(crate) fn apply_all(
         setup::setup_items(analysis, config.parameters, &mut counts, warnings)?;
 
     // Captured blocks over the planned iterations, as CUDA autocast runs them.
-    let changes = autocast::changes(analysis, &config.autocast, warnings);
+    let mut changes = autocast::changes(analysis, &config.autocast, warnings);
+    let autocast_bytes: Vec<RuleBytes> = changes
+        .bytes(analysis)
+        .into_iter()
+        .map(|(rule, bytes)| RuleBytes { rule, bytes })
+        .collect();
+    bnb::apply(analysis, &mut changes);
     let plan = iterations::plan_iterations(analysis, config.iterations, warnings);
     let (captured, dropped) = captured::captured_items(analysis, &plan, &changes);
     counts.extend(dropped);
@@ -299,11 +314,7 @@ pub(crate) fn apply_all(
             .into_iter()
             .map(|(rule, blocks)| RuleCount { rule, blocks })
             .collect(),
-        autocast_bytes: changes
-            .bytes(analysis)
-            .into_iter()
-            .map(|(rule, bytes)| RuleBytes { rule, bytes })
-            .collect(),
+        autocast_bytes,
         state,
     };
     let mut schedule = into_schedule(items, iterations::iteration_spans(analysis, &plan));

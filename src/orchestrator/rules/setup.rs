@@ -78,6 +78,27 @@ pub(super) fn setup_items(
     if n_buffers > 0 {
         counts.insert(RuleId::ModelBuffers, count(n_buffers));
     }
+    // Quantisation state goes with the model (it is part of the quantized
+    // weights' state dict), unless the user gave the parameter bytes.
+    let mut n_quant = 0_usize;
+    if !overrides.is_set() {
+        for q in state
+            .of(StateKind::QuantState)
+            .filter(|q| q.block.is_none())
+        {
+            items.push(setup_item(
+                analysis,
+                q,
+                Category::QuantState,
+                "bitsandbytes quantisation state",
+                items.len(),
+            ));
+            n_quant += 1;
+        }
+    }
+    if n_quant > 0 {
+        counts.insert(RuleId::QuantState, count(n_quant));
+    }
 
     let class = analysis
         .optimizer
@@ -221,6 +242,11 @@ fn state_facts(
         buffer_bytes: buffers + in_trace_buffers,
         // set by the caller when the parameters are the trace's own
         quantized_bytes: Bytes::ZERO,
+        quant_state_bytes: items
+            .iter()
+            .filter(|i| i.category == Category::QuantState)
+            .map(|i| i.size)
+            .sum(),
     }
 }
 

@@ -118,6 +118,7 @@ impl Loop {
                     ..Default::default()
                 },
                 generation: None,
+                quant_kernels: Vec::new(),
             },
             next_event: 0,
         }
@@ -1057,4 +1058,83 @@ fn a_grad_scaler_adds_its_scale_and_tracker_once_and_two_flags_per_step() {
         scaled.schedule.blocks.len(),
         plain.schedule.blocks.len() + scaler.len()
     );
+}
+
+#[test]
+fn bnb_cuda_kernels_replace_the_cpu_backends_temporaries() {
+    use crate::analyzer::quantized::{QuantKernel, QuantOp};
+    use crate::analyzer::OpSpan;
+    let mut lp = Loop::training("SGD");
+    let a = &mut lp.analysis;
+    let name = |a: &mut Analysis, n: &str| {
+        a.names.push(n.to_owned());
+        NameId(a.names.len() as u32 - 1)
+    };
+    let op = |a: &mut Analysis, name: NameId, start: i64, end: i64, parent: Option<usize>| {
+        a.ops.push(OpSpan {
+            name,
+            tid: 1,
+            start: Nanos(start),
+            end: Nanos(end),
+            parent,
+            sequence_number: None,
+            backward: false,
+            forward_op: None,
+            layer: Some(NameId(0)),
+            inputs: 0..0,
+        });
+        a.ops.len() - 1
+    };
+    let (outer, matmul, dequant) = (
+        name(a, "MatMul8bitLt"),
+        name(a, "bitsandbytes::int8_linear_matmul"),
+        name(a, "bitsandbytes::int8_mm_dequant"),
+    );
+    let outer = op(a, outer, 300, 340, None);
+    let matmul = op(a, matmul, 310, 320, Some(outer));
+    let dequant = op(a, dequant, 322, 330, Some(outer));
+    let kernel = |op, kind, m, k, n| QuantKernel {
+        op,
+        kind,
+        m,
+        k,
+        n,
+        input_elem: 4,
+    };
+    a.quant_kernels = vec![
+        kernel(matmul, QuantOp::Int8LinearMatmul, 10, 20, 30),
+        kernel(dequant, QuantOp::Int8MmDequant, 10, 0, 30),
+    ];
+    // the float32 copy of the int8 weight, inside the matmul; its int32
+    // output, freed after the dequantization; a float32 temporary of the
+    // CPU's dequantization
+    for (alloc, free, size, inside) in [
+        (311, 319, 2_400, matmul),
+        (318, 331, 1_200, outer),
+        (323, 328, 1_201, dequant),
+    ] {
+        let b = lp.block(0, alloc, Some(free), size, P::Forward, BlockRole::Other);
+        lp.analysis.blocks[b].internal_to = Some(inside);
+        lp.analysis.blocks[b].op_internal = true;
+    }
+    let (schedule, _) = run(&lp.analysis, 1, OptimizerPath::Captured);
+    let sizes: Vec<u64> = schedule.blocks.iter().map(|b| b.size.get()).collect();
+    assert!(
+        !sizes.contains(&2_400),
+        "the CPU's float32 weight copy is dropped"
+    );
+    assert!(
+        !sizes.contains(&1_201),
+        "the CPU's dequantization temporary is dropped"
+    );
+    assert!(sizes.contains(&1_200), "the int32 output stays");
+    // cuBLASLt writes the int32 result directly; int8_mm_dequant's kernel
+    // writes a float16 [10, 30] result, cast to float32
+    let added: Vec<_> = schedule
+        .blocks
+        .iter()
+        .filter(|b| b.op.as_deref() == Some("bitsandbytes::int8_mm_dequant"))
+        .map(|b| (b.size.get(), b.category))
+        .collect();
+    assert_eq!(added, vec![(600, Category::Temporary)]);
 }

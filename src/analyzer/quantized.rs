@@ -1,0 +1,151 @@
+//! The bitsandbytes kernels of a quantized model, as the trace records them:
+//! which op ran, on what shapes. The CPU backend computes several of them
+//! with plain ATen ops (float copies of int8 operands, lookup tables) whose
+//! temporaries a CUDA run does not make; the orchestrator's `bnb_cuda_kernels`
+//! rule replaces them with what the CUDA kernels allocate. This module only
+//! reads the facts those rules need.
+
+use serde::{Deserialize, Serialize};
+
+use super::spans::SpanIndex;
+use super::Names;
+use crate::trace::{dtype_size, Trace};
+
+/// A bitsandbytes op with a CUDA kernel of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuantOp {
+    /// `gemm_4bit(A, B, shapeB, absmax, …)`: a 4-bit layer's matmul.
+    Gemm4bit,
+    /// `dequantize_4bit(A, absmax, …)`: the whole weight, dequantized.
+    Dequantize4bit,
+    /// `dequantize_blockwise(A, absmax, code, …)`: an 8-bit blockwise tensor
+    /// (a double-quantized absmax).
+    DequantizeBlockwise,
+    /// `int8_vectorwise_quant(A, threshold)`: the input's int8 rows.
+    Int8VectorwiseQuant,
+    /// `int8_linear_matmul(A, B)`: int8 × int8 → int32.
+    Int8LinearMatmul,
+    /// `int8_mm_dequant(A, row_stats, col_stats, …)`: int32 → the layer's dtype.
+    Int8MmDequant,
+}
+
+impl QuantOp {
+    fn of(name: &str) -> Option<QuantOp> {
+        Some(match name {
+            "bitsandbytes::gemm_4bit" => QuantOp::Gemm4bit,
+            "bitsandbytes::dequantize_4bit" => QuantOp::Dequantize4bit,
+            "bitsandbytes::dequantize_blockwise" => QuantOp::DequantizeBlockwise,
+            "bitsandbytes::int8_vectorwise_quant" => QuantOp::Int8VectorwiseQuant,
+            "bitsandbytes::int8_linear_matmul" => QuantOp::Int8LinearMatmul,
+            "bitsandbytes::int8_mm_dequant" => QuantOp::Int8MmDequant,
+            _ => return None,
+        })
+    }
+}
+
+/// One call of a bitsandbytes kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuantKernel {
+    /// The op (index into [`super::Analysis::ops`]).
+    pub op: usize,
+    pub kind: QuantOp,
+    /// The matrix product's rows (the input's elements over its last dim),
+    /// its input width and its output width, where the op has them (0 when
+    /// the trace does not show them).
+    pub m: u64,
+    pub k: u64,
+    pub n: u64,
+    /// Bytes per element of the layer's input: `A` of `gemm_4bit`, the
+    /// input of the enclosing `MatMul8bitLt` for the int8 ops (0 when not
+    /// recorded).
+    pub input_elem: u64,
+}
+
+/// Every bitsandbytes kernel call of the trace, in op order.
+pub(crate) fn kernels(trace: &Trace, index: &SpanIndex, names: &Names) -> Vec<QuantKernel> {
+    let spans = &index.ops.spans;
+    let args_of = |idx: usize| {
+        index
+            .ops
+            .source_in(idx, &trace.ops)
+            .map(|op| trace.tensor_args(op))
+            .unwrap_or_default()
+    };
+    let dims_at = |idx: usize, pos: u16| -> Option<(Vec<i64>, u64)> {
+        let a = args_of(idx)
+            .iter()
+            .find(|a| a.position == pos && a.list_index.is_none())?;
+        let elem = a.dtype.and_then(|d| dtype_size(trace.name(d))).unwrap_or(0);
+        Some((trace.numbers(a.dims).to_vec(), elem))
+    };
+    let rows_and_width = |dims: &[i64]| -> (u64, u64) {
+        let k = dims.last().map_or(0, |&d| d.max(0) as u64);
+        let numel: u64 = dims.iter().map(|&d| d.max(0) as u64).product();
+        (numel.checked_div(k).unwrap_or(0), k)
+    };
+    let mut out = Vec::new();
+    for (idx, span) in spans.iter().enumerate() {
+        let Some(kind) = QuantOp::of(names.get(span.name)) else {
+            continue;
+        };
+        let (mut m, mut k, mut n, mut input_elem) = (0, 0, 0, 0);
+        match kind {
+            QuantOp::Gemm4bit => {
+                if let Some((a, elem)) = dims_at(idx, 0) {
+                    (m, k) = rows_and_width(&a);
+                    input_elem = elem;
+                }
+                // two 4-bit values per byte of the packed weight
+                if let Some((b, _)) = dims_at(idx, 1) {
+                    let bytes: u64 = b.iter().map(|&d| d.max(0) as u64).product();
+                    n = (bytes * 2).checked_div(k).unwrap_or(0);
+                }
+            }
+            QuantOp::Int8VectorwiseQuant => {
+                if let Some((a, _)) = dims_at(idx, 0) {
+                    (m, k) = rows_and_width(&a);
+                }
+            }
+            QuantOp::Int8LinearMatmul => {
+                if let Some((a, _)) = dims_at(idx, 0) {
+                    (m, k) = rows_and_width(&a);
+                }
+                if let Some((b, _)) = dims_at(idx, 1) {
+                    n = b.first().map_or(0, |&d| d.max(0) as u64);
+                }
+            }
+            QuantOp::Int8MmDequant => {
+                if let Some((a, _)) = dims_at(idx, 0) {
+                    (m, n) = rows_and_width(&a);
+                }
+            }
+            QuantOp::Dequantize4bit | QuantOp::DequantizeBlockwise => {}
+        }
+        if matches!(
+            kind,
+            QuantOp::Int8VectorwiseQuant | QuantOp::Int8LinearMatmul | QuantOp::Int8MmDequant
+        ) {
+            // The layer's own input, before its float16 cast.
+            input_elem = index
+                .ops
+                .chain(idx)
+                .find(|&i| {
+                    spans
+                        .get(i)
+                        .is_some_and(|s| names.get(s.name) == "MatMul8bitLt")
+                })
+                .and_then(|i| dims_at(i, 0))
+                .map_or(0, |(_, elem)| elem);
+        }
+        out.push(QuantKernel {
+            op: idx,
+            kind,
+            m,
+            k,
+            n,
+            input_elem,
+        });
+    }
+    out
+}

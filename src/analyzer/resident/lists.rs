@@ -1,0 +1,70 @@
+//! Tensor-list elements' dtypes: the profiler records none for the
+//! elements of a `TensorList` argument, so the op's children tell them.
+
+use super::reads::{Arg, Dtype};
+
+/// Gives tensor-list elements (`einsum`'s, `cat`'s, `stack`'s operands, for
+/// which the profiler records no dtype) the dtype the op's own children
+/// record for them: the op hands each element to a view, a `bmm` or a copy
+/// whose `Input type` is kept, the first child argument of the same dims
+/// (each taken once), else of the same element count. Under autocast an
+/// `einsum` reads bf16 probabilities and products in an fp32 trace; sized
+/// at the trace's common type, no live block matches them and they would
+/// pass for tensors made before the trace (parameters).
+pub(super) fn list_dtypes_from_children(
+    input: &super::Inputs<'_>,
+    idx: usize,
+    args: &mut [Arg],
+    dtype_of: &mut impl FnMut(crate::trace::NameId) -> Option<(u64, bool)>,
+) {
+    if !args.iter().any(|a| a.list.is_some() && a.dtype.is_none()) {
+        return;
+    }
+    let trace = input.trace;
+    let spans = &input.index.ops.spans;
+    let Some(end) = spans.get(idx).map(|s| s.end) else {
+        return;
+    };
+    // (dims, numel, dtype) of the children's typed arguments, in call order.
+    let mut typed: Vec<(Vec<i64>, i64, Dtype)> = Vec::new();
+    let mut j = idx + 1;
+    while let Some(child) = spans.get(j) {
+        if child.start > end || typed.len() >= 64 {
+            break;
+        }
+        if let Some(src) = input.index.ops.source_in(j, &trace.ops) {
+            for a in trace.tensor_args(src) {
+                let Some(id) = a.dtype else { continue };
+                let Some((size, floating)) = dtype_of(id) else {
+                    continue;
+                };
+                let dims = trace.numbers(a.dims).to_vec();
+                let numel = dims.iter().product::<i64>();
+                typed.push((
+                    dims,
+                    numel,
+                    Dtype {
+                        size,
+                        name: id.0,
+                        floating,
+                    },
+                ));
+            }
+        }
+        j += 1;
+    }
+    let mut used = vec![false; typed.len()];
+    for a in args
+        .iter_mut()
+        .filter(|a| a.list.is_some() && a.dtype.is_none())
+    {
+        let numel = a.layout.dims.iter().product::<i64>();
+        let pick = (0..typed.len())
+            .find(|&k| !used[k] && typed[k].0 == a.layout.dims)
+            .or_else(|| (0..typed.len()).find(|&k| !used[k] && typed[k].1 == numel && numel > 0));
+        if let Some(k) = pick {
+            used[k] = true;
+            a.dtype = Some(typed[k].2);
+        }
+    }
+}
