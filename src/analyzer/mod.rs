@@ -234,6 +234,9 @@ pub enum BlockRole {
     /// A generation's KV cache: keys and values a call of the model makes
     /// and a later call reads ([`generation`]).
     KvCache,
+    /// Made while bitsandbytes re-lays a 4-bit weight out for its CPU
+    /// kernel ([`quantized`]): a CUDA run makes none of it.
+    CpuRepack,
     /// Anything else: activations and temporaries (decided by later stages).
     Other,
 }
@@ -565,6 +568,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     evidence::infer_zero_grad(&mut life, &mut iterations, &mut warnings);
     let found = evidence::finish(found, &mut life, &index, &iterations, &names);
     let recipe = recipes::find(trace, &index, &iterations, &names, &mut warnings);
+    let cpu_packing = quantized::mark_cpu_packing(&mut life, &index, &names);
     let state = resident::find(
         &resident::Inputs {
             trace,
@@ -573,6 +577,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
             names: &names,
             parameters: found.parameters(),
             optimizer: found.optimizer(),
+            cpu_packing: &cpu_packing,
         },
         &mut life,
         &mut warnings,

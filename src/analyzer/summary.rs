@@ -181,7 +181,11 @@ fn role_totals(analysis: &Analysis) -> RoleTotals {
                 roles.kv_cache_blocks += 1;
                 roles.kv_cache_bytes += size;
             }
-            BlockRole::Other | BlockRole::Parameter | BlockRole::Buffer | BlockRole::Bucket => {}
+            BlockRole::Other
+            | BlockRole::Parameter
+            | BlockRole::Buffer
+            | BlockRole::Bucket
+            | BlockRole::CpuRepack => {}
         }
         roles.op_internal_blocks += usize::from(block.op_internal);
         roles.cpu_scratch_blocks += usize::from(block.cpu_scratch);

@@ -33,6 +33,9 @@ pub fn weight_args(op: &str, conv1d: bool) -> &'static [u16] {
         // bitsandbytes' 4-bit kernels (the inference path calls them
         // directly): `gemm_4bit(A, B, ...)`, `dequantize_4bit(B, ...)`.
         "bitsandbytes::gemm_4bit" => &[1],
+        // on a weight bitsandbytes re-laid out for its AVX512-BF16 CPU
+        // kernel: `gemv_4bit(A, B, shapeB, absmax, code, blocksize)`
+        "bitsandbytes::gemv_4bit" => &[1],
         "bitsandbytes::dequantize_4bit" => &[0],
         // Hugging Face Conv1D: torch.addmm(bias, x, weight)
         "aten::addmm" if conv1d => &[0, 2],

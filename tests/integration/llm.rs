@@ -297,3 +297,58 @@ fn a_quantized_model_is_split_and_runs_bitsandbytes_cuda_kernels() {
         .iter()
         .any(|r| r.rule == memcast::orchestrator::RuleId::BnbCudaKernels && r.blocks > 0));
 }
+
+/// Generation with quantized weights traced on a CPU with AVX512-BF16
+/// (`tests/data/traces-llm`): the 4-bit layers' CPU re-layout is not the
+/// model's state (parameters, quantized bytes and quantisation state as
+/// the sidecar says, less NF4's 4-byte offsets, which only the re-layout's
+/// `add_` reads), nor part of the CUDA run; the run is inference and the KV
+/// cache exact.
+#[test]
+fn quantized_generation_traced_on_an_avx512_bf16_cpu() {
+    for name in ["llama_gen4_nf4", "llama_gen4_int8"] {
+        let dir =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces-llm");
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.meta.json"))).unwrap())
+                .unwrap();
+        let bytes = std::fs::read(dir.join(format!("{name}.json.gz"))).unwrap();
+        let trace = memcast::trace::parse(&bytes).unwrap().value;
+        let p = common::prepare_parsed(trace, &Config::standard());
+        let quant = &meta["quantization"];
+        let field = |k: &str| quant[k].as_u64().unwrap();
+        assert_eq!(
+            p.state.parameter_bytes.get(),
+            meta["param_bytes"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            p.state.quantized_bytes.get(),
+            field("quantized_weight_bytes"),
+            "{name}"
+        );
+        let offsets = if name.contains("nf4") { 4 * 14 } else { 0 };
+        assert_eq!(
+            p.state.quant_state_bytes.get() + offsets,
+            field("quant_state_bytes"),
+            "{name}"
+        );
+        assert_eq!(p.run_kind, RunKind::Inference, "{name}");
+        let g = p.generation.as_ref().unwrap();
+        assert_eq!(
+            g.bytes_per_token.map(Bytes::get),
+            meta["generate"]["kv_cache_bytes_per_token"].as_u64(),
+            "{name}"
+        );
+        // nothing of the CPU re-layout (its [N, K/2] weights, its bf16
+        // absmax) reaches the schedule
+        let n = p
+            .orchestrated
+            .facts
+            .rule_counts
+            .iter()
+            .find(|r| r.rule == memcast::orchestrator::RuleId::BnbCudaKernels)
+            .map_or(0, |r| r.blocks);
+        assert!(n > 0, "{name}");
+    }
+}

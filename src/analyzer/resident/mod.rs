@@ -320,6 +320,9 @@ pub(crate) struct Inputs<'a> {
     pub names: &'a Names,
     pub parameters: &'a [Parameter],
     pub optimizer: &'a OptimizerFacts,
+    /// Per op span: run inside bitsandbytes' CPU re-layout of a 4-bit
+    /// weight (empty when the trace has none).
+    pub cpu_packing: &'a [bool],
 }
 
 /// Finds the resident state (see the module docs) and marks the blocks that
@@ -383,6 +386,11 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
         if (nested && quant_args.is_empty()) || span.backward || in_pass(span.start) {
             continue;
         }
+        // The CPU re-layout of a 4-bit weight reads the old layout to make
+        // the new one; only its reads of quantisation state are the model's.
+        if quant_args.is_empty() && input.cpu_packing.get(idx) == Some(&true) {
+            continue;
+        }
         let (iteration, phase) = locate(input.iterations, span.start);
         if matches!(
             phase,
@@ -440,7 +448,9 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
             if a.dtype.is_some() && dtype.is_none() {
                 continue; // a dtype of unknown size
             }
-            if nested && !quant_args.contains(&a.position) {
+            if (nested && !quant_args.contains(&a.position))
+                || super::quantized::cpu_layout_args(names.get(span.name)).contains(&a.position)
+            {
                 continue;
             }
             args.push(Arg {
@@ -715,7 +725,7 @@ fn engine_blocks(
         .map(|b| {
             let ignored = matches!(
                 b.role,
-                BlockRole::Gradient { .. } | BlockRole::OptimizerState
+                BlockRole::Gradient { .. } | BlockRole::OptimizerState | BlockRole::CpuRepack
             ) || matches!(b.alloc_phase, Phase::Backward | Phase::OptimizerStep)
                 || in_pass(b.alloc_ts);
             let construction = has_module_frames

@@ -15,6 +15,13 @@
 //! | `int8_vectorwise_quant` | the float16 `|A|` `[M, K]` and the bool outlier mask `[M, K]` |
 //! | `dequantize_4bit`, `dequantize_blockwise` | none |
 //! | `gemm_4bit` with M ≤ 4 rows (float32: M < 8) | none: the fused 4-bit kernel, no dequantized weight |
+//! | `gemv_4bit` on the CPU's re-laid-out weight | what `gemm_4bit` makes on the weight as loaded: as above, or the fallback's float32 absmax (two, with double quantisation) and the dequantized `[N, K]` weight in the input's dtype |
+//!
+//! On a CPU with AVX512-BF16, the first eval-mode call of a 4-bit layer
+//! without grad re-lays its weight out for the CPU kernel
+//! (`_convert_weight_packed_for_cpu`); the analyzer marks what that
+//! allocates (`BlockRole::CpuRepack`), and this rule drops it: CUDA keeps
+//! the weight and its quantisation state as loaded.
 //!
 //! So a block allocated and freed inside one of these calls is dropped and
 //! the CUDA temporaries are added for the call's duration; the outputs (the
@@ -31,16 +38,26 @@ use std::collections::BTreeMap;
 use super::autocast::{AddedBlock, Plan};
 use super::RuleId;
 use crate::analyzer::quantized::{QuantKernel, QuantOp};
-use crate::analyzer::Analysis;
+use crate::analyzer::{Analysis, BlockRole};
 use crate::units::Bytes;
 
 /// What a kernel call allocates on CUDA besides its outputs, when that
 /// differs from the trace; `None` when the trace's allocations stand.
-fn cuda_temporaries(k: &QuantKernel) -> Option<Vec<u64>> {
+fn cuda_temporaries(k: &QuantKernel, nested: bool) -> Option<Vec<u64>> {
+    // `_gemm_4bit_use_custom_cuda`: the fused kernel for every GPU
+    let fused = k.m > 0 && (k.m <= 4 || (k.input_elem == 4 && k.m < 8));
     match k.kind {
-        QuantOp::Gemm4bit => {
-            let fused = k.m > 0 && (k.m <= 4 || (k.input_elem == 4 && k.m < 8));
-            fused.then(Vec::new)
+        QuantOp::Gemm4bit => fused.then(Vec::new),
+        QuantOp::Gemv4bitCpuPacked if fused => Some(Vec::new()),
+        QuantOp::Gemv4bitCpuPacked => {
+            // `_dequant_linear_fallback`: the absmax dequantized (and the
+            // offset added) in float32, then the whole weight in A's dtype
+            let absmax = if nested {
+                vec![k.absmax_blocks * 4; 2]
+            } else {
+                Vec::new()
+            };
+            Some([absmax, vec![k.n * k.k * k.input_elem]].concat())
         }
         QuantOp::Dequantize4bit | QuantOp::DequantizeBlockwise => Some(Vec::new()),
         QuantOp::Int8VectorwiseQuant => Some(vec![k.m * k.k * 2, k.m * k.k]),
@@ -59,21 +76,24 @@ pub(super) fn apply(analysis: &Analysis, plan: &mut Plan) {
     if analysis.devices.recorded_on_cuda || analysis.quant_kernels.is_empty() {
         return;
     }
+    // The trace's 4-bit state is double-quantized when it dequantizes an
+    // 8-bit absmax (the CPU re-layout does it once per layer).
+    let nested = analysis
+        .quant_kernels
+        .iter()
+        .any(|k| k.kind == QuantOp::DequantizeBlockwise);
     let mut replaced: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
     for k in &analysis.quant_kernels {
-        if let Some(temps) = cuda_temporaries(k) {
+        if let Some(temps) = cuda_temporaries(k, nested) {
             replaced.insert(k.op, temps);
         }
-    }
-    if replaced.is_empty() {
-        return;
     }
     let inside_replaced = |op: usize| {
         std::iter::successors(Some(op), |&i| analysis.ops.get(i).and_then(|o| o.parent))
             .any(|i| replaced.contains_key(&i))
     };
     for block in &analysis.blocks {
-        if block.internal_to.is_some_and(inside_replaced) {
+        if block.role == BlockRole::CpuRepack || block.internal_to.is_some_and(inside_replaced) {
             plan.dropped
                 .entry(block.id)
                 .or_insert(RuleId::BnbCudaKernels);

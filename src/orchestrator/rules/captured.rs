@@ -27,6 +27,8 @@ pub(super) fn category_of(block: &Block) -> Category {
         BlockRole::Buffer => Category::Buffer,
         BlockRole::Bucket => Category::Bucket,
         BlockRole::KvCache => Category::KvCache,
+        // dropped by `bnb_cuda_kernels`
+        BlockRole::CpuRepack => Category::Temporary,
         BlockRole::Other => {
             let step_temporary = block.alloc_phase == analyzer::Phase::OptimizerStep
                 && block.free_phase == Some(analyzer::Phase::OptimizerStep)
