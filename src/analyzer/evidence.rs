@@ -733,7 +733,7 @@ pub(crate) fn assemble(
         bytes: found.parameters.iter().map(|p| p.bytes).sum(),
     };
     Analysis {
-        origin: origin_of_trace(trace),
+        origin: super::origin_of(trace),
         names: names.into_names(),
         events: life.events,
         blocks: life.blocks,
@@ -757,11 +757,8 @@ pub(crate) fn assemble(
         state: super::resident::ModelState::default(),
         generation: None,
         quant_kernels: Vec::new(),
+        moe: None,
     }
-}
-
-fn origin_of_trace(trace: &Trace) -> Nanos {
-    super::origin_of(trace)
 }
 
 #[cfg(test)]

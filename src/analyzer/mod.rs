@@ -39,6 +39,7 @@ mod evidence;
 pub mod generation;
 mod leaves;
 mod lifecycle;
+pub mod moe;
 mod phases;
 pub mod quantized;
 mod recipes;
@@ -458,6 +459,9 @@ pub struct Analysis {
     /// The bitsandbytes kernel calls of a quantized model ([`quantized`]).
     #[serde(default)]
     pub quant_kernels: Vec<quantized::QuantKernel>,
+    /// A mixture-of-experts model's layers, experts and routing ([`moe`]).
+    #[serde(default)]
+    pub moe: Option<moe::Moe>,
 }
 
 /// The batch size of a trace as its data loader made it: the number of
@@ -586,6 +590,11 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     let generation = generation::find(trace, &mut life, &index, &iterations, &names);
     let regions = autocast::find_regions(&index, &names, &trace.tensor_args);
     let quant_kernels = quantized::kernels(trace, &index, &names);
+    let mut moe = moe::find(trace, &index, &names, &life);
+    if let Some(m) = moe.as_mut() {
+        moe::set_expert_bytes(m, &state, &names);
+        warnings.push(moe::routing_warning(m));
+    }
     let op_inputs = if regions.is_empty() && !config.keep_op_inputs {
         Vec::new()
     } else {
@@ -598,6 +607,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     analysis.state = state;
     analysis.generation = generation;
     analysis.quant_kernels = quant_kernels;
+    analysis.moe = moe;
     Ok(Warned {
         value: analysis,
         warnings,

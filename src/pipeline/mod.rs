@@ -150,6 +150,8 @@ pub struct Prepared {
     /// A `generate()` run: its calls and KV cache.
     #[serde(default)]
     pub generation: Option<analyzer::generation::Generation>,
+    /// A mixture-of-experts model: its experts and the traced routing.
+    pub moe: Option<analyzer::moe::Moe>,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -291,6 +293,7 @@ fn prepare_trace(
         scaled,
         traced: crate::scale::Traced::default(),
         generation: analysis.generation.clone(),
+        moe: analysis.moe.clone(),
     })
 }
 

@@ -161,6 +161,7 @@ impl<'c> Runs<'c> {
             scaled: prepared.scaled.clone(),
             traced: prepared.traced.clone(),
             generation: prepared.generation.clone(),
+            moe: prepared.moe.clone(),
         };
         ReportInput {
             schedule,

@@ -101,6 +101,11 @@ pub struct RunSummary {
     /// first generation and its bytes per token; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<crate::analyzer::generation::Generation>,
+    /// A mixture-of-experts model: experts per layer, each expert's
+    /// weights, the traced routing and what the worst routing could add;
+    /// absent for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<crate::analyzer::moe::Moe>,
 }
 
 /// When and where the peak happens.

@@ -201,6 +201,16 @@ pub(super) fn Results(
                         format!(", of which {} quantized, plus {} quantisation state", short(report.summary.quantized_parameter_bytes), exact(report.summary.quant_state_bytes))
                     },
                     short(report.summary.buffer_bytes))}</dd>
+                {report.summary.moe.clone().map(|m| view! {
+                    <dt>"Experts"</dt><dd id="moe-facts">{format!("{} layers of {} experts ({}){}, {} of weights per expert per layer; rows per expert in the first layer: {}; {}",
+                        m.layers, m.experts, m.implementation,
+                        m.top_k.map(|k| format!(", top-{k}")).unwrap_or_default(),
+                        short(m.expert_parameter_bytes),
+                        m.routing.first().map(|r| r.tokens_per_expert.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")).unwrap_or_default(),
+                        if m.routing_invariant { "memory does not depend on the routing".to_owned() } else {
+                            format!("the worst routing could add up to {}", short(m.worst_routing_extra_bytes))
+                        })}</dd>
+                })}
                 {report.summary.generation.clone().map(|g| view! {
                     <dt>"Generation"</dt><dd id="generation-facts">{format!("{} calls of the model (prefill + decode steps), {} KV cache: {} at the end{}; live peak {} in the prefill, {} in the decode steps",
                         g.calls, g.cache, short(g.kv_bytes_at_end),

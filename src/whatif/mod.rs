@@ -165,6 +165,7 @@ pub fn estimate_schedule(
         scaled: prepared.scaled.clone(),
         traced: prepared.traced.clone(),
         generation: prepared.generation.clone(),
+        moe: prepared.moe.clone(),
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }

@@ -352,3 +352,80 @@ fn quantized_generation_traced_on_an_avx512_bf16_cpu() {
         assert!(n > 0, "{name}");
     }
 }
+
+/// Mixture of experts: the experts modules, their count, top-k and each
+/// expert's weights as the sidecar says; the traced routing (each layer's
+/// rows per expert sum to tokens × top-k); `grouped_mm` (transformers'
+/// default) allocates nothing by one expert's share, so the bound is the
+/// estimate; with `--layers 4` there are 4 MoE layers of 8 experts. The
+/// eager loop (one expert after another) is routing-dependent: a bound
+/// above the traced routing, and its stacked weights counted once though
+/// every expert indexes them.
+#[test]
+fn mixture_of_experts_names_its_experts_and_bounds_the_routing() {
+    let meta = meta_of("mixtral_train");
+    let facts = &meta["moe"];
+    for name in ["mixtral_train", "mixtral_gen8"] {
+        let report = estimate(name, None).unwrap();
+        let m = report
+            .summary
+            .moe
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(m.implementation, "grouped_mm");
+        assert_eq!(u64::from(m.experts), facts["num_experts"].as_u64().unwrap());
+        assert_eq!(u64::from(m.layers), facts["moe_layers"].as_u64().unwrap());
+        assert_eq!(
+            u64::from(m.top_k.unwrap()),
+            facts["top_k"].as_u64().unwrap()
+        );
+        assert_eq!(
+            m.expert_parameter_bytes.get(),
+            facts["param_bytes_per_expert_per_layer"].as_u64().unwrap()
+        );
+        for r in &m.routing {
+            assert_eq!(
+                r.tokens_per_expert.iter().sum::<u64>(),
+                r.tokens.unwrap() * u64::from(m.top_k.unwrap()),
+                "{name} {}",
+                r.layer
+            );
+        }
+        assert!(m.routing_invariant);
+        assert!(report.warnings.iter().any(|w| w.code == "moe_routing"));
+    }
+    let bytes = common::read_shared("fixtures/traces-llm/mixtral_train.json.gz");
+    let settings = memcast::Settings {
+        layers: Some(4),
+        ..memcast::Settings::default()
+    };
+    let deeper = memcast::run(&bytes, &settings.config().unwrap(), &mut |_| {})
+        .unwrap()
+        .value;
+    let m = deeper.summary.moe.unwrap();
+    assert_eq!((m.layers, m.experts, m.routing.len()), (4, 8, 4));
+
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/traces-llm/mixtral_eager_train.json.gz");
+    let bytes = std::fs::read(path).unwrap();
+    let report = memcast::run(&bytes, &Config::standard(), &mut |_| {})
+        .unwrap()
+        .value;
+    assert_eq!(report.summary.parameter_bytes.get(), facts_total(&meta));
+    let m = report.summary.moe.unwrap();
+    assert_eq!(m.implementation, "eager");
+    assert!(!m.routing_invariant);
+    assert!(m.worst_routing_extra_bytes.get() > 0);
+    for r in &m.routing {
+        assert_eq!(
+            r.tokens_per_expert.iter().sum::<u64>(),
+            32 * 2,
+            "{}",
+            r.layer
+        );
+    }
+}
+
+fn facts_total(meta: &serde_json::Value) -> u64 {
+    meta["moe"]["param_bytes_total"].as_u64().unwrap()
+}

@@ -319,6 +319,11 @@ pub fn pre_trace_reads(
     // kernels of one layer call hand the same state down to each other.
     let mut quant_seen: std::collections::HashSet<(CallKey, Vec<i64>, Option<u32>)> =
         std::collections::HashSet::new();
+    // The first read, per call, of a stacked weight indexed by `select`
+    // (an eager mixture-of-experts loop's `w[e]`, each expert's slice of
+    // one `[experts, out, in]` parameter): the call's later selects of that
+    // signature read the same tensor.
+    let mut stacked: HashMap<(CallKey, Vec<i64>, Option<u32>), usize> = HashMap::new();
     for op in ops {
         live.advance(op.start);
         let call = op.call.and_then(|c| calls.get(c));
@@ -398,6 +403,16 @@ pub fn pre_trace_reads(
                     iteration: op.iteration,
                     time: op.start,
                 });
+                continue;
+            }
+            let stacked_key = (op.name == "aten::select"
+                && a.pos == 0
+                && a.list.is_none()
+                && layout.dims.len() >= 3)
+                .then(|| (call_key, layout.dims.clone(), dtype));
+            if let Some(&first) = stacked_key.as_ref().and_then(|k| stacked.get(k)) {
+                arg0_state = reads.get(first).map(|r| r.state);
+                arg0_read = Some(first);
                 continue;
             }
             let hit = derived
@@ -490,6 +505,9 @@ pub fn pre_trace_reads(
                 iteration: op.iteration,
                 time: op.start,
             });
+            if let Some(key) = stacked_key {
+                stacked.insert(key, reads.len() - 1);
+            }
         }
         for r in reads.get_mut(first_read..).unwrap_or_default() {
             r.co_operand = r.kind != ReadKind::QuantState

@@ -162,6 +162,35 @@ fn print_table(out: &mut String, report: &Report) {
     if !b.quant_state.is_zero() {
         row(out, "quantisation state", b.quant_state);
     }
+    if let Some(m) = &report.summary.moe {
+        let _ = writeln!(
+            out,
+            "mixture of experts ({}): {} layers of {} experts{}, {} B of weights per expert per layer; {}",
+            m.implementation,
+            m.layers,
+            m.experts,
+            m.top_k.map(|k| format!(", top-{k}")).unwrap_or_default(),
+            m.expert_parameter_bytes.get(),
+            if m.routing_invariant {
+                "memory does not depend on the routing".to_owned()
+            } else {
+                format!(
+                    "the worst routing could add up to {} B",
+                    m.worst_routing_extra_bytes.get()
+                )
+            }
+        );
+        for r in &m.routing {
+            let rows: Vec<String> = r.tokens_per_expert.iter().map(u64::to_string).collect();
+            let _ = writeln!(
+                out,
+                "  {}: {} tokens, rows per expert [{}]",
+                r.layer,
+                r.tokens.map_or_else(|| "?".to_owned(), |t| t.to_string()),
+                rows.join(", ")
+            );
+        }
+    }
     if let Some(g) = &report.summary.generation {
         let per_token = g
             .bytes_per_token

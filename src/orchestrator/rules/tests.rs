@@ -119,6 +119,7 @@ impl Loop {
                 },
                 generation: None,
                 quant_kernels: Vec::new(),
+                moe: None,
             },
             next_event: 0,
         }
@@ -1100,6 +1101,7 @@ fn bnb_cuda_kernels_replace_the_cpu_backends_temporaries() {
         k,
         n,
         input_elem: 4,
+        absmax_blocks: 0,
     };
     a.quant_kernels = vec![
         kernel(matmul, QuantOp::Int8LinearMatmul, 10, 20, 30),
