@@ -220,6 +220,8 @@ pub enum ScaleError {
     ZeroTokens,
     #[error("{0} new tokens is more than memcast rebuilds (at most 65536): give fewer")]
     TooManyTokens(u32),
+    #[error("the trace is a generate() run with a {traced}-token prompt, and another prompt length was asked for ({asked}): its decode steps' KV cache holds the prompt plus one position a step, which rebuilding at another length would scale with the prompt and overstate; trace the prompt length to estimate (the number of new tokens can still be raised)")]
+    GenerationLength { traced: u32, asked: u32 },
     #[error("several traces were given, which estimate their job at another sequence length: set the sequence length to estimate")]
     SeveralWithoutLength,
 }
@@ -253,6 +255,15 @@ pub fn scale_many(
     let Some((first, rest)) = traces.split_first() else {
         return Err(ScaleError::SeveralWithoutLength);
     };
+    if let Some(asked) = target.seq_len {
+        let traced = length::traced_length(first);
+        if traced.is_some_and(|t| t != asked) && tokens::is_generation(first) {
+            return Err(ScaleError::GenerationLength {
+                traced: traced.unwrap_or(0),
+                asked,
+            });
+        }
+    }
     let lengthened = match target.seq_len {
         Some(len) if rest.is_empty() => {
             let (trace, f) = length::lengthen(first, len, &mut warnings)?;

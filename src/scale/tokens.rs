@@ -532,6 +532,18 @@ fn empty_event() -> MemoryEvent {
     }
 }
 
+/// Whether the trace is a `generate()` run: three or more calls of the
+/// outermost module per profiled iteration and no backward pass (several
+/// forward calls with one are micro-batches).
+pub(super) fn is_generation(trace: &Trace) -> bool {
+    let backward = trace.ops.iter().any(|o| {
+        trace
+            .name(o.name)
+            .starts_with("autograd::engine::evaluate_function")
+    });
+    !backward && generations(trace).is_ok()
+}
+
 /// The generations of the trace: per profiled iteration, the outermost
 /// module's calls (at least three), as (last call, call before) and the
 /// number of calls; all of one length.

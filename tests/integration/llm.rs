@@ -212,6 +212,18 @@ fn new_tokens_refuse_what_is_not_a_longer_generation() {
         .unwrap_err()
         .to_string();
     assert!(zero.contains("at least 1"), "{zero}");
+    // Another prompt length: the decode steps' cache is prompt + k
+    // positions, not proportional to the prompt (rebuilt, a 2x prompt gave
+    // 19 % more KV cache per token than the model holds).
+    let bytes = common::read_shared("fixtures/traces-llm/llama_gen16_dynamic.json.gz");
+    let settings = memcast::Settings {
+        seq_len: Some(64),
+        ..memcast::Settings::default()
+    };
+    let longer = memcast::run(&bytes, &settings.config().unwrap(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(longer.contains("32-token prompt"), "{longer}");
 }
 
 /// The report splits a quantized model's state as the sidecar does
