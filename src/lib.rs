@@ -50,7 +50,7 @@ pub mod web;
 
 pub use diag::{Warned, Warning};
 pub use pipeline::{
-    estimate, estimate_with, prepare, prepare_from, run, run_from, Config, Error, InTurn, Parallel,
-    Prepared, Progress, Settings, SimulationJob, Stage,
+    estimate, estimate_with, prepare, prepare_from, prepare_parsed, run, run_from, Config, Error,
+    InTurn, Parallel, Prepared, Progress, Settings, SimulationJob, Stage,
 };
 pub use units::{Bytes, Nanos};

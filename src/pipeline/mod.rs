@@ -227,22 +227,52 @@ pub fn prepare_many_from(
         warnings.extend(trace.warnings);
         traces.push(trace.value);
     }
+    if traces.len() == 1 && config.scale.is_identity() {
+        return prepare_parsed(&traces, warnings, config, progress);
+    }
     let traced = traces
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
-    let (trace, scaled) = if traces.len() == 1 && config.scale.is_identity() {
-        (
-            traces.pop().unwrap_or_default(),
-            crate::scale::ScaleFacts::default(),
-        )
-    } else {
-        let scaled = crate::scale::scale_many(&traces, &config.scale)?;
-        warnings.extend(scaled.warnings);
-        scaled.value
-    };
+    let scaled = crate::scale::scale_many(&traces, &config.scale)?;
+    warnings.extend(scaled.warnings);
+    // The traces read can go before the rebuilt one is analyzed (the
+    // browser holds both otherwise).
     drop(traces);
-    let mut prepared = prepare_trace(&trace, scaled, warnings, config, progress)?;
+    let (trace, facts) = scaled.value;
+    let mut prepared = prepare_trace(&trace, facts, warnings, config, progress)?;
+    prepared.traced = traced;
+    Ok(prepared)
+}
+
+/// Like [`prepare_many_from`] for traces already parsed (with the parser's
+/// warnings): what a what-if that estimates one job at several targets
+/// calls, reading its traces once.
+pub fn prepare_parsed(
+    traces: &[trace::Trace],
+    mut warnings: Vec<Warning>,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Prepared, Error> {
+    let traced = traces
+        .first()
+        .map(crate::scale::inspect)
+        .unwrap_or_default();
+    let mut prepared = match traces {
+        [one] if config.scale.is_identity() => prepare_trace(
+            one,
+            crate::scale::ScaleFacts::default(),
+            warnings,
+            config,
+            progress,
+        )?,
+        _ => {
+            let scaled = crate::scale::scale_many(traces, &config.scale)?;
+            warnings.extend(scaled.warnings);
+            let (trace, facts) = scaled.value;
+            prepare_trace(&trace, facts, warnings, config, progress)?
+        }
+    };
     prepared.traced = traced;
     Ok(prepared)
 }

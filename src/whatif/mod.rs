@@ -35,6 +35,7 @@
 
 pub mod alloc_settings;
 pub mod batch;
+pub mod context;
 pub mod distributed;
 pub mod planned;
 pub mod precision;

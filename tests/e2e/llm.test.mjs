@@ -66,3 +66,30 @@ test("a generate trace dropped: the KV cache and its bytes per token are shown, 
   await other.close();
   assert.deepEqual(problems, [], "the page threw");
 });
+
+test("a QLoRA trace shows its quantisation state and a mixture of experts its experts, as the CLI reports them", async () => {
+  const { page, problems } = await openApp(browser, site.url);
+  const qlora = fixture("llama_qlora_nf4.json.gz", "traces-llm");
+  await dropFile(page, qlora);
+  await page.locator("#trace-name", { hasText: path.basename(qlora) }).waitFor({ timeout: 120_000 });
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  const model = await page.textContent("#model-facts");
+  assert.match(model, /quantisation state/, model);
+  assert.match(await page.textContent("#breakdown-table"), /quantisation state/);
+  let shown = await reportJson(page);
+  assert.deepEqual(shown, JSON.parse(cliRun(["estimate", "--json", qlora, ...gpuArgs(shown)])), "the QLoRA report is the CLI's");
+  assert.equal(shown.summary.quant_state_bytes, 214968);
+
+  const moe = fixture("mixtral_train.json.gz", "traces-llm");
+  await dropFile(page, moe);
+  await page.locator("#trace-name", { hasText: path.basename(moe) }).waitFor({ timeout: 120_000 });
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  const experts = await page.textContent("#moe-facts");
+  assert.match(experts, /2 layers of 8 experts \(grouped_mm\), top-2/, experts);
+  assert.match(experts, /does not depend on the routing/, experts);
+  shown = await reportJson(page);
+  assert.deepEqual(shown, JSON.parse(cliRun(["estimate", "--json", moe, ...gpuArgs(shown)])), "the MoE report is the CLI's");
+  await screenshot(page, "llm-moe");
+  await page.close();
+  assert.deepEqual(problems, [], "the page threw");
+});

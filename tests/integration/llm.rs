@@ -441,3 +441,51 @@ fn mixture_of_experts_names_its_experts_and_bounds_the_routing() {
 fn facts_total(meta: &serde_json::Value) -> u64 {
     meta["moe"]["param_bytes_total"].as_u64().unwrap()
 }
+
+/// The longest generation per GPU: each length a full `--new-tokens`
+/// estimate; a limit inside the budget is bisected to the token (the
+/// estimate at it fits and one token more does not), one past the budget
+/// is extrapolated and says so; a trace that does not generate is refused.
+#[test]
+fn the_longest_generation_each_gpu_fits() {
+    use memcast::whatif::context::{longest, Found};
+    let bytes = common::read_shared("fixtures/traces-llm/llama_gen16_dynamic.json.gz");
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    let settings = memcast::Settings {
+        gpus: vec!["533MiB".to_owned(), "a100-80gb".to_owned()],
+        ..memcast::Settings::default()
+    };
+    let config = settings.config().unwrap();
+    let sweep = longest(std::slice::from_ref(&trace), &config, 512).unwrap();
+    assert_eq!(sweep.traced_new_tokens, 16);
+    assert_eq!(sweep.prompt_tokens, Some(32));
+    let small = &sweep.gpus[0];
+    assert_eq!(small.found, Found::Simulated);
+    let max = u32::try_from(small.max_new_tokens.unwrap()).unwrap();
+    assert!(max > 16 && max < 512, "{max}");
+    assert_eq!(small.max_context_tokens, Some(32 + u64::from(max)));
+    for (n, fits) in [(max, true), (max + 1, false)] {
+        let settings = memcast::Settings {
+            gpus: vec!["533MiB".to_owned()],
+            new_tokens: Some(n),
+            ..memcast::Settings::default()
+        };
+        let report = memcast::run(&bytes, &settings.config().unwrap(), &mut |_| {})
+            .unwrap()
+            .value;
+        assert_eq!(report.gpus[0].fits, fits, "{n} new tokens");
+    }
+    let big = &sweep.gpus[1];
+    assert_eq!(big.found, Found::Extrapolated);
+    // at least the KV cache's 8,192 bytes a token more, from the margin
+    assert!(big.max_new_tokens.unwrap() > 512);
+    assert!(big.max_new_tokens.unwrap() < 80 * (1 << 30) / 8192);
+
+    let dense = memcast::trace::parse(&common::read_shared(
+        "fixtures/traces-llm/llama_nograd_fp32.json.gz",
+    ))
+    .unwrap()
+    .value;
+    let err = longest(&[dense], &config, 64).unwrap_err().to_string();
+    assert!(err.contains("no generate() run"), "{err}");
+}

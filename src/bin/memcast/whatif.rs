@@ -48,6 +48,21 @@ pub enum WhatIf {
         #[command(flatten)]
         common: Common,
     },
+    /// The longest generation (prompt + new tokens) each GPU fits, from a
+    /// generate() trace: each length simulated with --new-tokens.
+    Context {
+        /// The trace written by `prof.export_chrome_trace` (`.json` or `.json.gz`).
+        trace: PathBuf,
+        #[command(flatten)]
+        settings: SettingsArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// New tokens simulated at most; a GPU that still fits there gets
+        /// its limit extrapolated (and says so).
+        #[arg(long, value_name = "N", default_value_t = memcast::whatif::context::DEFAULT_BUDGET)]
+        budget: u32,
+    },
 }
 
 /// Options every what-if takes.
@@ -147,6 +162,28 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
                 &config,
                 WhatIfResult::Distributed(result),
             )?;
+        }
+        WhatIf::Context {
+            trace,
+            settings,
+            json,
+            budget,
+        } => {
+            let config = settings.settings().config()?;
+            let mut source = crate::source::FileSource::open(trace)?;
+            let parsed = memcast::trace::read(&mut source, &mut |_, _| {})
+                .with_context(|| format!("failed to read {trace:?}"))?;
+            let sweep = memcast::whatif::context::longest(&[parsed.value], &config, *budget)
+                .with_context(|| format!("failed to find the longest generation of {trace:?}"))?;
+            if *json {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&sweep).unwrap_or_default()
+                );
+            } else {
+                print_context(&mut out, &sweep);
+            }
         }
         WhatIf::Precision { common } => {
             let (prepared, config) = common.prepare()?;
@@ -436,6 +473,54 @@ fn print_precision(out: &mut String, result: &precision::PrecisionComparison) {
             change.blocks,
             signed_mib(change.bytes),
             change.reason
+        );
+    }
+}
+
+fn print_context(out: &mut String, sweep: &memcast::whatif::context::ContextSweep) {
+    use memcast::whatif::context::Found;
+    let prompt = sweep
+        .prompt_tokens
+        .map_or_else(|| "?".to_owned(), |p| p.to_string());
+    let _ = writeln!(
+        out,
+        "longest generation — a {prompt}-token prompt, {} new tokens traced, up to {} simulated (peaks on {})",
+        sweep.traced_new_tokens, sweep.budget_new_tokens, sweep.reference_gpu
+    );
+    let _ = writeln!(
+        out,
+        "  {:>10} {:>10} {:>12}",
+        "new tokens", "positions", "total MiB"
+    );
+    for p in &sweep.points {
+        let _ = writeln!(
+            out,
+            "  {:>10} {:>10} {:>12}",
+            p.new_tokens,
+            p.positions
+                .map_or_else(|| "-".to_owned(), |x| x.to_string()),
+            mib(p.peak.total_bytes)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>14} {:>14}  how",
+        "gpu", "new tokens", "context"
+    );
+    for g in &sweep.gpus {
+        let num = |x: Option<u64>| x.map_or_else(|| "-".to_owned(), |x| x.to_string());
+        let how = match g.found {
+            Found::Simulated => "simulated",
+            Found::Extrapolated => "extrapolated past the budget",
+            Found::DoesNotFit => "the traced generation does not fit",
+            Found::NoGrowth => "no growth seen: no limit found",
+        };
+        let _ = writeln!(
+            out,
+            "  {:<14} {:>14} {:>14}  {how}",
+            g.preset,
+            num(g.max_new_tokens),
+            num(g.max_context_tokens)
         );
     }
 }
