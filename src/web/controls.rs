@@ -143,6 +143,8 @@ pub(super) fn WhatIfSection(
                 <button id="whatif-alloc" type="button" on:click=move |_| run_whatif(WhatIfKind::Alloc)>"Allocator settings"</button>
                 <button id="whatif-zero-grad" type="button" on:click=move |_| run_whatif(WhatIfKind::ZeroGrad)>"zero_grad placement"</button>
                 <button id="whatif-batch" type="button" on:click=move |_| run_whatif(WhatIfKind::Batch)>"Largest batch"</button>
+                <button id="whatif-context" type="button" title="For a generate() trace: the most new tokens each GPU fits"
+                    on:click=move |_| run_whatif(WhatIfKind::Context { budget: crate::whatif::context::DEFAULT_BUDGET })>"Longest generation"</button>
                 <button id="whatif-plan" type="button" on:click=move |_| run_whatif(WhatIfKind::Plan)>"Planned allocation"</button>
                 <button id="whatif-precision" type="button" on:click=move |_| run_whatif(WhatIfKind::Precision)>"Mixed precision"</button>
                 <span class="distributed">

@@ -319,6 +319,43 @@ fn layout(result: &WhatIfResult) -> Layout {
             )),
             notes: s.notes.clone(),
         },
+        WhatIfResult::Context(s) => {
+            use crate::whatif::context::Found;
+            let num = |x: Option<u64>| x.map_or_else(|| "–".to_owned(), |x| x.to_string());
+            Layout {
+                title: "Longest generation".into(),
+                headline: Some(format!(
+                    "A {}-token prompt, {} new tokens traced; every length up to {} new tokens simulated",
+                    num(s.prompt_tokens),
+                    s.traced_new_tokens,
+                    s.budget_new_tokens
+                )),
+                headers: vec!["GPU", "new tokens", "context (prompt + new)", "how"],
+                rows: s
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let how = match g.found {
+                            Found::Simulated => "simulated",
+                            Found::Extrapolated => "extrapolated past the simulated lengths",
+                            Found::DoesNotFit => "the traced generation does not fit",
+                            Found::NoGrowth => "no growth seen: no limit found",
+                        };
+                        vec![g.preset.clone(), num(g.max_new_tokens), num(g.max_context_tokens), how.to_owned()]
+                    })
+                    .collect(),
+                bars: s
+                    .points
+                    .iter()
+                    .map(|p| (format!("{} new tokens", p.new_tokens), p.peak.total_bytes, false))
+                    .collect(),
+                batch: None,
+                notes: vec![
+                    "Each length is the whole generation simulated: the decode steps copied, the KV cache grown a position a step, every block through the caching allocator.".to_owned(),
+                    "Past the simulated lengths a limit is extrapolated at the steepest of the total's growth, the live bytes' growth and the KV cache's bytes per token; growing caches fragment more at longer lengths, so it can be optimistic.".to_owned(),
+                ],
+            }
+        }
     }
 }
 

@@ -49,8 +49,9 @@ const HASHER_NAME: &str = "memcast-hasher";
 const HASHER_READY: &str = "hasher-ready";
 
 thread_local! {
-    /// The last trace prepared, with its identity.
-    static PREPARED: RefCell<Option<(TraceIdentity, Prepared)>> = const { RefCell::new(None) };
+    /// The last trace prepared, with its identity and its files (the
+    /// longest-generation what-if reads them again; a blob is a handle).
+    static PREPARED: RefCell<Option<(TraceIdentity, Prepared, Vec<Blob>)>> = const { RefCell::new(None) };
     /// The hasher, once it has said it is ready (a message sent to a worker
     /// before its handler is installed is lost).
     static HASHER: RefCell<Option<Worker>> = const { RefCell::new(None) };
@@ -240,6 +241,7 @@ fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
         waiting.job,
         identity,
         waiting.prepared,
+        waiting.blobs,
         waiting.result,
         post,
     );
@@ -250,11 +252,12 @@ fn finish(
     job: u32,
     trace: TraceIdentity,
     prepared: Prepared,
+    blobs: Vec<Blob>,
     result: Result<Box<crate::report::Report>, String>,
     post: &dyn Fn(Response),
 ) {
     // The previous trace is replaced only by one that prepared successfully.
-    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared)));
+    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared, blobs)));
     match result {
         Ok(report) => post(Response::Done { job, trace, report }),
         Err(message) => post(Response::Failed { job, message }),
@@ -452,7 +455,17 @@ fn run(
         .map(|source| source.fingerprint.take().map(|f| f.finish("")))
         .collect::<Option<Vec<TraceIdentity>>>();
     match hashed_here {
-        Some(identities) => finish(job, identity_of(identities, names), prepared, result, post),
+        Some(identities) => {
+            let blobs = sources.iter().map(|source| source.blob.clone()).collect();
+            finish(
+                job,
+                identity_of(identities, names),
+                prepared,
+                blobs,
+                result,
+                post,
+            )
+        }
         None => {
             let waiting = Waiting {
                 job,
@@ -469,7 +482,7 @@ fn run(
 fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
     let outcome = PREPARED.with(|slot| {
-        slot.borrow().as_ref().map(|(trace, prepared)| {
+        slot.borrow().as_ref().map(|(trace, prepared, _)| {
             (
                 trace.clone(),
                 pipeline::estimate(prepared, config, &mut progress),
@@ -498,9 +511,16 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
         total: 1,
     });
     let outcome = PREPARED.with(|slot| {
-        slot.borrow()
-            .as_ref()
-            .map(|(_, prepared)| crate::whatif::run(prepared, what, config))
+        slot.borrow().as_ref().map(|(_, prepared, blobs)| {
+            // Only the longest-generation what-if reads the files again.
+            let traces = if matches!(what, crate::whatif::WhatIfKind::Context { .. }) {
+                read_traces(blobs)?
+            } else {
+                Vec::new()
+            };
+            crate::whatif::run_on_traces(prepared, &traces, what, config)
+                .map_err(|err| err.to_string())
+        })
     });
     match outcome {
         None => post(Response::NeedTrace { job }),
@@ -508,9 +528,19 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
             job,
             result: Box::new(result),
         }),
-        Some(Err(err)) => post(Response::Failed {
-            job,
-            message: err.to_string(),
-        }),
+        Some(Err(message)) => post(Response::Failed { job, message }),
     }
+}
+
+/// The files of the prepared job, parsed again.
+fn read_traces(blobs: &[Blob]) -> Result<Vec<crate::trace::Trace>, String> {
+    blobs
+        .iter()
+        .map(|blob| {
+            let mut source = BlobSource::new(blob.clone(), false)?;
+            crate::trace::read(&mut source, &mut |_, _| {})
+                .map(|t| t.value)
+                .map_err(|err| err.to_string())
+        })
+        .collect()
 }

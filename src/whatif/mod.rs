@@ -80,6 +80,8 @@ pub enum WhatIfError {
     AlreadyAutocast,
     #[error("no forward pass of this trace could be run under autocast: none was found (profile with Python stacks so that forward passes are found), or the trace was prepared without the mixed-precision what-if")]
     NoAutocastJob,
+    #[error("the longest-generation what-if estimates the job at other lengths, so it needs the trace itself, not only its prepared estimate: run it with the trace")]
+    NeedsTrace,
 }
 
 impl WhatIfError {
@@ -96,7 +98,8 @@ impl WhatIfError {
             | WhatIfError::Inconsistent(_)
             | WhatIfError::DifferentJobs(_)
             | WhatIfError::AlreadyAutocast
-            | WhatIfError::NoAutocastJob => None,
+            | WhatIfError::NoAutocastJob
+            | WhatIfError::NeedsTrace => None,
         }
     }
 }
@@ -266,6 +269,9 @@ pub enum WhatIfKind {
     Precision,
     /// [`batch::sweep`] from the one prepared trace (the single-trace model).
     Batch,
+    /// [`context::longest`]: the longest generation, simulating at most
+    /// `budget` new tokens (it reads the trace again: [`run_on_traces`]).
+    Context { budget: u32 },
 }
 
 /// The answer to a [`WhatIfKind`].
@@ -278,6 +284,7 @@ pub enum WhatIfResult {
     Distributed(distributed::DistributedComparison),
     Precision(precision::PrecisionComparison),
     Batch(batch::BatchSweep),
+    Context(context::ContextSweep),
 }
 
 impl WhatIfResult {
@@ -291,6 +298,7 @@ impl WhatIfResult {
             WhatIfResult::Distributed(c) => serde_json::to_string_pretty(c),
             WhatIfResult::Precision(c) => serde_json::to_string_pretty(c),
             WhatIfResult::Batch(s) => serde_json::to_string_pretty(s),
+            WhatIfResult::Context(s) => serde_json::to_string_pretty(s),
         };
         json.unwrap_or_default()
     }
@@ -320,5 +328,23 @@ pub fn run(
             let inputs = [batch::BatchInput { batch, prepared }];
             WhatIfResult::Batch(batch::sweep_to_capacity(&inputs, config)?)
         }
+        WhatIfKind::Context { .. } => return Err(WhatIfError::NeedsTrace),
     })
+}
+
+/// Runs one what-if: [`WhatIfKind::Context`] on the job's traces (parsed
+/// again: it estimates the job at other lengths), every other one on the
+/// prepared trace ([`run`]).
+pub fn run_on_traces(
+    prepared: &Prepared,
+    traces: &[crate::trace::Trace],
+    what: WhatIfKind,
+    config: &Config,
+) -> Result<WhatIfResult, WhatIfError> {
+    match what {
+        WhatIfKind::Context { budget } => Ok(WhatIfResult::Context(context::longest(
+            traces, config, budget,
+        )?)),
+        other => run(prepared, other, config),
+    }
 }

@@ -41,6 +41,19 @@ test("a generate trace dropped: the KV cache and its bytes per token are shown, 
   assert.equal(shown.summary.run_kind, "inference");
   await screenshot(page, "llm-generate");
 
+  // The longest generation each GPU fits: the CLI's `whatif context`.
+  await page.click("#whatif-context");
+  await page.locator("#whatif-result h3", { hasText: "Longest generation" }).waitFor({ timeout: 300_000 });
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  assert.match(await page.textContent("#whatif-table"), /extrapolated past the simulated lengths/);
+  if (!(await page.locator("#whatif-json-details").evaluate((d) => d.open))) {
+    await page.click("#whatif-json-details summary");
+  }
+  const sweep = JSON.parse(await page.inputValue("#whatif-json"));
+  assert.deepEqual(sweep, JSON.parse(cliRun(["whatif", "context", "--json", file, ...gpus])), "the CLI's whatif context");
+  assert.equal(sweep.traced_new_tokens, 16);
+  assert.equal(sweep.budget_new_tokens, 1024);
+
   // 64 new tokens from the trace of 16.
   await page.fill("#new-tokens", "64");
   await page.click("#scale-apply");

@@ -51,13 +51,8 @@ pub enum WhatIf {
     /// The longest generation (prompt + new tokens) each GPU fits, from a
     /// generate() trace: each length simulated with --new-tokens.
     Context {
-        /// The trace written by `prof.export_chrome_trace` (`.json` or `.json.gz`).
-        trace: PathBuf,
         #[command(flatten)]
-        settings: SettingsArgs,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        common: Common,
         /// New tokens simulated at most; a GPU that still fits there gets
         /// its limit extrapolated (and says so).
         #[arg(long, value_name = "N", default_value_t = memcast::whatif::context::DEFAULT_BUDGET)]
@@ -114,6 +109,7 @@ impl Common {
                 WhatIfResult::Plan(r) => print_plan(out, r),
                 WhatIfResult::Distributed(r) => print_distributed(out, r),
                 WhatIfResult::Precision(r) => print_precision(out, r),
+                WhatIfResult::Context(r) => print_context(out, r),
                 // `memcast batch` prints its own.
                 WhatIfResult::Batch(_) => {}
             }
@@ -163,27 +159,20 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
                 WhatIfResult::Distributed(result),
             )?;
         }
-        WhatIf::Context {
-            trace,
-            settings,
-            json,
-            budget,
-        } => {
-            let config = settings.settings().config()?;
-            let mut source = crate::source::FileSource::open(trace)?;
+        WhatIf::Context { common, budget } => {
+            let (prepared, config) = common.prepare()?;
+            let mut source = crate::source::FileSource::open(&common.trace)?;
             let parsed = memcast::trace::read(&mut source, &mut |_, _| {})
-                .with_context(|| format!("failed to read {trace:?}"))?;
-            let sweep = memcast::whatif::context::longest(&[parsed.value], &config, *budget)
-                .with_context(|| format!("failed to find the longest generation of {trace:?}"))?;
-            if *json {
-                let _ = writeln!(
-                    out,
-                    "{}",
-                    serde_json::to_string_pretty(&sweep).unwrap_or_default()
-                );
-            } else {
-                print_context(&mut out, &sweep);
-            }
+                .with_context(|| format!("failed to read {:?}", common.trace))?;
+            let what = memcast::whatif::WhatIfKind::Context { budget: *budget };
+            let result = memcast::whatif::run_on_traces(&prepared, &[parsed.value], what, &config)
+                .with_context(|| {
+                    format!(
+                        "failed to find the longest generation of {:?}",
+                        common.trace
+                    )
+                })?;
+            common.print(&mut out, &prepared, &config, result)?;
         }
         WhatIf::Precision { common } => {
             let (prepared, config) = common.prepare()?;
