@@ -28,7 +28,7 @@ use super::lifecycle::Life;
 use super::spans::SpanIndex;
 use super::Names;
 use crate::diag::Warning;
-use crate::trace::Trace;
+use crate::trace::{Dtype, Trace};
 use crate::units::{Bytes, Nanos};
 
 /// The traced routing of one MoE layer (its first call).
@@ -78,23 +78,17 @@ struct ExpertsCall {
 /// Finds the MoE layers (`None` for a dense model).
 pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) -> Option<Moe> {
     let spans = &index.ops.spans;
-    let arg_at = |idx: usize, pos: u16| {
-        let op = index.ops.source_in(idx, &trace.ops)?;
-        trace
-            .tensor_args(op)
-            .iter()
-            .find(|a| a.position == pos && a.list_index.is_none())
-    };
     let dims_at = |idx: usize, pos: u16| -> Option<Vec<i64>> {
-        arg_at(idx, pos).map(|a| trace.numbers(a.dims).to_vec())
+        index
+            .tensor_arg(trace, idx, pos)
+            .map(|a| trace.numbers(a.dims).to_vec())
     };
     let floating_at = |idx: usize, pos: u16| {
-        arg_at(idx, pos).and_then(|a| a.dtype).is_some_and(|d| {
-            matches!(
-                trace.name(d),
-                "float" | "double" | "c10::Half" | "c10::BFloat16"
-            )
-        })
+        index
+            .tensor_arg(trace, idx, pos)
+            .and_then(|a| a.dtype)
+            .and_then(|d| Dtype::from_name(trace.name(d)))
+            .is_some_and(|d| d.size().is_some())
     };
     let concrete_at = |idx: usize, pos: u16| -> Option<i64> {
         let op = index.ops.source_in(idx, &trace.ops)?;

@@ -84,17 +84,8 @@ pub struct QuantKernel {
 /// Every bitsandbytes kernel call of the trace, in op order.
 pub(crate) fn kernels(trace: &Trace, index: &SpanIndex, names: &Names) -> Vec<QuantKernel> {
     let spans = &index.ops.spans;
-    let args_of = |idx: usize| {
-        index
-            .ops
-            .source_in(idx, &trace.ops)
-            .map(|op| trace.tensor_args(op))
-            .unwrap_or_default()
-    };
     let dims_at = |idx: usize, pos: u16| -> Option<(Vec<i64>, u64)> {
-        let a = args_of(idx)
-            .iter()
-            .find(|a| a.position == pos && a.list_index.is_none())?;
+        let a = index.tensor_arg(trace, idx, pos)?;
         let elem = a.dtype.and_then(|d| dtype_size(trace.name(d))).unwrap_or(0);
         Some((trace.numbers(a.dims).to_vec(), elem))
     };

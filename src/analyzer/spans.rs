@@ -176,6 +176,21 @@ pub(crate) struct SpanIndex {
 const MODULE_PREFIX: &str = "nn.Module: ";
 
 impl SpanIndex {
+    /// The tensor argument at `position` (not a list element) of op span
+    /// `op`, as the trace records it.
+    pub fn tensor_arg<'t>(
+        &self,
+        trace: &'t Trace,
+        op: usize,
+        position: u16,
+    ) -> Option<&'t crate::trace::TensorArg> {
+        let source = self.ops.source_in(op, &trace.ops)?;
+        trace
+            .tensor_args(source)
+            .iter()
+            .find(|a| a.position == position && a.list_index.is_none())
+    }
+
     /// Indexes the trace's spans once for every later lookup: ops, Python
     /// frames and annotations per thread sorted by start, the `nn.Module`
     /// frame stack of each op (its layer), forward↔backward links from

@@ -696,14 +696,7 @@ impl<'a> Rebuild<'a> {
         // Python frames: copies get new ids; module frames are renumbered.
         let names = Renumber::new(self.frames, self.stacks, k);
         let mut interner = Interner::new(trace);
-        let py_span = trace
-            .python
-            .iter()
-            .filter_map(|p| p.id)
-            .max()
-            .unwrap_or(0)
-            .max(0)
-            + 1;
+        let py_span = super::names::python_id_stride(trace);
         let copied_ids: BTreeSet<i64> = trace
             .python
             .iter()

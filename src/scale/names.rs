@@ -148,3 +148,16 @@ impl Renumber {
         Some((format!("nn.Module: {class}_{n}"), Some(i64::from(n))))
     }
 }
+
+/// The stride of copied Python frames' ids: copy `c` of frame `id` is
+/// `id + c × stride`, past every id the trace has.
+pub(super) fn python_id_stride(trace: &Trace) -> i64 {
+    trace
+        .python
+        .iter()
+        .filter_map(|p| p.id)
+        .max()
+        .unwrap_or(0)
+        .max(0)
+        + 1
+}

@@ -382,33 +382,22 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
             moved.tensor_list_len = None;
             moved.tensor_args = 0..0;
         }
-        ops.push(moved);
         if let Some(&((a, _), len)) = in_template(s) {
+            // copies of the (shape-less) template op
             for c in 1..=k {
-                let t = s + (c - 1) * len + earlier(a);
                 ops.push(OpEvent {
-                    start: Nanos(t),
+                    start: Nanos(s + (c - 1) * len + earlier(a)),
                     external_id: None,
                     sequence_number: None,
-                    tensors: Span::default(),
-                    concrete: Span::default(),
-                    tensor_list_len: None,
-                    tensor_args: 0..0,
-                    ..o.clone()
+                    ..moved.clone()
                 });
             }
         }
+        ops.push(moved);
     }
     ops.sort_by_key(|o| (o.start, std::cmp::Reverse(o.dur)));
     out.ops = ops;
-    let py_span = trace
-        .python
-        .iter()
-        .filter_map(|p| p.id)
-        .max()
-        .unwrap_or(0)
-        .max(0)
-        + 1;
+    let py_span = super::names::python_id_stride(trace);
     // The ids of the Python frames the templates hold (copied with them).
     let copied_ids: std::collections::HashSet<i64> = trace
         .python

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{PeakFigures, WhatIfError};
+use crate::analyzer::generation::Generation;
 use crate::diag::Warning;
 use crate::pipeline::{estimate, prepare_parsed, Config};
 use crate::report::Report;
@@ -115,13 +116,11 @@ struct Search<'a> {
 }
 
 impl Search<'_> {
-    /// The margins of the generation extended to `n` new tokens.
-    fn margins_at(&mut self, n: u32) -> Result<Vec<i64>, WhatIfError> {
-        if let Some(p) = self.points.get(&n) {
-            return Ok(p.margins.clone());
-        }
+    /// Estimates the generation at `new_tokens` (`None`: as traced),
+    /// records the point and returns the generation it shows.
+    fn record(&mut self, new_tokens: Option<u32>) -> Result<Option<Generation>, WhatIfError> {
         let mut cfg = self.config.clone();
-        cfg.scale.new_tokens = (n != self.traced).then_some(n);
+        cfg.scale.new_tokens = new_tokens;
         let prepared = prepare_parsed(self.traces, Vec::new(), &cfg, &mut |_| {})?;
         let report = estimate(&prepared, &cfg, &mut |_| {})?.value;
         if self.points.is_empty() {
@@ -129,17 +128,32 @@ impl Search<'_> {
             self.presets = report.gpus.iter().map(|g| g.preset.clone()).collect();
             self.warnings = report.warnings.clone();
         }
-        let m = margins(&report);
+        let generation = report.summary.generation.clone();
+        let n = new_tokens
+            .or(generation.as_ref().map(|g| g.calls))
+            .unwrap_or(0);
         self.points.insert(
             n,
             ContextPoint {
                 new_tokens: n,
-                positions: report.summary.generation.as_ref().and_then(|g| g.positions),
+                positions: generation.as_ref().and_then(|g| g.positions),
                 peak: PeakFigures::of(&report),
-                margins: m.clone(),
+                margins: margins(&report),
             },
         );
-        Ok(m)
+        Ok(generation)
+    }
+
+    /// The margins of the generation extended to `n` new tokens.
+    fn margins_at(&mut self, n: u32) -> Result<Vec<i64>, WhatIfError> {
+        if !self.points.contains_key(&n) {
+            self.record((n != self.traced).then_some(n))?;
+        }
+        Ok(self
+            .points
+            .get(&n)
+            .map(|p| p.margins.clone())
+            .unwrap_or_default())
     }
 
     /// GPU `gpu`'s margin at `n` new tokens.
@@ -193,26 +207,25 @@ pub fn longest(
     config: &Config,
     budget: u32,
 ) -> Result<ContextSweep, WhatIfError> {
-    let mut base_config = config.clone();
-    base_config.scale.new_tokens = None;
-    let base = prepare_parsed(traces, Vec::new(), &base_config, &mut |_| {})?;
-    let Some(generation) = base.generation.clone() else {
-        return Err(WhatIfError::Pipeline(
-            crate::scale::ScaleError::NoGeneration.into(),
-        ));
-    };
-    let traced = generation.calls;
-    let kv_per_token = generation.bytes_per_token.map_or(0, |b| b.get());
-    let budget = budget.clamp(traced, crate::scale::MAX_NEW_TOKENS);
     let mut search = Search {
         traces,
         config,
-        traced,
+        traced: 0,
         points: BTreeMap::new(),
         reference_gpu: String::new(),
         presets: Vec::new(),
         warnings: Vec::new(),
     };
+    // The generation as traced: its point, and what it is.
+    let Some(generation) = search.record(None)? else {
+        return Err(WhatIfError::Pipeline(
+            crate::scale::ScaleError::NoGeneration.into(),
+        ));
+    };
+    let traced = generation.calls;
+    search.traced = traced;
+    let kv_per_token = generation.bytes_per_token.map_or(0, |b| b.get());
+    let budget = budget.clamp(traced, crate::scale::MAX_NEW_TOKENS);
     // Doubling while some GPU fits, within the budget.
     let mut n = traced;
     loop {

@@ -75,9 +75,15 @@ pub struct Common {
 }
 
 impl Common {
-    fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
+    /// The settings' config, with the mixed-precision what-if's job prepared too.
+    fn config(&self) -> anyhow::Result<Config> {
         let mut config = self.settings.settings().config()?;
         config.orchestrator.autocast.what_if = true;
+        Ok(config)
+    }
+
+    fn prepare(&self) -> anyhow::Result<(Prepared, Config)> {
+        let config = self.config()?;
         let mut source = crate::source::FileSource::open(&self.trace)?;
         let prepared = memcast::prepare_from(&mut source, &config, &mut |_| {})
             .with_context(|| format!("failed to prepare {:?}", self.trace))?;
@@ -160,12 +166,17 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
             )?;
         }
         WhatIf::Context { common, budget } => {
-            let (prepared, config) = common.prepare()?;
+            // It estimates the job at other lengths: the trace is read once
+            // and kept.
+            let config = common.config()?;
             let mut source = crate::source::FileSource::open(&common.trace)?;
             let parsed = memcast::trace::read(&mut source, &mut |_, _| {})
                 .with_context(|| format!("failed to read {:?}", common.trace))?;
+            let traces = [parsed.value];
+            let prepared = memcast::prepare_parsed(&traces, parsed.warnings, &config, &mut |_| {})
+                .with_context(|| format!("failed to prepare {:?}", common.trace))?;
             let what = memcast::whatif::WhatIfKind::Context { budget: *budget };
-            let result = memcast::whatif::run_on_traces(&prepared, &[parsed.value], what, &config)
+            let result = memcast::whatif::run_on_traces(&prepared, &traces, what, &config)
                 .with_context(|| {
                     format!(
                         "failed to find the longest generation of {:?}",
