@@ -373,7 +373,8 @@ pub struct Trace {
     /// The ops' tensor arguments and concrete values.
     #[serde(default)]
     pub op_args: OpArgs,
-    /// Number of GPU-side events (`kernel`, `gpu_memcpy`, `cuda_runtime`, ...).
+    /// Number of device-side GPU events (`kernel`, `gpu_memcpy`, `gpu_memset`,
+    /// `gpu_user_annotation`); the host's CUDA API calls are not counted.
     pub n_gpu_events: usize,
     /// Number of entries in `traceEvents`, kept or not.
     pub n_events: usize,
@@ -412,12 +413,14 @@ impl Trace {
         self.op_args.slice(span)
     }
 
-    /// Whether the trace was recorded with GPU activity (CUDA or ROCm): GPU
-    /// memory events, GPU-side events or GPU device properties.
+    /// Whether the job ran on a GPU (CUDA or ROCm): GPU memory events or
+    /// GPU-side events (kernels, copies). The header's `deviceProperties`
+    /// alone is not evidence: the profiler lists every GPU the machine has,
+    /// also for a job that ran on the CPU with `activities=[CPU]` (seen on
+    /// an H200 machine with torch 2.11: 3,728 CPU [memory] events, none on
+    /// the GPU).
     pub fn recorded_on_cuda(&self) -> bool {
-        self.n_gpu_events > 0
-            || self.header.n_gpu_devices > 0
-            || self.memory.iter().any(|m| m.device.is_gpu())
+        self.n_gpu_events > 0 || self.memory.iter().any(|m| m.device.is_gpu())
     }
 }
 

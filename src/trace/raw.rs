@@ -57,13 +57,10 @@ pub(super) fn classify_cat(cat: &[u8]) -> Cat {
         b"python_function" => Cat::PythonFunction,
         b"user_annotation" => Cat::UserAnnotation,
         b"fwdbwd" => Cat::FwdBwd,
-        b"kernel"
-        | b"gpu_memcpy"
-        | b"gpu_memset"
-        | b"cuda_runtime"
-        | b"cuda_driver"
-        | b"gpu_user_annotation"
-        | b"ac2g" => Cat::Gpu,
+        // Device-side events only. `cuda_runtime` / `cuda_driver` calls and
+        // their `ac2g` flows are the host's: a job that ran on the CPU still
+        // records `cudaGetDeviceCount` on a machine with a GPU.
+        b"kernel" | b"gpu_memcpy" | b"gpu_memset" | b"gpu_user_annotation" => Cat::Gpu,
         _ => Cat::Other,
     }
 }

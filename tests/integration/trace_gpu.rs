@@ -101,3 +101,20 @@ fn ground_truth_gpu_traces_are_read_and_recognised() {
     }
     assert!(n_analyzed >= 10);
 }
+
+/// A job run on the CPU, profiled with `activities=[CPU]` on a machine that has
+/// a GPU (an H200, torch 2.11): the header lists the GPU under
+/// `deviceProperties` and the host called `cudaGetDeviceCount` (a
+/// `cuda_runtime` event with its `ac2g` flow), but every `[memory]` event is
+/// the CPU's and no kernel ran. It is a CPU trace, to be estimated as one.
+#[test]
+fn a_cpu_run_on_a_machine_with_a_gpu_is_a_cpu_trace() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/gpu-h200/llama-small_adamw_ckpt_L2.json.gz");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let t = trace::parse(&bytes).unwrap().value;
+    assert_eq!(t.header.n_gpu_devices, 1, "the header lists the H200");
+    assert!(t.memory.iter().all(|m| m.device == Device::Cpu));
+    assert_eq!(t.n_gpu_events, 0, "host CUDA calls are not GPU events");
+    assert!(!t.recorded_on_cuda());
+}
