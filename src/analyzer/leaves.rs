@@ -18,6 +18,12 @@
 //! optimizer step of its iteration has ended belonged to a leaf the optimizer
 //! does not hold: that leaf is no parameter, and its gradient is an
 //! activation's.
+//!
+//! Reentrant checkpointing makes such leaves too, but their gradient never
+//! shows as a block that outlives backward, so the rule above cannot see
+//! them: the inputs `CheckpointFunction.backward` detaches to recompute its
+//! block ([`crate::trace::reentrant_checkpoint_inputs`]). Their
+//! `AccumulateGrad` calls are dropped the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -69,16 +75,20 @@ fn step_end_after(it: &Iteration, t: Nanos) -> Option<Nanos> {
 }
 
 /// Finds the leaves among the `n_params` parameters of the first backward
-/// pass ([`not_parameters`]) and drops them ([`drop_parameters`]), with a
-/// warning that says how many and their bytes. Returns each old index's new
-/// one (`None` for a leaf).
+/// pass — those whose gradient dies before the step ([`not_parameters`]) and
+/// a reentrant checkpoint's detached inputs (`checkpoint_inputs`, from
+/// [`crate::trace::reentrant_checkpoint_inputs`]) — and drops them ([`drop_parameters`]),
+/// with a warning for each kind. Returns each old index's new one (`None`
+/// for a leaf).
 pub(super) fn drop_leaves(
     life: &mut Life,
     iterations: &[Iteration],
     n_params: usize,
+    checkpoint_inputs: BTreeSet<usize>,
     warnings: &mut Vec<Warning>,
 ) -> Vec<Option<usize>> {
-    let leaves = not_parameters(life, iterations);
+    let mut leaves = not_parameters(life, iterations);
+    leaves.retain(|p| !checkpoint_inputs.contains(p));
     if !leaves.is_empty() {
         // Each leaf's size: its largest gradient block.
         let mut sizes: BTreeMap<usize, u64> = BTreeMap::new();
@@ -96,6 +106,13 @@ pub(super) fn drop_leaves(
             format!("{} tensor(s) of {bytes} bytes got a gradient in backward that died before the optimizer step, so they are leaves the forward made (an input set to require grad, as the Hugging Face Trainer does for frozen input embeddings under gradient checkpointing), not parameters: their gradients are counted as activations, and they get no optimizer state", leaves.len()),
         ));
     }
+    if !checkpoint_inputs.is_empty() {
+        warnings.push(Warning::new(
+            "reentrant_checkpoint_inputs",
+            format!("{} tensor(s) got a gradient inside a reentrant checkpoint's backward as the inputs it detached to recompute its block (torch.utils.checkpoint with use_reentrant=True): they are the blocks' input activations, not parameters, and get no optimizer state", checkpoint_inputs.len()),
+        ));
+    }
+    leaves.extend(checkpoint_inputs);
     drop_parameters(life, &leaves, n_params)
 }
 

@@ -47,6 +47,7 @@ pub(crate) use phases::locate;
 pub mod resident;
 mod spans;
 mod summary;
+mod zero_grad;
 
 pub use autocast::{AutocastRegion, GradMode};
 pub use summary::{
@@ -569,8 +570,8 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     let mut iterations = iterations;
     evidence::attribute(&mut life, &index, &iterations, config, &names);
     let found = evidence::evidence(trace, &mut life, &index, &iterations, &names, &mut warnings);
-    evidence::infer_zero_grad(&mut life, &mut iterations, &mut warnings);
-    let found = evidence::finish(found, &mut life, &index, &iterations, &names);
+    zero_grad::infer_zero_grad(&mut life, &mut iterations, &mut warnings);
+    let found = zero_grad::finish(found, &mut life, &index, &iterations, &names);
     let recipe = recipes::find(trace, &index, &iterations, &names, &mut warnings);
     let cpu_packing = quantized::mark_cpu_packing(&mut life, &index, &names);
     let state = resident::find(

@@ -211,12 +211,11 @@ fn stack_parts(
         starts.get(i).map_or(end, |&next| (next - 1).max(end))
     };
     let calls = |k: u32| -> Vec<Seg> {
-        let mut v: Vec<Seg> = frames
-            .iter()
-            .filter(|f| f.class == stack.class && f.k == k)
-            .map(|f| Seg {
-                start: f.start,
-                end: reach(f.end),
+        let mut v: Vec<Seg> = frames::block_calls(trace, frames, &stack.class, k)
+            .into_iter()
+            .map(|(start, end)| Seg {
+                start,
+                end: reach(end),
             })
             .collect();
         v.sort_by_key(|s| (s.start, s.end));

@@ -22,10 +22,19 @@ pub(crate) struct ModuleFrame {
     pub python: usize,
     pub class: String,
     pub k: u32,
+    pub tid: i64,
     pub start: i64,
     pub end: i64,
     /// The module frames around it, innermost first, as (class, k).
     pub ancestors: Vec<(String, u32)>,
+    /// A call made while an autograd node runs: activation checkpointing
+    /// recomputing the block's forward inside backward (the reentrant
+    /// `CheckpointFunctionBackward`, or a non-reentrant checkpoint's
+    /// saved-tensor unpack hook). It is part of that backward, not another
+    /// call of the block: it neither makes a stack nor counts as a call.
+    /// (torch 2.11 records module frames for these calls, with no module
+    /// around them; torch 2.15 records none.)
+    pub recomputed: bool,
 }
 
 /// A group of sibling instances of one module class: a stack of blocks.
@@ -40,6 +49,47 @@ pub(crate) struct Stack {
     pub events: usize,
 }
 
+/// The calls of instance `k` of a stack's `class` (not its recomputations),
+/// each the (start, end) of its module frame — widened to an op that wraps
+/// only this call of the class: a block called through an autograd Function
+/// around it (the reentrant `CheckpointFunction` when the checkpoint is taken
+/// around the module's `__call__`, as transformers 5.17 does) starts with
+/// that Function's op, whose sequence number links the block's backward.
+pub(crate) fn block_calls(
+    trace: &Trace,
+    frames: &[ModuleFrame],
+    class: &str,
+    k: u32,
+) -> Vec<(i64, i64)> {
+    let blocks: Vec<&ModuleFrame> = frames
+        .iter()
+        .filter(|f| f.class == class && !f.recomputed)
+        .collect();
+    blocks
+        .iter()
+        .filter(|f| f.k == k)
+        .map(|f| {
+            trace
+                .ops
+                .iter()
+                .filter(|o| o.tid == f.tid)
+                .map(|o| (o.start.get(), o.start.get().saturating_add(o.dur.get())))
+                .filter(|&(s, e)| s <= f.start && f.end <= e)
+                .filter(|&(s, e)| {
+                    blocks
+                        .iter()
+                        .filter(|b| b.tid == f.tid && s <= b.start && b.start <= e)
+                        .count()
+                        == 1
+                })
+                .fold((f.start, f.end), |(s0, e0), (s, e)| (s0.min(s), e0.max(e)))
+        })
+        .collect()
+}
+
+/// The prefix of the op the autograd engine records around each node it runs.
+const AUTOGRAD_NODE: &str = "autograd::engine::evaluate_function: ";
+
 /// Every module frame, with its module ancestors.
 pub(crate) fn module_frames(trace: &Trace) -> Vec<ModuleFrame> {
     let by_id: HashMap<i64, usize> = trace
@@ -48,6 +98,7 @@ pub(crate) fn module_frames(trace: &Trace) -> Vec<ModuleFrame> {
         .enumerate()
         .filter_map(|(i, p)| p.id.map(|id| (id, i)))
         .collect();
+    let in_backward = BackwardSpans::new(trace);
     let mut out = Vec::new();
     for (i, p) in trace.python.iter().enumerate() {
         let Some((class, k)) = module_name(trace.name(p.name)) else {
@@ -57,12 +108,54 @@ pub(crate) fn module_frames(trace: &Trace) -> Vec<ModuleFrame> {
             python: i,
             class: class.to_owned(),
             k,
+            tid: p.tid,
             start: p.start.get(),
             end: p.start.get().saturating_add(p.dur.get()),
             ancestors: ancestors(trace, p, &by_id),
+            recomputed: in_backward.holds(p.tid, p.start.get()),
         });
     }
     out
+}
+
+/// The spans of the autograd nodes run, per thread: sorted by start, each
+/// with the latest end of it and every node before it, so that "is `t`
+/// inside a node" is one binary search.
+struct BackwardSpans {
+    per_thread: BTreeMap<i64, Vec<(i64, i64)>>,
+}
+
+impl BackwardSpans {
+    fn new(trace: &Trace) -> BackwardSpans {
+        let mut per_thread: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+        for o in &trace.ops {
+            if trace.name(o.name).starts_with(AUTOGRAD_NODE) {
+                per_thread
+                    .entry(o.tid)
+                    .or_default()
+                    .push((o.start.get(), o.start.get().saturating_add(o.dur.get())));
+            }
+        }
+        for spans in per_thread.values_mut() {
+            spans.sort_unstable();
+            let mut reach = i64::MIN;
+            for span in spans.iter_mut() {
+                reach = reach.max(span.1);
+                span.1 = reach;
+            }
+        }
+        BackwardSpans { per_thread }
+    }
+
+    fn holds(&self, tid: i64, t: i64) -> bool {
+        let Some(spans) = self.per_thread.get(&tid) else {
+            return false;
+        };
+        let n = spans.partition_point(|&(start, _)| start <= t);
+        n.checked_sub(1)
+            .and_then(|i| spans.get(i))
+            .is_some_and(|&(_, reach)| reach >= t)
+    }
 }
 
 /// The module frames above `frame`, innermost first (a bounded walk: a
@@ -99,8 +192,9 @@ fn ancestors(
 /// calls hold the most `[memory]` events, and every other group with as
 /// many instances and at least half its events (T5's encoder and decoder).
 pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
+    let frames: Vec<&ModuleFrame> = frames.iter().filter(|f| !f.recomputed).collect();
     let mut groups: BTreeMap<(String, String), BTreeSet<u32>> = BTreeMap::new();
-    for f in frames {
+    for f in &frames {
         let parent = f
             .ancestors
             .first()
@@ -114,7 +208,7 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
     let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
     // The first call of each instance (frames are in file order).
     let mut first: HashMap<(&str, u32), &ModuleFrame> = HashMap::new();
-    for f in frames {
+    for f in frames.iter().copied() {
         let e = first.entry((f.class.as_str(), f.k)).or_insert(f);
         if f.start < e.start {
             *e = f;

@@ -83,14 +83,18 @@ pub(super) fn step_parts(
 ) -> bool {
     // The last block's parameters, from its AccumulateGrad nodes in its
     // first backward, per stack.
+    // (Not a reentrant checkpoint's detached inputs: they are activations.)
+    let detached = crate::trace::reentrant_checkpoint_inputs(trace);
     let mut params = Vec::new();
     let mut seen = BTreeSet::new();
     for p in parts.iter().filter(|p| p.kind == Kind::Backward) {
         if !seen.insert(p.stack) {
             continue;
         }
-        for o in trace.ops.iter().filter(|o| {
-            p.seg.holds(o.start.get()) && trace.name(o.name) == crate::trace::ACCUMULATE_GRAD
+        for (_, o) in trace.ops.iter().enumerate().filter(|(i, o)| {
+            p.seg.holds(o.start.get())
+                && trace.name(o.name) == crate::trace::ACCUMULATE_GRAD
+                && !detached.contains(i)
         }) {
             if let Some(t) = trace.tensor_args_of(o).first() {
                 let size = t.dtype.and_then(|d| d.size()).unwrap_or(4);

@@ -19,6 +19,8 @@
 mod args;
 pub use args::dtype_size;
 mod build;
+mod checkpoint;
+pub use checkpoint::{reentrant_checkpoint_inputs, CHECKPOINT_BACKWARD};
 mod loose;
 mod signatures;
 pub use signatures::{quant_state_args, weight_args, ACCUMULATE_GRAD};

@@ -24,6 +24,8 @@ mod cli;
 // Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong
 // traces) through the library and the CLI, and fuzzer crash reproducers.
 mod hostile;
+// Real GPU pairs made on an H200: held errors, checkpointed jobs rebuilt.
+mod gpu_pairs;
 // The `memcast analyze` command: JSON schema, exit codes, error messages.
 mod cli_analyze;
 // End-to-end estimates of the real fixtures: invariants and JSON snapshots.
