@@ -38,60 +38,17 @@
 //! bias); a stack with fewer than two traced blocks has no predecessor;
 //! a smaller depth than traced is refused.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use super::align::align;
-use super::events::{base_total, pair, retotal, strip_first_step_state};
+use super::copy::{self, Copies, Extra, Place, Repeat, Seg, When};
+use super::events::{pair, strip_first_step_state};
 use super::frames::{self, ModuleFrame, Stack};
-use super::names::{renumber_sequences, Interner, Renumber};
+use super::names::Renumber;
+use super::parts::{events_in, part, Kind, Part};
 use super::{DepthFacts, ScaleError, StackFacts};
 use crate::diag::Warning;
-use crate::trace::{MemoryEvent, OpEvent, Trace};
-use crate::units::{Bytes, Nanos};
-
-/// An inclusive time interval of the trace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Seg {
-    pub start: i64,
-    pub end: i64,
-}
-
-impl Seg {
-    pub(super) fn holds(self, t: i64) -> bool {
-        self.start <= t && t <= self.end
-    }
-    fn holds_span(self, start: i64, end: i64) -> bool {
-        self.start <= start && end <= self.end
-    }
-    fn len(self) -> i64 {
-        self.end.saturating_sub(self.start).saturating_add(1)
-    }
-}
-
-/// Forward or backward part of one call of a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) enum Kind {
-    Forward,
-    Backward,
-    /// The optimizer step's loop over the block's parameters
-    /// ([`super::step`]), copied after itself like a forward call.
-    Step,
-}
-
-/// One copied segment of the template, with the predecessor's matching part.
-#[derive(Debug, Clone)]
-pub(super) struct Part {
-    pub stack: usize,
-    pub kind: Kind,
-    pub seg: Seg,
-    /// The template's `[memory]` events in it (indices into `Trace::memory`).
-    events: Vec<usize>,
-    /// The predecessor's events of the same part.
-    pred: Vec<usize>,
-    /// Alignment: template position → predecessor position, and back.
-    pub t2p: Vec<Option<usize>>,
-    p2t: Vec<Option<usize>>,
-}
+use crate::trace::{OpEvent, Trace};
+use crate::units::Bytes;
 
 /// Where a `[memory]` event lies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +100,7 @@ pub(super) fn deepen(
         facts.stacks.push(StackFacts {
             block: stack.class.clone(),
             parent: stack.parent.clone(),
-            template: format!("{}_{}", stack.class, last(stack)),
+            template: format!("{}_{}", stack.class, stack.last()),
             bytes_per_call: Bytes(
                 found
                     .iter()
@@ -171,14 +128,12 @@ pub(super) fn deepen(
             format!("{unaligned} allocations of the repeated block have no counterpart in the block before it; they are copied as the block's own"),
         ));
     }
-    let mut rebuild = Rebuild::new(trace, &frames, &stacks, parts, copies);
-    rebuild.strip = strip;
-    let rebuilt = rebuild.build();
+    let plan = Links::new(trace, &parts).plan(trace, &frames, &stacks, copies);
+    let mut rebuilt = copy::apply(trace, &plan);
+    if strip {
+        strip_first_step_state(&mut rebuilt);
+    }
     Ok((rebuilt, facts))
-}
-
-pub(super) fn last(stack: &Stack) -> u32 {
-    stack.instances.last().copied().unwrap_or(0)
 }
 
 /// The template's forward and backward parts in every call, with the
@@ -279,56 +234,6 @@ fn stack_parts(
     Ok(parts)
 }
 
-/// The `[memory]` events (sorted times `ts`) inside `seg`.
-pub(super) fn events_in(ts: &[i64], seg: Seg) -> Vec<usize> {
-    let lo = ts.partition_point(|&x| x < seg.start);
-    let hi = ts.partition_point(|&x| x <= seg.end);
-    (lo..hi).collect()
-}
-
-/// Aligns a template part with the predecessor's (the same allocation and
-/// free sizes in the same order; the predecessor may have more).
-pub(super) fn part(
-    trace: &Trace,
-    stack: &Stack,
-    index: usize,
-    kind: Kind,
-    seg: Seg,
-    events: Vec<usize>,
-    pred: Vec<usize>,
-) -> Result<Part, ScaleError> {
-    let token = |e: &usize| trace.memory.get(*e).map(|m| m.bytes);
-    let a: Vec<Option<i64>> = events.iter().map(token).collect();
-    let b: Vec<Option<i64>> = pred.iter().map(token).collect();
-    let (t2p, p2t) = align(&a, &b).ok_or_else(|| ScaleError::BlocksDiffer {
-        block: stack.class.clone(),
-        reason: format!(
-            "its calls are too large to compare ({} and {} allocations)",
-            a.len(),
-            b.len()
-        ),
-    })?;
-    let matched = t2p.iter().filter(|x| x.is_some()).count();
-    if kind == Kind::Forward && matched * 10 < a.len() * 9 {
-        return Err(ScaleError::BlocksDiffer {
-            block: stack.class.clone(),
-            reason: format!(
-                "only {matched} of the last block's {} allocations match the block before it (alternating layer kinds repeat with a period, which memcast does not rebuild yet)",
-                a.len()
-            ),
-        });
-    }
-    Ok(Part {
-        stack: index,
-        kind,
-        seg,
-        events,
-        pred,
-        t2p,
-        p2t,
-    })
-}
-
 /// The earliest backward node made by a forward op inside `seg` (linked by
 /// sequence number), if backward ran.
 fn backward_start(trace: &Trace, seg: Seg) -> Option<i64> {
@@ -348,30 +253,17 @@ fn backward_start(trace: &Trace, seg: Seg) -> Option<i64> {
         .min()
 }
 
-/// The addresses each copy gives a template event (`None`: not emitted).
-type Plan = HashMap<(usize, u32), Option<u64>>;
-
-struct Rebuild<'a> {
+/// Where each `[memory]` event lies among the parts, and each allocation's
+/// free: what the plan links by.
+struct Links<'a> {
     trace: &'a Trace,
-    frames: &'a [ModuleFrame],
-    stacks: &'a [Stack],
-    parts: Vec<Part>,
-    copies: u32,
+    parts: &'a [Part],
     loc: Vec<Loc>,
     partner: Vec<Option<usize>>,
-    next_addr: u64,
-    /// Leave out the state the first optimizer step made ([`strip_first_step_state`]).
-    strip: bool,
 }
 
-impl<'a> Rebuild<'a> {
-    fn new(
-        trace: &'a Trace,
-        frames: &'a [ModuleFrame],
-        stacks: &'a [Stack],
-        parts: Vec<Part>,
-        copies: u32,
-    ) -> Rebuild<'a> {
+impl<'a> Links<'a> {
+    fn new(trace: &'a Trace, parts: &'a [Part]) -> Links<'a> {
         let mut loc = vec![Loc::Outside; trace.memory.len()];
         for (pi, part) in parts.iter().enumerate() {
             for (pos, &e) in part.pred.iter().enumerate() {
@@ -387,24 +279,12 @@ impl<'a> Rebuild<'a> {
                 }
             }
         }
-        let max_addr = trace.memory.iter().map(|m| m.addr).max().unwrap_or(0);
-        Rebuild {
+        Links {
             trace,
-            frames,
-            stacks,
             parts,
-            copies,
             loc,
             partner: pair(&trace.memory),
-            next_addr: (max_addr | 0xFFFF).saturating_add(1),
-            strip: true,
         }
-    }
-
-    fn fresh(&mut self) -> u64 {
-        let a = self.next_addr;
-        self.next_addr = self.next_addr.saturating_add(64);
-        a
     }
 
     fn loc(&self, e: usize) -> Loc {
@@ -419,6 +299,20 @@ impl<'a> Rebuild<'a> {
         self.trace.memory.get(e).map_or(0, |m| m.addr)
     }
 
+    fn partner(&self, e: usize) -> Option<usize> {
+        self.partner.get(e).copied().flatten()
+    }
+
+    /// Whether `l` lies in a part (template or predecessor) of `stack`.
+    fn in_stack(&self, l: Loc, stack: usize) -> bool {
+        match l {
+            Loc::Template(q, _) | Loc::Predecessor(q, _) => {
+                self.parts.get(q).is_some_and(|p| p.stack == stack)
+            }
+            Loc::Outside => false,
+        }
+    }
+
     /// The template event of part `pi` at the position aligned with the
     /// predecessor's event `e`.
     fn template_twin(&self, e: usize) -> Option<usize> {
@@ -430,12 +324,37 @@ impl<'a> Rebuild<'a> {
         part.events.get(t).copied()
     }
 
-    /// The addresses of every template event in every copy, and the frees
-    /// added after an event outside the template (blocks every copy keeps).
-    fn plan(&mut self) -> (Plan, Vec<(usize, u64)>) {
-        let k = self.copies;
-        let mut plan: Plan = HashMap::new();
-        let mut extra: Vec<(usize, u64)> = Vec::new();
+    /// The copies of every part and the address of every template event in
+    /// every copy, by how the block's tensors cross blocks:
+    /// - freed in a part of the same block (a temporary, a saved
+    ///   activation freed in backward): each copy its own;
+    /// - freed by the predecessor in backward (the gradient of the block's
+    ///   input), or its predecessor's twin freed by the template in forward
+    ///   (the residual stream): a chain through the copies, in the order
+    ///   they run;
+    /// - anything else the block makes (a KV-cache entry, a gradient, a
+    ///   cast weight): kept by every copy and freed where the template's is.
+    ///
+    /// A tensor from outside the block that no rule links is freed by the
+    /// last block that runs: in forward the last copy, in backward (and in
+    /// an optimizer loop) the template. One function: the rules are tried in
+    /// turn for each allocation.
+    fn plan(&self, trace: &Trace, frames: &[ModuleFrame], stacks: &[Stack], k: u32) -> Copies {
+        let mut plan = Copies::new(trace, k);
+        plan.names = Some(Renumber::new(frames, stacks, k));
+        plan.repeats = self
+            .parts
+            .iter()
+            .map(|p| Repeat {
+                seg: p.seg,
+                place: match p.kind {
+                    Kind::Forward | Kind::Step => Place::After,
+                    Kind::Backward => Place::Before,
+                },
+                stack: Some(p.stack),
+                events: p.events.clone(),
+            })
+            .collect();
         let template: Vec<(usize, usize, usize)> = self
             .parts
             .iter()
@@ -451,36 +370,31 @@ impl<'a> Rebuild<'a> {
             if !self.is_alloc(a) {
                 continue;
             }
-            let f = self.partner.get(a).copied().flatten();
+            let f = self.partner(a);
             let floc = f.map(|f| self.loc(f));
             let stack = self.parts.get(pi).map_or(0, |p| p.stack);
-            let same_stack = |l: Option<Loc>, parts: &[Part]| match l {
-                Some(Loc::Template(q, _)) | Some(Loc::Predecessor(q, _)) => {
-                    parts.get(q).is_some_and(|p| p.stack == stack)
-                }
-                _ => false,
-            };
+            let same_stack = floc.is_some_and(|l| self.in_stack(l, stack));
             match floc {
-                Some(Loc::Template(..)) if same_stack(floc, &self.parts) => {
+                Some(Loc::Template(..)) if same_stack => {
                     let f = f.unwrap_or(a);
                     for c in 1..=k {
-                        let x = self.fresh();
-                        plan.insert((a, c), Some(x));
-                        plan.insert((f, c), Some(x));
+                        let x = plan.fresh();
+                        plan.addr.insert((a, c), Some(x));
+                        plan.addr.insert((f, c), Some(x));
                     }
                     continue;
                 }
-                Some(Loc::Predecessor(..)) if same_stack(floc, &self.parts) => {
+                Some(Loc::Predecessor(..)) if same_stack => {
                     // Backward chain: the block below frees what this one made.
                     if let Some(g) = f.and_then(|f| self.template_twin(f)) {
                         if !self.is_alloc(g) {
                             let original = self.addr(g);
                             for c in 1..=k {
-                                let x = self.fresh();
-                                plan.insert((a, c), Some(x));
-                                plan.insert((g, c - 1), Some(x));
+                                let x = plan.fresh();
+                                plan.addr.insert((a, c), Some(x));
+                                plan.addr.insert((g, c - 1), Some(x));
                             }
-                            plan.insert((g, k), Some(original));
+                            plan.addr.insert((g, k), Some(original));
                             continue;
                         }
                     }
@@ -501,24 +415,32 @@ impl<'a> Rebuild<'a> {
                 .copied();
             let chain = twin
                 .filter(|&e| self.is_alloc(e))
-                .and_then(|e| self.partner.get(e).copied().flatten())
-                .filter(|&h| matches!(self.loc(h), Loc::Template(q, _) if self.parts.get(q).is_some_and(|p| p.stack == stack)));
+                .and_then(|e| self.partner(e))
+                .filter(|&h| {
+                    matches!(self.loc(h), Loc::Template(..)) && self.in_stack(self.loc(h), stack)
+                });
             if let Some(g) = chain {
                 let original = self.addr(a);
                 for c in 0..k {
-                    let x = self.fresh();
-                    plan.insert((a, c), Some(x));
-                    plan.insert((g, c + 1), Some(x));
+                    let x = plan.fresh();
+                    plan.addr.insert((a, c), Some(x));
+                    plan.addr.insert((g, c + 1), Some(x));
                 }
-                plan.insert((a, k), Some(original));
+                plan.addr.insert((a, k), Some(original));
                 continue;
             }
             // Kept by every block.
             for c in 1..=k {
-                let x = self.fresh();
-                plan.insert((a, c), Some(x));
+                let x = plan.fresh();
+                plan.addr.insert((a, c), Some(x));
                 if let Some(f) = f {
-                    extra.push((f, x));
+                    let bytes = trace.memory.get(f).map_or(0, |m| m.bytes);
+                    plan.extra.push(Extra {
+                        when: When::After(f),
+                        like: f,
+                        addr: x,
+                        bytes,
+                    });
                 }
             }
         }
@@ -526,259 +448,15 @@ impl<'a> Rebuild<'a> {
         // in forward the last block frees them (their last reader), in
         // backward the template does (it runs last).
         for &(pi, _, g) in &template {
-            if self.is_alloc(g) || plan.contains_key(&(g, k)) {
+            if self.is_alloc(g) || plan.addr.contains_key(&(g, k)) {
                 continue;
             }
             if self.parts.get(pi).is_some_and(|p| p.kind == Kind::Forward) {
                 let original = self.addr(g);
-                plan.insert((g, 0), None);
-                plan.insert((g, k), Some(original));
+                plan.addr.insert((g, 0), None);
+                plan.addr.insert((g, k), Some(original));
             }
         }
-        (plan, extra)
-    }
-
-    /// The rebuilt trace: every event of the trace moved by the copies
-    /// inserted before it, and each copied segment's `[memory]` events, ops,
-    /// Python frames, annotations and flows emitted once per copy. One
-    /// function because every kind of event takes the same time map.
-    fn build(mut self) -> Trace {
-        let (plan, extra) = self.plan();
-        let k = self.copies;
-        let trace = self.trace;
-        let insertions: Vec<(i64, bool, i64)> = self
-            .parts
-            .iter()
-            .map(|p| match p.kind {
-                Kind::Forward | Kind::Step => (p.seg.end, true, p.seg.len() * i64::from(k)),
-                Kind::Backward => (p.seg.start, false, p.seg.len() * i64::from(k)),
-            })
-            .collect();
-        let shift = |t: i64| -> i64 {
-            insertions
-                .iter()
-                .filter(|&&(at, after, _)| if after { t > at } else { t >= at })
-                .map(|&(_, _, len)| len)
-                .sum()
-        };
-        // The time of copy c of an event at t of part p.
-        let copy_time = |p: &Part, t: i64, c: u32| -> i64 {
-            let d = p.seg.len() * i64::from(c);
-            match p.kind {
-                Kind::Forward | Kind::Step => t + shift(t) + d,
-                Kind::Backward => t + shift(t) - d,
-            }
-        };
-
-        // [memory]
-        let mut memory: Vec<(i64, usize, u32, u32, MemoryEvent)> = Vec::new();
-        let mut extra_after: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-        for (f, x) in extra {
-            extra_after.entry(f).or_default().push(x);
-        }
-        for (e, m) in trace.memory.iter().enumerate() {
-            let t = m.ts.get();
-            let t2 = t + shift(t);
-            let addr = match plan.get(&(e, 0)) {
-                Some(None) => None,
-                Some(Some(x)) => Some(*x),
-                None => Some(m.addr),
-            };
-            if let Some(addr) = addr {
-                memory.push((
-                    t2,
-                    e,
-                    0,
-                    0,
-                    MemoryEvent {
-                        ts: Nanos(t2),
-                        addr,
-                        ..m.clone()
-                    },
-                ));
-            }
-            if let Some(xs) = extra_after.get(&e) {
-                for (j, &x) in xs.iter().enumerate() {
-                    let j = u32::try_from(j + 1).unwrap_or(u32::MAX);
-                    memory.push((
-                        t2,
-                        e,
-                        0,
-                        j,
-                        MemoryEvent {
-                            ts: Nanos(t2),
-                            addr: x,
-                            ..m.clone()
-                        },
-                    ));
-                }
-            }
-        }
-        for p in &self.parts {
-            for &e in &p.events {
-                let Some(m) = trace.memory.get(e) else {
-                    continue;
-                };
-                for c in 1..=k {
-                    if let Some(Some(x)) = plan.get(&(e, c)) {
-                        let t = copy_time(p, m.ts.get(), c);
-                        memory.push((
-                            t,
-                            e,
-                            c,
-                            0,
-                            MemoryEvent {
-                                ts: Nanos(t),
-                                addr: *x,
-                                ..m.clone()
-                            },
-                        ));
-                    }
-                }
-            }
-        }
-        memory.sort_by_key(|&(t, e, c, j, _)| (t, c, e, j));
-        let mut out = trace.clone();
-        out.memory = memory.into_iter().map(|(_, _, _, _, m)| m).collect();
-        retotal(&mut out.memory, base_total(&trace.memory));
-
-        let spans = |start: i64, dur: i64| -> (i64, i64) {
-            let s = start + shift(start);
-            let e = start + dur;
-            (s, e + shift(e) - s)
-        };
-        let copied = |start: i64, dur: i64| -> Option<&Part> {
-            self.parts
-                .iter()
-                .find(|p| p.seg.holds_span(start, start + dur))
-        };
-
-        // ops, with sequence numbers renumbered in call order afterwards
-        let ext_span = trace
-            .ops
-            .iter()
-            .filter_map(|o| o.external_id)
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let mut ops: Vec<(OpEvent, u32, Option<i64>)> = Vec::new();
-        for o in &trace.ops {
-            let (s, d) = spans(o.start.get(), o.dur.get());
-            ops.push((
-                OpEvent {
-                    start: Nanos(s),
-                    dur: Nanos(d),
-                    ..o.clone()
-                },
-                0,
-                o.sequence_number,
-            ));
-            if let Some(p) = copied(o.start.get(), o.dur.get()) {
-                for c in 1..=k {
-                    let s = copy_time(p, o.start.get(), c);
-                    ops.push((
-                        OpEvent {
-                            start: Nanos(s),
-                            external_id: o.external_id.map(|x| x + ext_span * i64::from(c)),
-                            ..o.clone()
-                        },
-                        c,
-                        o.sequence_number,
-                    ));
-                }
-            }
-        }
-        ops.sort_by_key(|(o, c, _)| (o.start, std::cmp::Reverse(o.dur), *c));
-        renumber_sequences(&mut ops);
-        out.ops = ops.into_iter().map(|(o, _, _)| o).collect();
-
-        // Python frames: copies get new ids; module frames are renumbered.
-        let names = Renumber::new(self.frames, self.stacks, k);
-        let mut interner = Interner::new(trace);
-        let py_span = super::names::python_id_stride(trace);
-        let copied_ids: BTreeSet<i64> = trace
-            .python
-            .iter()
-            .filter(|p| copied(p.start.get(), p.dur.get()).is_some())
-            .filter_map(|p| p.id)
-            .collect();
-        let mut python = Vec::new();
-        for (i, p) in trace.python.iter().enumerate() {
-            let (s, d) = spans(p.start.get(), p.dur.get());
-            let mut orig = p.clone();
-            orig.start = Nanos(s);
-            orig.dur = Nanos(d);
-            if let Some((name, module_id)) = names.original(i) {
-                orig.name = interner.id(&mut out, &name);
-                orig.module_id = module_id.or(orig.module_id);
-            }
-            python.push(orig);
-            if let Some(part) = copied(p.start.get(), p.dur.get()) {
-                for c in 1..=k {
-                    let mut copy = p.clone();
-                    copy.start = Nanos(copy_time(part, p.start.get(), c));
-                    copy.id = p.id.map(|x| x + py_span * i64::from(c));
-                    copy.parent_id = p.parent_id.map(|x| {
-                        if copied_ids.contains(&x) {
-                            x + py_span * i64::from(c)
-                        } else {
-                            x
-                        }
-                    });
-                    if let Some((name, module_id)) = names.copy(i, part.stack, c) {
-                        copy.name = interner.id(&mut out, &name);
-                        copy.module_id = module_id.or(copy.module_id);
-                    }
-                    python.push(copy);
-                }
-            }
-        }
-        python.sort_by_key(|p| (p.start, std::cmp::Reverse(p.dur)));
-        out.python = python;
-
-        let mut annotations = Vec::new();
-        for a in &trace.annotations {
-            let (s, d) = spans(a.start.get(), a.dur.get());
-            annotations.push(crate::trace::AnnotationEvent {
-                start: Nanos(s),
-                dur: Nanos(d),
-                ..a.clone()
-            });
-            if let Some(part) = copied(a.start.get(), a.dur.get()) {
-                for c in 1..=k {
-                    annotations.push(crate::trace::AnnotationEvent {
-                        start: Nanos(copy_time(part, a.start.get(), c)),
-                        ..a.clone()
-                    });
-                }
-            }
-        }
-        annotations.sort_by_key(|a| (a.start, std::cmp::Reverse(a.dur)));
-        out.annotations = annotations;
-
-        let flow_span = trace.flows.iter().map(|f| f.id).max().unwrap_or(0).max(0) + 1;
-        let mut flows = Vec::new();
-        for f in &trace.flows {
-            let t = f.ts.get();
-            flows.push(crate::trace::FlowEvent {
-                ts: Nanos(t + shift(t)),
-                ..f.clone()
-            });
-            if let Some(part) = self.parts.iter().find(|p| p.seg.holds(t)) {
-                for c in 1..=k {
-                    flows.push(crate::trace::FlowEvent {
-                        id: f.id + flow_span * i64::from(c),
-                        ts: Nanos(copy_time(part, t, c)),
-                        ..f.clone()
-                    });
-                }
-            }
-        }
-        flows.sort_by_key(|f| f.ts);
-        out.flows = flows;
-        if self.strip {
-            strip_first_step_state(&mut out);
-        }
-        out
+        plan
     }
 }

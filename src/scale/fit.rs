@@ -10,7 +10,8 @@
 //! traces must be the same job: the same events in the same order.
 
 use super::events::{base_total, retotal};
-use super::length::traced_length;
+use super::length::div_round;
+use super::shape::traced_length;
 use super::{LengthFacts, ScaleError};
 use crate::diag::Warning;
 use crate::trace::Trace;
@@ -173,19 +174,6 @@ pub(super) fn fit_one(xs: &[i128], ys: &[i128], x: i128) -> (i128, u32) {
     }
 }
 
-/// `a / b` rounded to the nearest integer (`b != 0`).
-pub(super) fn div_round(a: i128, b: i128) -> i128 {
-    if b == 0 {
-        return a;
-    }
-    let (a, b) = if b < 0 { (-a, -b) } else { (a, b) };
-    if a >= 0 {
-        (a + b / 2) / b
-    } else {
-        -((-a + b / 2) / b)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,12 +194,5 @@ mod tests {
         );
         // frees are negative sizes
         assert_eq!(fit_one(&[32, 64], &[-100, -200], 512), (-1600, 1));
-    }
-
-    #[test]
-    fn division_rounds_to_nearest() {
-        assert_eq!(div_round(7, 2), 4);
-        assert_eq!(div_round(-7, 2), -4);
-        assert_eq!(div_round(6, -4), -2);
     }
 }

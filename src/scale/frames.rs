@@ -49,6 +49,14 @@ pub(crate) struct Stack {
     pub events: usize,
 }
 
+impl Stack {
+    /// The last traced block's instance number: the template a rebuild
+    /// copies.
+    pub(crate) fn last(&self) -> u32 {
+        self.instances.last().copied().unwrap_or(0)
+    }
+}
+
 /// The calls of instance `k` of a stack's `class` (not its recomputations),
 /// each the (start, end) of its module frame — widened to an op that wraps
 /// only this call of the class: a block called through an autograd Function

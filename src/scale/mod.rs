@@ -18,12 +18,15 @@
 //!   never guessed.
 
 mod align;
+mod copy;
 mod depth;
 mod events;
 mod fit;
 mod frames;
 mod length;
 mod names;
+mod parts;
+mod shape;
 mod step;
 mod tokens;
 
@@ -130,7 +133,7 @@ impl Traced {
 pub fn inspect(trace: &Trace) -> Traced {
     let frames = frames::module_frames(trace);
     let stacks = frames::find_stacks(trace, &frames);
-    let shape = length::traced_shape(trace);
+    let shape = shape::traced_shape(trace);
     Traced {
         block: stacks.first().map(|s| s.class.clone()),
         layers: stacks
@@ -256,7 +259,7 @@ pub fn scale_many(
         return Err(ScaleError::SeveralWithoutLength);
     };
     if let Some(asked) = target.seq_len {
-        let traced = length::traced_length(first);
+        let traced = shape::traced_length(first);
         if traced.is_some_and(|t| t != asked) && tokens::is_generation(first) {
             return Err(ScaleError::GenerationLength {
                 traced: traced.unwrap_or(0),

@@ -73,6 +73,7 @@ pub(super) fn renumber_sequences(ops: &mut [(OpEvent, u32, Option<i64>)]) {
 
 /// Module frame names of the deeper model: per class, instances numbered
 /// in call order, the copies right after the template's.
+#[derive(Debug)]
 pub(super) struct Renumber {
     /// Per stack and class: the template's first and last instance and count.
     ranges: Vec<BTreeMap<String, (u32, u32, u32)>>,
@@ -84,7 +85,7 @@ impl Renumber {
     pub(super) fn new(frames: &[ModuleFrame], stacks: &[Stack], copies: u32) -> Renumber {
         let mut ranges: Vec<BTreeMap<String, (u32, u32, u32)>> = Vec::new();
         for stack in stacks {
-            let t = super::depth::last(stack);
+            let t = stack.last();
             let mut per: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
             for f in frames {
                 let inside = (f.class == stack.class && f.k == t)

@@ -33,8 +33,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::depth::{events_in, part, Kind, Part, Seg};
+use super::copy::Seg;
 use super::frames::Stack;
+use super::parts::{events_in, part, Kind, Part};
 use crate::diag::Warning;
 use crate::trace::{NameId, Trace};
 

@@ -29,11 +29,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::events::{base_total, pair, retotal};
+use super::copy::{self, Copies, Extra, Place, Repeat, Seg, When};
+use super::events::pair;
 use super::frames::module_frames;
 use super::ScaleError;
-use crate::trace::{MemoryEvent, OpEvent, Span, Trace};
-use crate::units::Nanos;
+use crate::trace::Trace;
 
 /// What `--new-tokens` rebuilt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +69,6 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
             asked: new_tokens,
         });
     }
-    let k = i64::from(new_tokens - traced);
     let mut facts = TokenFacts {
         traced,
         estimated: new_tokens,
@@ -77,9 +76,26 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
         growing: 0,
         static_cache: 0,
     };
-    if k == 0 {
+    if new_tokens == traced {
         return Ok((trace.clone(), facts));
     }
+    let plan = plan(trace, &gens, new_tokens - traced, &mut facts)?;
+    Ok((copy::apply(trace, &plan), facts))
+}
+
+/// The copies of each generation's last step, and every address and size
+/// in them: see the module docs. One function because the links of a step
+/// (made and freed inside it, chained from the step before, outliving it)
+/// and its growth are decided together, position by position.
+fn plan(
+    trace: &Trace,
+    gens: &[(Gen, u32)],
+    copies: u32,
+    facts: &mut TokenFacts,
+) -> Result<Copies, ScaleError> {
+    let k = i64::from(copies);
+    let traced = facts.traced;
+    let mut plan = Copies::new(trace, copies);
     let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
     let within = |(s, e): (i64, i64)| -> Vec<usize> {
         (ts.partition_point(|&x| x < s)..ts.partition_point(|&x| x <= e)).collect()
@@ -92,20 +108,9 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
         .filter_map(|(a, f)| f.map(|f| (f, a)))
         .collect();
     let size = |i: usize| trace.memory.get(i).map_or(0, |m| m.bytes);
-    let mut next_addr = trace.memory.iter().map(|m| m.addr).max().unwrap_or(0) | 0xFFFF;
-    let mut fresh = || {
-        next_addr = next_addr.saturating_add(64);
-        next_addr
-    };
-    // Per generation: (template start, length), the events emitted in place
-    // of the template's, and the copies' events (copy c at offset (c-1)·len).
-    let mut insertions: Vec<(i64, i64)> = Vec::new();
-    let mut replaced: HashMap<usize, MemoryEvent> = HashMap::new();
-    let mut copies: Vec<(i64, i64, MemoryEvent)> = Vec::new(); // (template start, time, event)
-    let mut copied_spans: Vec<((i64, i64), i64)> = Vec::new();
     // Generations whose StaticCache grew: (from, to, traced positions).
     let mut reshaped: Vec<(i64, i64, i64)> = Vec::new();
-    for (g, _) in &gens {
+    for (g, _) in gens {
         let (t_ev, p_ev) = (within(g.template), within(g.pred));
         let same = t_ev.len() == p_ev.len()
             && t_ev
@@ -119,7 +124,6 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                 p_ev.len()
             )));
         }
-        let len = g.template.1 - g.template.0 + 1;
         let pos_t: HashMap<usize, usize> = t_ev.iter().enumerate().map(|(i, &e)| (e, i)).collect();
         let pos_p: HashMap<usize, usize> = p_ev.iter().enumerate().map(|(i, &e)| (e, i)).collect();
         // Growth per step of each position's allocation.
@@ -134,7 +138,9 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                         size(a)
                     )));
                 }
-                delta[i] = d;
+                if let Some(slot) = delta.get_mut(i) {
+                    *slot = d;
+                }
                 facts.growing += u32::from(d > 0);
             }
         }
@@ -145,9 +151,19 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
             let steps = if c == 0 { k + 1 } else { c };
             base.saturating_add(delta.get(i).copied().unwrap_or(0).saturating_mul(steps))
         };
+        let r = plan.repeats.len();
+        plan.repeats.push(Repeat {
+            seg: Seg {
+                start: g.template.0,
+                end: g.template.1,
+            },
+            place: Place::BeforeInOrder,
+            stack: None,
+            events: t_ev.clone(),
+        });
+        let at = |i: usize| t_ev.get(i).copied().unwrap_or(usize::MAX);
         // Addresses per (position, copy); the template keeps its own.
-        let mut addr: BTreeMap<(usize, i64), u64> = BTreeMap::new();
-        let mut extra_free: Vec<(i64, usize, i64)> = Vec::new(); // (time, position, copy)
+        let mut addr: BTreeMap<(usize, u32), u64> = BTreeMap::new();
         for (i, &a) in t_ev.iter().enumerate() {
             if size(a) <= 0 {
                 continue;
@@ -156,15 +172,16 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
             match f.and_then(|f| pos_t.get(&f)) {
                 Some(&j) => {
                     // made and freed inside the call: each copy its own
-                    for c in 1..=k {
-                        let x = fresh();
+                    for c in 1..=copies {
+                        let x = plan.fresh();
                         addr.insert((i, c), x);
                         addr.insert((j, c), x);
                     }
                 }
                 None => {
-                    for c in 1..=k {
-                        addr.insert((i, c), fresh());
+                    for c in 1..=copies {
+                        let x = plan.fresh();
+                        addr.insert((i, c), x);
                     }
                     // outlives the call: freed when the next copy ends,
                     // unless the next call frees it (the chain below)
@@ -173,15 +190,26 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                         .and_then(|&b| partner.get(b).copied().flatten())
                         .is_some_and(|pf| pos_t.contains_key(&pf));
                     if f.is_some() && !chained {
-                        for c in 1..=k {
-                            extra_free.push((g.template.0 + (c + 1) * len - 1, i, c));
+                        for c in 1..=copies {
+                            let Some(&x) = addr.get(&(i, c)) else {
+                                continue;
+                            };
+                            plan.extra.push(Extra {
+                                when: When::In {
+                                    repeat: r,
+                                    copy: if c == copies { 0 } else { c + 1 },
+                                    ts: g.template.1,
+                                },
+                                like: a,
+                                addr: x,
+                                bytes: -grown(i, i64::from(c)),
+                            });
                         }
                     }
                 }
             }
         }
         // Chains: what the call before frees in the next call.
-        let mut chain_frees: Vec<(usize, i64)> = Vec::new();
         for (i, &b) in p_ev.iter().enumerate() {
             if size(b) <= 0 {
                 continue;
@@ -195,7 +223,7 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                 continue;
             };
             let original = trace.memory.get(b).map_or(0, |m| m.addr);
-            for c in 1..=k {
+            for c in 1..=copies {
                 let prev = if c == 1 {
                     original
                 } else {
@@ -203,104 +231,56 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                 };
                 addr.insert((j, c), prev);
             }
-            if let Some(&last) = addr.get(&(i, k)) {
+            if let Some(&last) = addr.get(&(i, copies)) {
                 addr.insert((j, 0), last);
-                chain_frees.push((j, grown(i, k)));
+                // The template frees the last copy's block of the chain.
+                plan.bytes.insert((at(j), 0), -grown(i, k));
             }
         }
-        // The template, grown to the last step.
-        for (i, &e) in t_ev.iter().enumerate() {
-            let Some(m) = trace.memory.get(e) else {
-                continue;
-            };
-            let mut m = m.clone();
-            if m.bytes > 0 {
-                m.bytes = grown(i, 0);
-            } else if let Some(x) = addr.get(&(i, 0)) {
-                m.addr = *x;
-            }
-            replaced.insert(e, m);
+        for (&(i, c), &x) in &addr {
+            plan.addr.insert((at(i), c), Some(x));
         }
-        // Frees in the template of what it made: the grown size.
+        // The template, grown to the last step, and the frees of what it
+        // made; the copies' sizes.
         for (i, &a) in t_ev.iter().enumerate() {
             if size(a) <= 0 {
                 continue;
             }
+            plan.bytes.insert((a, 0), grown(i, 0));
             if let Some(f) = partner.get(a).copied().flatten() {
-                let bytes = grown(i, 0);
-                let entry = replaced
-                    .entry(f)
-                    .or_insert_with(|| trace.memory.get(f).cloned().unwrap_or_else(empty_event));
-                entry.bytes = -bytes;
+                plan.bytes.insert((f, 0), -grown(i, 0));
             }
         }
-        // The template frees the last copy's block of a chain.
-        for (j, bytes) in chain_frees {
-            if let Some(m) = t_ev.get(j).and_then(|e| replaced.get_mut(e)) {
-                m.bytes = -bytes;
-            }
-        }
-        // The copies.
-        for c in 1..=k {
+        for c in 1..=copies {
             for (i, &e) in t_ev.iter().enumerate() {
-                let Some(m) = trace.memory.get(e) else {
+                if !addr.contains_key(&(i, c)) {
                     continue;
-                };
-                let Some(&x) = addr.get(&(i, c)) else {
-                    continue;
-                };
-                let t = m.ts.get() + (c - 1) * len;
-                let bytes = if m.bytes > 0 {
-                    grown(i, c)
+                }
+                let bytes = if size(e) > 0 {
+                    grown(i, i64::from(c))
                 } else {
                     // the size of the block it frees
-                    let made =
-                        made_of
-                            .get(&e)
-                            .and_then(|&a| {
-                                pos_t.get(&a).map(|&ai| grown(ai, c)).or_else(|| {
+                    let made = made_of
+                        .get(&e)
+                        .and_then(|&a| {
+                            pos_t
+                                .get(&a)
+                                .map(|&ai| grown(ai, i64::from(c)))
+                                .or_else(|| {
                                     pos_p.get(&a).map(|&bi| {
                                         if c == 1 {
                                             size(a)
                                         } else {
-                                            grown(bi, c - 1)
+                                            grown(bi, i64::from(c) - 1)
                                         }
                                     })
                                 })
-                            })
-                            .unwrap_or(-m.bytes);
+                        })
+                        .unwrap_or(-size(e));
                     -made
                 };
-                copies.push((
-                    g.template.0,
-                    t,
-                    MemoryEvent {
-                        ts: Nanos(t),
-                        addr: x,
-                        bytes,
-                        ..m.clone()
-                    },
-                ));
+                plan.bytes.insert((e, c), bytes);
             }
-        }
-        for (at, i, c) in extra_free {
-            let (Some(&x), Some(&e)) = (addr.get(&(i, c)), t_ev.get(i)) else {
-                continue;
-            };
-            let Some(m) = trace.memory.get(e) else {
-                continue;
-            };
-            // `at`: the end of the next copy (or of the template, grown last)
-            copies.push((
-                g.template.0,
-                at,
-                MemoryEvent {
-                    ts: Nanos(at),
-                    addr: x,
-                    bytes: -grown(i, c),
-                    ..m.clone()
-                },
-            ));
         }
         // A StaticCache is made once, in the prompt's call, for every
         // position of the generation: it grows by k positions.
@@ -310,62 +290,24 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
         }
         for (a, bytes) in blocks {
             for e in std::iter::once(a).chain(partner.get(a).copied().flatten()) {
-                let entry = replaced
-                    .entry(e)
-                    .or_insert_with(|| trace.memory.get(e).cloned().unwrap_or_else(empty_event));
-                entry.bytes = if entry.bytes > 0 { bytes } else { -bytes };
+                let own = plan.bytes.get(&(e, 0)).copied().unwrap_or(size(e));
+                plan.bytes
+                    .insert((e, 0), if own > 0 { bytes } else { -bytes });
             }
             facts.static_cache += 1;
         }
-        insertions.push((g.template.0, k * len));
-        copied_spans.push((g.template, len));
     }
-    // Shift: everything at or after a template's start moves by its copies.
-    let shift = |t: i64| -> i64 {
-        insertions
-            .iter()
-            .filter(|&&(at, _)| t >= at)
-            .map(|&(_, d)| d)
-            .sum()
+    // Ops of a step (the copied ones and the grown template's) and ops
+    // reading a grown StaticCache or a view of it (a 4-d [batch, heads,
+    // positions or prompt, head dim] argument: the attention's; weights
+    // are never 4-d here) lose their recorded shapes: they no longer fit
+    // (the other calls still show every weight the model reads).
+    let in_template = |s: i64| {
+        gens.iter()
+            .any(|(g, _)| g.template.0 <= s && s <= g.template.1)
     };
-    // Copies are placed relative to their template's original start, plus
-    // the shifts of earlier generations.
-    let earlier = |t0: i64| -> i64 {
-        insertions
-            .iter()
-            .filter(|&&(at, _)| at < t0)
-            .map(|&(_, d)| d)
-            .sum()
-    };
-    let mut memory: Vec<(i64, u32, MemoryEvent)> = Vec::new();
-    for (e, m) in trace.memory.iter().enumerate() {
-        let mut m = replaced.get(&e).cloned().unwrap_or_else(|| m.clone());
-        let t = m.ts.get() + shift(m.ts.get());
-        m.ts = Nanos(t);
-        memory.push((t, 1, m));
-    }
-    for (t0, t, mut m) in copies {
-        let t2 = t + earlier(t0);
-        m.ts = Nanos(t2);
-        memory.push((t2, 0, m));
-    }
-    memory.sort_by_key(|(t, o, _)| (*t, *o));
-    let mut out = trace.clone();
-    out.memory = memory.into_iter().map(|(_, _, m)| m).collect();
-    retotal(&mut out.memory, base_total(&trace.memory));
-
-    // Ops, Python frames and annotations: moved, and the template's copied.
-    let in_template = |s: i64| copied_spans.iter().find(|((a, b), _)| *a <= s && s <= *b);
-    let mut ops: Vec<OpEvent> = Vec::new();
-    for o in &trace.ops {
+    for (i, o) in trace.ops.iter().enumerate() {
         let s = o.start.get();
-        let mut moved = OpEvent {
-            start: Nanos(s + shift(s)),
-            ..o.clone()
-        };
-        // An op reading a grown StaticCache or a view of it: a 4-d
-        // [batch, heads, positions or prompt, head dim] argument (the
-        // attention's; weights are never 4-d here).
         let reads_cache = reshaped.iter().any(|&(a, b, p)| {
             let prompt = p - i64::from(traced) + 1;
             a <= s
@@ -375,87 +317,11 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
                     d.len() == 4 && (d.get(2) == Some(&p) || d.get(2) == Some(&prompt))
                 })
         });
-        if in_template(s).is_some() || reads_cache {
-            // grown to the last step: its recorded shapes no longer fit
-            moved.tensors = Span::default();
-            moved.concrete = Span::default();
-            moved.tensor_list_len = None;
-            moved.tensor_args = 0..0;
-        }
-        if let Some(&((a, _), len)) = in_template(s) {
-            // copies of the (shape-less) template op
-            for c in 1..=k {
-                ops.push(OpEvent {
-                    start: Nanos(s + (c - 1) * len + earlier(a)),
-                    external_id: None,
-                    sequence_number: None,
-                    ..moved.clone()
-                });
-            }
-        }
-        ops.push(moved);
-    }
-    ops.sort_by_key(|o| (o.start, std::cmp::Reverse(o.dur)));
-    out.ops = ops;
-    let py_span = super::names::python_id_stride(trace);
-    // The ids of the Python frames the templates hold (copied with them).
-    let copied_ids: std::collections::HashSet<i64> = trace
-        .python
-        .iter()
-        .filter(|p| in_template(p.start.get()).is_some())
-        .filter_map(|p| p.id)
-        .collect();
-    let mut python = Vec::new();
-    for p in &trace.python {
-        let s = p.start.get();
-        python.push(crate::trace::PythonEvent {
-            start: Nanos(s + shift(s)),
-            ..p.clone()
-        });
-        if let Some(&((a, _), len)) = in_template(s) {
-            // a parent copied with it is the copy's parent
-            let inside = p.parent_id.is_some_and(|x| copied_ids.contains(&x));
-            for c in 1..=k {
-                let mut q = p.clone();
-                q.start = Nanos(s + (c - 1) * len + earlier(a));
-                q.id = p.id.map(|x| x + py_span * c);
-                q.parent_id = p
-                    .parent_id
-                    .map(|x| if inside { x + py_span * c } else { x });
-                python.push(q);
-            }
+        if in_template(s) || reads_cache {
+            plan.shapeless.insert(i);
         }
     }
-    python.sort_by_key(|p| (p.start, std::cmp::Reverse(p.dur)));
-    out.python = python;
-    let mut annotations = Vec::new();
-    for an in &trace.annotations {
-        let s = an.start.get();
-        let e = s + an.dur.get();
-        let (s2, e2) = (s + shift(s), e + shift(e));
-        annotations.push(crate::trace::AnnotationEvent {
-            start: Nanos(s2),
-            dur: Nanos(e2 - s2),
-            ..an.clone()
-        });
-        if let Some(&((a, _), len)) = in_template(s) {
-            if in_template(e).is_some() {
-                for c in 1..=k {
-                    annotations.push(crate::trace::AnnotationEvent {
-                        start: Nanos(s + (c - 1) * len + earlier(a)),
-                        ..an.clone()
-                    });
-                }
-            }
-        }
-    }
-    annotations.sort_by_key(|a| (a.start, std::cmp::Reverse(a.dur)));
-    out.annotations = annotations;
-    for f in &mut out.flows {
-        let t = f.ts.get();
-        f.ts = Nanos(t + shift(t));
-    }
-    Ok((out, facts))
+    Ok(plan)
 }
 
 /// The StaticCache blocks of generation `g` (made by `aten::zeros` in its
@@ -480,7 +346,7 @@ fn static_cache(
     if zeros.is_empty() {
         return (Vec::new(), None);
     }
-    let prompt = super::length::embedding_ids_dims(trace, s, e).and_then(|d| d.last().copied());
+    let prompt = super::shape::embedding_ids_dims(trace, s, e).and_then(|d| d.last().copied());
     let Some(positions) = prompt.map(|p| p + i64::from(n) - 1).filter(|&p| p > 0) else {
         return (Vec::new(), None);
     };
@@ -506,19 +372,6 @@ fn static_cache(
         .map(|(i, m)| (i, m.bytes / positions * (positions + k)))
         .collect();
     (blocks, Some(positions))
-}
-
-fn empty_event() -> MemoryEvent {
-    MemoryEvent {
-        ts: Nanos(0),
-        tid: 0,
-        addr: 0,
-        bytes: 0,
-        total_allocated: None,
-        total_reserved: None,
-        device: crate::trace::Device::Cpu,
-        device_id: None,
-    }
 }
 
 /// Whether the trace is a `generate()` run: three or more calls of the
