@@ -36,6 +36,7 @@ pub mod orchestrator;
 pub mod permalink;
 pub mod pipeline;
 pub mod presets;
+pub mod program;
 pub mod protocol;
 pub mod replay;
 pub mod report;

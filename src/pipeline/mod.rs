@@ -7,7 +7,7 @@
 //! - [`estimate_with`] (and [`estimate`]): simulate on the reference GPU and
 //!   on every selected GPU at its capacity ([`runs`]), then report;
 //! - [`run_from`] and [`run`]: both in turn;
-//! - [`simulate_schedule`] and [`schedule_ops`]: the orchestrator → simulator
+//! - [`simulate_job`] and [`schedule_ops`]: the orchestrator → simulator
 //!   glue the estimate and the what-ifs share ([`simulate`]).
 //!
 //! Invariants: no I/O and no threads (a shell hands the input in piece by
@@ -23,7 +23,7 @@ mod simulate;
 pub use config::{Config, DEFAULT_TARGET};
 pub use runs::{InTurn, Parallel, SimulationJob};
 pub use settings::Settings;
-pub use simulate::{schedule_ops, simulate_schedule};
+pub use simulate::{schedule_ops, simulate_job};
 
 use serde::{Deserialize, Serialize};
 
@@ -152,6 +152,13 @@ pub struct Prepared {
     pub generation: Option<analyzer::generation::Generation>,
     /// A mixture-of-experts model: its experts and the traced routing.
     pub moe: Option<analyzer::moe::Moe>,
+}
+
+impl Prepared {
+    /// The job to simulate.
+    pub fn job(&self) -> crate::program::JobRef<'_> {
+        crate::program::JobRef::Schedule(&self.orchestrated.schedule)
+    }
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -347,11 +354,12 @@ pub fn estimate_with(
     parallel: &dyn Parallel,
 ) -> Result<Warned<Report>, Error> {
     let allocator = config.allocator()?;
-    let runs = runs::simulate_all(prepared, config, &allocator, progress, parallel)?;
+    let summary = runs::summary(prepared, config);
+    let runs = runs::simulate_all(prepared, &summary, config, &allocator, progress, parallel)?;
     progress(Progress::start(Stage::Reporting));
     let mut warnings = prepared.warnings.clone();
     warnings.extend(config.context_advice());
-    let input = runs.report_input(prepared, config, warnings);
+    let input = runs.report_input(prepared, config, summary, warnings);
     let report = report::build(&input)?;
     Ok(Warned {
         warnings: report.warnings.clone(),
@@ -363,7 +371,7 @@ pub fn estimate_with(
 mod tests {
     use super::*;
     use crate::orchestrator::OrchestratorConfig;
-    use crate::presets;
+    use crate::{presets, simulator};
 
     const TINY: &[u8] = include_bytes!("../../tests/fixtures/tiny_step.json");
 
@@ -393,13 +401,69 @@ mod tests {
             .filter(|p| p.stage == Stage::Simulating)
             .map(|p| (p.done, p.total))
             .collect();
-        // The reference GPU and two GPUs: one unlimited run per workspace
-        // size, one run at capacity per GPU.
+        // Counted in events: one unlimited run (the GPUs share their
+        // workspace size) and one run at capacity per GPU, of every event;
+        // from none to all, never back, the end only once all ran.
+        let events = u64::from(
+            run(TINY, &config, &mut |_| {})
+                .unwrap()
+                .value
+                .summary
+                .n_events,
+        );
         let total = simulating[0].1;
-        assert!(total >= 3, "{simulating:?}");
-        let expected: Vec<(u64, u64)> = (0..=total).map(|done| (done, total)).collect();
-        assert_eq!(simulating, expected);
+        assert_eq!(total, 3 * events, "{simulating:?}");
+        assert_eq!(simulating.first(), Some(&(0, total)));
+        assert_eq!(simulating.last(), Some(&(total, total)));
+        assert!(simulating
+            .windows(2)
+            .all(|w| w[0].0 <= w[1].0 && w[0].1 == w[1].1));
         assert!(seen.iter().all(|p| p.done <= p.total));
+    }
+
+    /// A GPU the unlimited run fits takes it as its run at capacity; the
+    /// verdicts are those of a run at each capacity.
+    #[test]
+    fn verdicts_are_those_of_a_run_at_each_capacity() {
+        let sizes = ["1MiB", "3MiB", "8MiB", "40MiB", "t4"];
+        for alloc_conf in [
+            "",
+            "expandable_segments:True",
+            "per_process_memory_fraction:0.5",
+        ] {
+            let config = Config {
+                alloc_conf: alloc_conf.to_owned(),
+                ..Config::for_gpus("t4", &gpus(&sizes)).unwrap()
+            };
+            let prepared = prepare(TINY, &config, &mut |_| {}).unwrap();
+            let report = estimate(&prepared, &config, &mut |_| {}).unwrap().value;
+            let allocator = config.allocator().unwrap();
+            for (target, verdict) in config.gpus.iter().zip(&report.gpus) {
+                let device =
+                    simulator::GpuMemory::new(target.capacity, target.overheads.context_bytes);
+                let run = simulate_job(
+                    prepared.job(),
+                    target,
+                    &allocator,
+                    &device,
+                    crate::report::Recorder::maxima(),
+                    &mut |_| {},
+                );
+                let peak = run.max_reserved + target.overheads.context_bytes;
+                assert_eq!(
+                    verdict.peak_total_bytes, peak,
+                    "{alloc_conf} {}",
+                    target.name
+                );
+                assert_eq!(
+                    verdict.fits,
+                    run.oom_at.is_none() && peak <= target.capacity,
+                    "{alloc_conf} {}",
+                    target.name
+                );
+            }
+            assert!(report.gpus.iter().any(|g| !g.fits) && report.gpus.iter().any(|g| g.fits));
+        }
     }
 
     #[test]

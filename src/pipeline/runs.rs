@@ -3,30 +3,39 @@
 //! An estimate needs, for the target and for each compared GPU, a run
 //! without a capacity limit (the peak) and, for each compared GPU, a run at
 //! its capacity (the verdict). Unlimited runs depend only on the cuBLAS
-//! workspace configuration, so GPUs that share one share that run.
+//! workspace configuration, so GPUs that share one share that run. A run at
+//! a capacity the unlimited run never came near is that run: the device
+//! refuses a segment only past its capacity, so every allocator decision is
+//! the same (without a memory fraction, which makes the allocator collect
+//! garbage against the capacity). So the unlimited runs go first, and only
+//! the GPUs they do not fit get a run of their own.
 
 use std::collections::BTreeMap;
 
-use super::{simulate_schedule, Config, Error, Prepared, Progress, Stage};
+use super::{simulate_job, Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::presets::GpuTarget;
-use crate::report::{GpuRuns, ReportError, ReportInput, RunSummary, SimulatedRun};
+use crate::program::JobRef;
+use crate::report::{self, GpuRuns, Recorder, ReportError, ReportInput, RunSummary, SimulatedRun};
 use crate::simulator::{AllocatorConfig, GpuMemory};
 use crate::units::Bytes;
 
-/// One simulation of [`super::estimate_with`], to run wherever the caller likes.
-pub type SimulationJob<'a> = Box<dyn FnOnce() -> SimulatedRun + Send + 'a>;
+/// One simulation of [`super::estimate_with`], to run wherever the caller
+/// likes. It reports the events it has simulated, now and then, through
+/// the function it is given.
+pub type SimulationJob<'a> = Box<dyn FnOnce(&mut dyn FnMut(u64)) -> SimulatedRun + Send + 'a>;
 
 /// Runs independent simulations: the CLI on several threads, the browser's
 /// worker (one thread) in turn with [`InTurn`]. The core itself never
 /// starts a thread.
 pub trait Parallel {
     /// Runs every job and returns their results in the jobs' order, calling
-    /// `finished(n)` on the calling thread as the number of finished jobs grows.
+    /// `simulated(n)` on the calling thread now and then with the number of
+    /// events all jobs have simulated so far.
     fn run_all<'a>(
         &self,
         jobs: Vec<SimulationJob<'a>>,
-        finished: &mut dyn FnMut(u64),
+        simulated: &mut dyn FnMut(u64),
     ) -> Vec<SimulatedRun>;
 }
 
@@ -38,15 +47,16 @@ impl Parallel for InTurn {
     fn run_all<'a>(
         &self,
         jobs: Vec<SimulationJob<'a>>,
-        finished: &mut dyn FnMut(u64),
+        simulated: &mut dyn FnMut(u64),
     ) -> Vec<SimulatedRun> {
-        let mut done = 0;
+        let mut done = 0u64;
         jobs.into_iter()
             .map(|job| {
-                let run = job();
-                done += 1;
-                finished(done);
-                run
+                let mut tick = |n: u64| {
+                    done = done.saturating_add(n);
+                    simulated(done);
+                };
+                job(&mut tick)
             })
             .collect()
     }
@@ -71,44 +81,53 @@ pub(super) struct Runs<'c> {
 }
 
 /// Runs every simulation an estimate needs with `parallel`, reporting
-/// [`Stage::Simulating`] progress: one unlimited run per workspace
-/// configuration, then one run at capacity per compared GPU.
+/// [`Stage::Simulating`] progress in events simulated (out of every run's
+/// events; a run that was not needed, or stopped out of memory, counts as
+/// done): one unlimited run per workspace configuration, then one run at
+/// capacity per compared GPU the unlimited run does not fit.
 pub(super) fn simulate_all<'c>(
     prepared: &Prepared,
+    summary: &RunSummary,
     config: &'c Config,
     allocator: &AllocatorConfig,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
 ) -> Result<Runs<'c>, Error> {
-    let schedule = &prepared.orchestrated.schedule;
+    let job = prepared.job();
+    let n = job.n_events();
     let mut unlimited_targets: BTreeMap<WorkspaceKey, &GpuTarget> = BTreeMap::new();
     for target in std::iter::once(&config.reference).chain(&config.gpus) {
         unlimited_targets
             .entry(workspace_key(target))
             .or_insert(target);
     }
-    let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
-    for &target in unlimited_targets.values() {
-        jobs.push(Box::new(move || {
-            simulate_schedule(schedule, target, allocator, &GpuMemory::unlimited())
-        }));
-    }
-    for target in &config.gpus {
-        jobs.push(Box::new(move || {
-            let device = GpuMemory::new(target.capacity, target.overheads.context_bytes);
-            simulate_schedule(schedule, target, allocator, &device)
-        }));
-    }
-    let total = jobs.len() as u64;
-    let mut simulating = |done| {
+    let reference_key = workspace_key(&config.reference);
+    let runs = unlimited_targets.len() as u64 + config.gpus.len() as u64;
+    let total = runs.saturating_mul(n).max(1);
+    let mut report = |done: u64| {
         progress(Progress {
             stage: Stage::Simulating,
-            done,
+            done: done.min(total),
             total,
         });
     };
-    simulating(0);
-    let mut results = parallel.run_all(jobs, &mut simulating).into_iter();
+    report(0);
+    let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
+    for (&key, &target) in &unlimited_targets {
+        let recorder = if key == reference_key {
+            report::recorder(job, summary, config.max_timeline_points)
+        } else {
+            Recorder::maxima()
+        };
+        jobs.push(simulation(
+            job,
+            target,
+            allocator,
+            GpuMemory::unlimited(),
+            recorder,
+        ));
+    }
+    let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
     let unlimited: BTreeMap<WorkspaceKey, SimulatedRun> = unlimited_targets
         .keys()
         .filter_map(|&key| results.next().map(|run| (key, run)))
@@ -120,51 +139,89 @@ pub(super) fn simulate_all<'c>(
             .cloned()
             .ok_or_else(missing)
     };
-    let reference = unlimited_for(&config.reference)?;
-    let mut gpus = Vec::with_capacity(config.gpus.len());
+    // The GPUs whose unlimited run never came near their capacity take it
+    // as their run at capacity.
+    let mut gpus: Vec<(&GpuTarget, Option<SimulatedRun>, SimulatedRun)> = Vec::new();
     for target in &config.gpus {
-        let at_capacity = results.next().ok_or_else(missing)?;
-        gpus.push((target, at_capacity, unlimited_for(target)?));
+        let free_run = unlimited_for(target)?;
+        let device = GpuMemory::new(target.capacity, target.overheads.context_bytes);
+        let same = allocator.per_process_memory_fraction.is_none()
+            && device.memory_limit.is_none()
+            && device
+                .available_to_allocator()
+                .is_some_and(|room| free_run.max_reserved.get() <= room);
+        let at_capacity = same.then(|| capped(&free_run));
+        gpus.push((target, at_capacity, free_run));
     }
-    Ok(Runs { reference, gpus })
+    let first = unlimited.len() as u64 + gpus.iter().filter(|g| g.1.is_some()).count() as u64;
+    let done_before = first.saturating_mul(n);
+    report(done_before);
+    let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
+    for (target, at_capacity, _) in &gpus {
+        if at_capacity.is_none() {
+            let device = GpuMemory::new(target.capacity, target.overheads.context_bytes);
+            jobs.push(simulation(
+                job,
+                target,
+                allocator,
+                device,
+                Recorder::maxima(),
+            ));
+        }
+    }
+    let mut capped_runs = if jobs.is_empty() {
+        Vec::new()
+    } else {
+        parallel.run_all(jobs, &mut |done| report(done_before.saturating_add(done)))
+    }
+    .into_iter();
+    let mut out = Vec::with_capacity(gpus.len());
+    for (target, at_capacity, free_run) in gpus {
+        let at_capacity = match at_capacity {
+            Some(run) => run,
+            None => capped_runs.next().ok_or_else(missing)?,
+        };
+        out.push((target, at_capacity, free_run));
+    }
+    report(total);
+    Ok(Runs {
+        reference: unlimited_for(&config.reference)?,
+        gpus: out,
+    })
+}
+
+/// An unlimited run as the run at a capacity it fits (the verdict reads
+/// its maxima and whether it ran out of memory).
+fn capped(run: &SimulatedRun) -> SimulatedRun {
+    SimulatedRun {
+        detail: None,
+        ..run.clone()
+    }
+}
+
+/// One simulation as a job: it ticks every 2^16 events.
+fn simulation<'a>(
+    job: JobRef<'a>,
+    target: &'a GpuTarget,
+    allocator: &'a AllocatorConfig,
+    device: GpuMemory,
+    recorder: Recorder,
+) -> SimulationJob<'a> {
+    Box::new(move |tick| simulate_job(job, target, allocator, &device, recorder, tick))
 }
 
 impl<'c> Runs<'c> {
-    /// What the report is built from: these runs, the schedule's facts and
-    /// the warnings of every stage.
+    /// What the report is built from: these runs, the job and the warnings
+    /// of every stage.
     pub(super) fn report_input<'a>(
         &'a self,
         prepared: &'a Prepared,
         config: &'a Config,
+        summary: RunSummary,
         warnings: Vec<Warning>,
     ) -> ReportInput<'a> {
-        let schedule = &prepared.orchestrated.schedule;
-        let facts = &prepared.orchestrated.facts;
-        let summary = RunSummary {
-            optimizer: prepared.optimizer.clone(),
-            foreach_modelled: facts.foreach_modelled,
-            iterations_captured: facts.iterations_captured,
-            iterations_simulated: facts.iterations_simulated,
-            parameter_bytes: prepared.parameter_bytes,
-            n_parameters: prepared.n_parameters,
-            trainable_parameter_bytes: prepared.state.trainable_bytes,
-            frozen_parameter_bytes: prepared.state.frozen_bytes,
-            buffer_bytes: prepared.state.buffer_bytes,
-            quantized_parameter_bytes: prepared.state.quantized_bytes,
-            quant_state_bytes: prepared.state.quant_state_bytes,
-            run_kind: prepared.run_kind,
-            n_blocks: u32::try_from(schedule.blocks.len()).unwrap_or(u32::MAX),
-            n_events: u32::try_from(schedule.events.len()).unwrap_or(u32::MAX),
-            alloc_conf: config.alloc_conf.clone(),
-            rules: facts.rule_counts.clone(),
-            recipe: prepared.recipe.clone(),
-            scaled: prepared.scaled.clone(),
-            traced: prepared.traced.clone(),
-            generation: prepared.generation.clone(),
-            moe: prepared.moe.clone(),
-        };
         ReportInput {
-            schedule,
+            job: prepared.job(),
             reference: &config.reference,
             unlimited: &self.reference,
             gpus: self
@@ -178,7 +235,35 @@ impl<'c> Runs<'c> {
                 .collect(),
             summary,
             warnings,
-            max_timeline_points: config.max_timeline_points,
         }
+    }
+}
+
+/// The facts of the run the report repeats.
+pub(super) fn summary(prepared: &Prepared, config: &Config) -> RunSummary {
+    let job = prepared.job();
+    let facts = &prepared.orchestrated.facts;
+    RunSummary {
+        optimizer: prepared.optimizer.clone(),
+        foreach_modelled: facts.foreach_modelled,
+        iterations_captured: facts.iterations_captured,
+        iterations_simulated: facts.iterations_simulated,
+        parameter_bytes: prepared.parameter_bytes,
+        n_parameters: prepared.n_parameters,
+        trainable_parameter_bytes: prepared.state.trainable_bytes,
+        frozen_parameter_bytes: prepared.state.frozen_bytes,
+        buffer_bytes: prepared.state.buffer_bytes,
+        quantized_parameter_bytes: prepared.state.quantized_bytes,
+        quant_state_bytes: prepared.state.quant_state_bytes,
+        run_kind: prepared.run_kind,
+        n_blocks: u32::try_from(job.n_blocks()).unwrap_or(u32::MAX),
+        n_events: u32::try_from(job.n_events()).unwrap_or(u32::MAX),
+        alloc_conf: config.alloc_conf.clone(),
+        rules: facts.rule_counts.clone(),
+        recipe: prepared.recipe.clone(),
+        scaled: prepared.scaled.clone(),
+        traced: prepared.traced.clone(),
+        generation: prepared.generation.clone(),
+        moe: prepared.moe.clone(),
     }
 }

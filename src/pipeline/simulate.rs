@@ -2,10 +2,14 @@
 //! for one GPU, and the simulation's samples come back per schedule event.
 //! The estimate and the what-ifs share it.
 
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+
 use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
-use crate::report::SimulatedRun;
-use crate::simulator::{self, AllocatorConfig, GpuMemory, SimOp};
+use crate::program::JobRef;
+use crate::report::{Recorder, SimulatedRun};
+use crate::simulator::{AllocatorConfig, GpuMemory, Runner, SimOp};
 use crate::units::Bytes;
 
 /// The simulator ops of a schedule on `target`: workspace blocks at the
@@ -56,37 +60,74 @@ pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> (Vec<SimOp>, Vec
     (ops, ops_through)
 }
 
-/// Replays a schedule through the simulated allocator on one device, with
-/// the target's cuBLAS workspace size, and returns one sample per schedule
-/// event (fewer when the run ran out of memory).
-pub fn simulate_schedule(
-    schedule: &Schedule,
+/// Replays a job through the simulated allocator on one device, with the
+/// target's cuBLAS workspace size (the first `cublas_workspaces` workspace
+/// blocks at it, the others and zero-byte blocks skipped with their frees),
+/// handing the sample after each event to `recorder`; stops at an
+/// out-of-memory error. `tick(n)` says every [`TICK`] events that `n` more
+/// were simulated (at the end, the rest of the job's, simulated or not).
+pub fn simulate_job(
+    job: JobRef<'_>,
     target: &GpuTarget,
     allocator: &AllocatorConfig,
     device: &GpuMemory,
+    mut recorder: Recorder,
+    tick: &mut dyn FnMut(u64),
 ) -> SimulatedRun {
-    let (ops, ops_through) = schedule_ops(schedule, target);
-    let simulation = simulator::simulate(&ops, allocator, device);
-    let op_samples = &simulation.after_event;
-    let oom_op = simulation.oom.map(|oom| oom.event_index);
-    let mut samples = Vec::with_capacity(schedule.events.len());
-    let mut oom_at = None;
-    for (event_index, &through) in ops_through.iter().enumerate() {
-        if let Some(op) = oom_op {
-            if through > op {
-                oom_at = Some(event_index);
-                if let Some(sample) = op_samples.get(op) {
-                    samples.push(*sample);
+    let workspace = target.overheads.cublas_workspace_bytes;
+    let mut workspaces_left = target.overheads.cublas_workspaces;
+    let mut runner = Runner::new(
+        allocator,
+        device,
+        usize::try_from(job.n_events()).unwrap_or(usize::MAX),
+    );
+    // Blocks never issued (zero bytes, workspaces past the count): their
+    // frees are skipped too.
+    let mut skipped: HashSet<u64> = HashSet::new();
+    let mut index = 0usize;
+    job.for_each(&mut |e| {
+        let op = match e.kind {
+            EventKind::Alloc => {
+                let size = if e.category == Category::Workspace {
+                    if workspaces_left > 0 {
+                        workspaces_left -= 1;
+                        workspace
+                    } else {
+                        Bytes::ZERO
+                    }
+                } else {
+                    e.size
+                };
+                if size > Bytes::ZERO {
+                    Some(SimOp::Alloc {
+                        block: e.block,
+                        size,
+                        stream: 0,
+                    })
+                } else {
+                    skipped.insert(e.block);
+                    None
                 }
-                break;
             }
+            EventKind::Free => {
+                (!skipped.remove(&e.block)).then_some(SimOp::Free { block: e.block })
+            }
+        };
+        let oom = op.is_some_and(|op| runner.step(index, &op).is_err());
+        index += 1;
+        if index as u64 % TICK == 0 {
+            tick(TICK);
         }
-        let sample = through
-            .checked_sub(1)
-            .and_then(|last| op_samples.get(last))
-            .copied()
-            .unwrap_or_default();
-        samples.push(sample);
-    }
-    SimulatedRun { samples, oom_at }
+        recorder.record(e.time, runner.sample());
+        if oom {
+            recorder.out_of_memory();
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    tick(job.n_events().saturating_sub(index as u64 / TICK * TICK));
+    recorder.finish()
 }
+
+/// Events between two progress ticks of a simulation.
+pub const TICK: u64 = 1 << 16;

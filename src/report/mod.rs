@@ -11,18 +11,20 @@
 //! Invariants: plain serde data with deterministic field and element order; the
 //! breakdown categories sum exactly to the peak total.
 
+mod recorder;
 mod timeline;
 
-use crate::simulator::Sample;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use timeline::{downsample, TimelinePoint, DEFAULT_MAX_POINTS};
+pub use recorder::{Recorder, RunDetail, SimulatedRun};
+pub use timeline::{downsample, Downsampler, TimelinePoint, DEFAULT_MAX_POINTS};
 
 use crate::diag::Warning;
-use crate::orchestrator::{BlockId, Category, EventKind, Phase, PhaseWindow, Schedule};
+use crate::orchestrator::{Category, IterationSpan, Phase, PhaseWindow};
 use crate::presets::GpuTarget;
+use crate::program::{JobEvent, JobRef};
 use crate::units::{Bytes, Nanos};
 
 /// The version tag of the JSON report.
@@ -30,17 +32,6 @@ pub const SCHEMA: &str = "memcast.estimate/1";
 
 /// How many layers the report lists at the peak.
 pub const TOP_LAYERS: usize = 10;
-
-/// One simulation of the schedule, reduced to what the report needs.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SimulatedRun {
-    /// Statistics after each schedule event, one per event. Shorter than the
-    /// schedule when the run stopped at an out-of-memory error.
-    pub samples: Vec<Sample>,
-    /// The event index at which the allocator ran out of memory (after
-    /// releasing its cache and retrying), if it did.
-    pub oom_at: Option<usize>,
-}
 
 /// Facts about the run that the report repeats for the reader.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -288,7 +279,7 @@ pub struct GpuRuns<'a> {
 /// Everything [`build`] reads.
 #[derive(Debug, Clone)]
 pub struct ReportInput<'a> {
-    pub schedule: &'a Schedule,
+    pub job: JobRef<'a>,
     /// The GPU whose overheads the headline uses.
     pub reference: &'a GpuTarget,
     /// The reference simulation without a capacity limit.
@@ -296,8 +287,6 @@ pub struct ReportInput<'a> {
     pub gpus: Vec<GpuRuns<'a>>,
     pub summary: RunSummary,
     pub warnings: Vec<Warning>,
-    /// Points the timeline keeps at most.
-    pub max_timeline_points: usize,
 }
 
 /// Errors building a report.
@@ -312,44 +301,75 @@ pub enum ReportError {
     MissingSimulation,
 }
 
+/// The time windows whose peaks the report shows, in the order
+/// [`RunDetail::windows`] has them: each simulated iteration, then a
+/// generation's prompt call and decode steps.
+pub fn windows(job: JobRef<'_>, summary: &RunSummary) -> Vec<(Nanos, Nanos)> {
+    let mut windows: Vec<(Nanos, Nanos)> = job
+        .iterations()
+        .iter()
+        .map(|span| (span.start, span.end))
+        .collect();
+    if let Some(g) = &summary.generation {
+        windows.push(g.prefill_window);
+        windows.push(g.decode_window);
+    }
+    windows
+}
+
+/// The recorder of the headline run of `job` ([`Recorder::detailed`] with
+/// the report's windows).
+pub fn recorder(job: JobRef<'_>, summary: &RunSummary, max_points: usize) -> Recorder {
+    Recorder::detailed(
+        job.n_events(),
+        job.time_range().unwrap_or_default(),
+        max_points,
+        windows(job, summary),
+    )
+}
+
 /// Builds the report.
 pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
-    let schedule = input.schedule;
-    let samples = &input.unlimited.samples;
-    if schedule.events.is_empty() {
+    let job = input.job;
+    let run = input.unlimited;
+    let n_events = job.n_events();
+    if n_events == 0 {
         return Err(ReportError::Empty);
     }
-    if samples.len() != schedule.events.len() {
+    let detail = run.detail.clone().unwrap_or_default();
+    let n_windows = windows(job, &input.summary).len();
+    if run.events != n_events || detail.windows.len() != n_windows {
         return Err(ReportError::Mismatch((
-            samples.len(),
-            schedule.events.len(),
+            usize::try_from(run.events).unwrap_or(usize::MAX),
+            usize::try_from(n_events).unwrap_or(usize::MAX),
         )));
     }
     let overheads = input.reference.overheads;
-    let (peak_index, peak_reserved) = first_max(samples.iter().map(|s| s.reserved));
-    let peak_allocated = samples
-        .iter()
-        .map(|s| s.allocated)
-        .max()
-        .unwrap_or(Bytes::ZERO);
+    let peak_index = run.peak_index;
+    let peak_reserved = run.max_reserved;
     let total = peak_reserved + overheads.context_bytes;
 
-    let live = live_after(schedule, peak_index, overheads.cublas_workspace_bytes);
+    let (live, at_peak) = job.live_after(peak_index);
     let mut breakdown = Breakdown::default();
-    let mut layers: BTreeMap<&str, Bytes> = BTreeMap::new();
+    let mut layers: BTreeMap<String, Bytes> = BTreeMap::new();
     // Without Python frames no block has a layer: the same figures by op.
-    let mut ops: BTreeMap<&str, Bytes> = BTreeMap::new();
+    let mut ops: BTreeMap<String, Bytes> = BTreeMap::new();
     let mut requested = Bytes::ZERO;
-    for &(id, size) in &live {
-        let Some(block) = schedule.block(id) else {
+    for event in &live {
+        let size = if event.category == Category::Workspace {
+            overheads.cublas_workspace_bytes
+        } else {
+            event.size
+        };
+        breakdown.add(event.category, size);
+        requested += size;
+        let Some(facts) = job.block_facts(event.facts) else {
             continue;
         };
-        breakdown.add(block.category, size);
-        requested += size;
-        if let Some(layer) = block.layer.as_deref() {
+        if let Some(layer) = facts.layer {
             *layers.entry(layer).or_default() += size;
         }
-        if let Some(op) = block.op.as_deref() {
+        if let Some(op) = facts.op {
             *ops.entry(op).or_default() += size;
         }
     }
@@ -370,37 +390,18 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
 
     let mut top_layers: Vec<LayerBytes> = layers
         .into_iter()
-        .map(|(layer, bytes)| LayerBytes {
-            layer: layer.to_owned(),
-            bytes,
-        })
+        .map(|(layer, bytes)| LayerBytes { layer, bytes })
         .collect();
     top_layers.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.layer.cmp(&b.layer)));
     top_layers.truncate(TOP_LAYERS);
 
-    let at = place(schedule, peak_index);
-    let points: Vec<TimelinePoint> = schedule
-        .events
-        .iter()
-        .zip(samples)
-        .map(|(event, sample)| TimelinePoint {
-            time_ns: event.time,
-            allocated_bytes: sample.allocated,
-            reserved_bytes: sample.reserved,
-        })
-        .collect();
-
-    let iterations = schedule
-        .iterations
+    let spans = job.iterations();
+    let at = place(job, &spans, peak_index, at_peak);
+    let mut window_peaks = detail.windows.into_iter();
+    let iterations = spans
         .iter()
         .map(|span| {
-            let mut peak = Sample::default();
-            for (event, sample) in schedule.events.iter().zip(samples) {
-                if span.start <= event.time && event.time <= span.end {
-                    peak.allocated = peak.allocated.max(sample.allocated);
-                    peak.reserved = peak.reserved.max(sample.reserved);
-                }
-            }
+            let peak = window_peaks.next().flatten().unwrap_or_default();
             IterationPeak {
                 index: span.index,
                 source: span.source,
@@ -415,17 +416,8 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
     // decode steps (reserved memory only grows from one to the next).
     let mut summary = input.summary.clone();
     if let Some(g) = summary.generation.as_mut() {
-        let peak_in = |(from, to): (Nanos, Nanos)| {
-            schedule
-                .events
-                .iter()
-                .zip(samples)
-                .filter(|(e, _)| from <= e.time && e.time <= to)
-                .map(|(_, s)| s.allocated)
-                .max()
-        };
-        g.prefill_peak_allocated_bytes = peak_in(g.prefill_window);
-        g.decode_peak_allocated_bytes = peak_in(g.decode_window);
+        g.prefill_peak_allocated_bytes = window_peaks.next().flatten().map(|s| s.allocated);
+        g.decode_peak_allocated_bytes = window_peaks.next().flatten().map(|s| s.allocated);
     }
     let gpus = input.gpus.iter().map(verdict).collect();
     Ok(Report {
@@ -434,7 +426,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         summary,
         peak: Peak {
             reserved_bytes: peak_reserved,
-            allocated_bytes: peak_allocated,
+            allocated_bytes: run.max_allocated,
             total_bytes: total,
             context_bytes: overheads.context_bytes,
             at,
@@ -443,88 +435,43 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         top_layers,
         top_layers_by,
         iterations,
-        phases: input.schedule.phases.clone(),
-        timeline: downsample(&points, input.max_timeline_points),
+        phases: job.phases().into_owned(),
+        timeline: detail.timeline,
         gpus,
         warnings: input.warnings.clone(),
     })
 }
 
-/// The index and value of the first maximum (0 and zero when empty).
-fn first_max(values: impl Iterator<Item = Bytes>) -> (usize, Bytes) {
-    let mut best = (0, Bytes::ZERO);
-    for (index, value) in values.enumerate() {
-        if index == 0 || value > best.1 {
-            best = (index, value);
-        }
-    }
-    best
-}
-
-/// The blocks live right after event `index`, with their sizes (workspace
-/// blocks at `workspace` bytes), in allocation order.
-fn live_after(schedule: &Schedule, index: usize, workspace: Bytes) -> Vec<(BlockId, Bytes)> {
-    let mut live: BTreeMap<BlockId, (usize, Bytes)> = BTreeMap::new();
-    for (position, event) in schedule.events.iter().take(index + 1).enumerate() {
-        match event.kind {
-            EventKind::Alloc => {
-                let size = match schedule.block(event.block) {
-                    Some(block) if block.category == Category::Workspace => workspace,
-                    Some(block) => block.size,
-                    None => Bytes::ZERO,
-                };
-                live.insert(event.block, (position, size));
-            }
-            EventKind::Free => {
-                live.remove(&event.block);
-            }
-        }
-    }
-    let mut ordered: Vec<(usize, BlockId, Bytes)> = live
-        .into_iter()
-        .map(|(id, (position, size))| (position, id, size))
-        .collect();
-    ordered.sort_unstable();
-    ordered
-        .into_iter()
-        .map(|(_, id, size)| (id, size))
-        .collect()
-}
-
-/// Where event `index` happens.
-fn place(schedule: &Schedule, index: usize) -> PeakPlace {
-    let event = schedule.events.get(index);
+/// Where event `index` (`event`) happens.
+fn place(
+    job: JobRef<'_>,
+    spans: &[IterationSpan],
+    index: u64,
+    event: Option<JobEvent>,
+) -> PeakPlace {
     let time = event.map_or(Nanos::ZERO, |e| e.time);
-    let block = event.and_then(|e| schedule.block(e.block));
-    let iteration = schedule
-        .iterations
+    let facts = event.and_then(|e| job.block_facts(e.facts));
+    let iteration = spans
         .iter()
         .find(|span| span.start <= time && time <= span.end)
         .map(|span| span.index)
-        .or_else(|| block.and_then(|b| b.iteration));
+        .or_else(|| facts.as_ref().and_then(|f| f.iteration));
     PeakPlace {
         event_index: u32::try_from(index).unwrap_or(u32::MAX),
         time_ns: time,
         iteration,
-        phase: block.map_or(Phase::Other, |b| b.phase),
-        op: block.and_then(|b| b.op.clone()),
-        layer: block.and_then(|b| b.layer.clone()),
+        phase: facts.as_ref().map_or(Phase::Other, |f| f.phase),
+        op: facts.as_ref().and_then(|f| f.op.clone()),
+        layer: facts.and_then(|f| f.layer),
     }
 }
 
 fn verdict(runs: &GpuRuns<'_>) -> GpuVerdict {
     let overheads = runs.target.overheads;
     let capacity = runs.target.capacity;
-    let reserved = |run: &SimulatedRun| {
-        run.samples
-            .iter()
-            .map(|s| s.reserved)
-            .max()
-            .unwrap_or(Bytes::ZERO)
-    };
-    let peak_total = reserved(runs.at_capacity) + overheads.context_bytes;
+    let peak_total = runs.at_capacity.max_reserved + overheads.context_bytes;
     let fits = runs.at_capacity.oom_at.is_none() && peak_total <= capacity;
-    let needed = reserved(runs.unlimited) + overheads.context_bytes;
+    let needed = runs.unlimited.max_reserved + overheads.context_bytes;
     GpuVerdict {
         preset: runs.target.name.clone(),
         capacity_bytes: capacity,
@@ -540,8 +487,11 @@ fn verdict(runs: &GpuRuns<'_>) -> GpuVerdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::orchestrator::{IterationSpan, ScheduleEvent, ScheduledBlock};
+    use crate::orchestrator::{
+        BlockId, EventKind, IterationSpan, Schedule, ScheduleEvent, ScheduledBlock,
+    };
     use crate::presets::parse_gpu;
+    use crate::simulator::Sample;
 
     fn block(size: u64, category: Category, layer: &str) -> ScheduledBlock {
         ScheduledBlock {
@@ -567,6 +517,21 @@ mod tests {
             allocated: Bytes(allocated),
             reserved: Bytes(reserved),
         }
+    }
+
+    /// The run of `schedule` whose samples are `samples`, as a recorder
+    /// gathers it.
+    fn run(schedule: &Schedule, samples: &[Sample], detailed: bool) -> SimulatedRun {
+        let job = JobRef::Schedule(schedule);
+        let mut recorder = if detailed {
+            recorder(job, &RunSummary::default(), DEFAULT_MAX_POINTS)
+        } else {
+            Recorder::maxima()
+        };
+        for (e, s) in schedule.events.iter().zip(samples) {
+            recorder.record(e.time, *s);
+        }
+        recorder.finish()
     }
 
     fn schedule() -> Schedule {
@@ -604,19 +569,17 @@ mod tests {
         let gpu = parse_gpu("a100-80gb").unwrap();
         let ws = gpu.overheads.cublas_workspace_bytes.get();
         let reserved = 2 * Bytes::MIB + 20 * Bytes::MIB;
-        let run = SimulatedRun {
-            samples: vec![
-                sample(1024, 2 * Bytes::MIB),
-                sample(1024 + ws, 2 * Bytes::MIB + 20 * Bytes::MIB),
-                sample(1024 + ws + 3072, reserved),
-                sample(1024 + ws + 3584, reserved),
-                sample(1024 + ws + 3072, reserved),
-                sample(1024 + ws, reserved),
-            ],
-            oom_at: None,
-        };
+        let samples = [
+            sample(1024, 2 * Bytes::MIB),
+            sample(1024 + ws, 2 * Bytes::MIB + 20 * Bytes::MIB),
+            sample(1024 + ws + 3072, reserved),
+            sample(1024 + ws + 3584, reserved),
+            sample(1024 + ws + 3072, reserved),
+            sample(1024 + ws, reserved),
+        ];
+        let run = run(&schedule, &samples, true);
         let report = build(&ReportInput {
-            schedule: &schedule,
+            job: JobRef::Schedule(&schedule),
             reference: &gpu,
             unlimited: &run,
             gpus: vec![GpuRuns {
@@ -626,7 +589,6 @@ mod tests {
             }],
             summary: RunSummary::default(),
             warnings: vec![],
-            max_timeline_points: DEFAULT_MAX_POINTS,
         })
         .unwrap();
         assert_eq!(report.schema, SCHEMA);
@@ -664,14 +626,13 @@ mod tests {
     #[test]
     fn an_out_of_memory_run_reports_the_shortfall() {
         let gpu = parse_gpu("1GiB").unwrap();
-        let unlimited = SimulatedRun {
-            samples: vec![sample(0, 2 * Bytes::GIB); 6],
-            oom_at: None,
-        };
-        let failed = SimulatedRun {
-            samples: vec![sample(0, 512 * Bytes::MIB)],
-            oom_at: Some(1),
-        };
+        let schedule = schedule();
+        let unlimited = run(&schedule, &[sample(0, 2 * Bytes::GIB); 6], false);
+        let mut recorder = Recorder::maxima();
+        recorder.record(Nanos(0), sample(0, 512 * Bytes::MIB));
+        recorder.out_of_memory();
+        let failed = recorder.finish();
+        assert_eq!(failed.oom_at, Some(0));
         let runs = GpuRuns {
             target: &gpu,
             at_capacity: &failed,
@@ -695,18 +656,17 @@ mod tests {
         let empty = Schedule::default();
         let run = SimulatedRun::default();
         let input = ReportInput {
-            schedule: &empty,
+            job: JobRef::Schedule(&empty),
             reference: &gpu,
             unlimited: &run,
             gpus: vec![],
             summary: RunSummary::default(),
             warnings: vec![],
-            max_timeline_points: 10,
         };
         assert_eq!(build(&input), Err(ReportError::Empty));
         let schedule = schedule();
         let input = ReportInput {
-            schedule: &schedule,
+            job: JobRef::Schedule(&schedule),
             ..input
         };
         assert_eq!(build(&input), Err(ReportError::Mismatch((0, 6))));
@@ -715,15 +675,46 @@ mod tests {
     #[test]
     fn live_blocks_at_an_event_come_in_allocation_order() {
         let schedule = schedule();
-        let live = live_after(&schedule, 3, Bytes(7));
+        let (live, at) = JobRef::Schedule(&schedule).live_after(3);
+        let blocks: Vec<(u64, Bytes)> = live.iter().map(|e| (e.block, e.size)).collect();
         assert_eq!(
-            live,
+            blocks,
             vec![
-                (BlockId(0), Bytes(1000)),
-                (BlockId(1), Bytes(7)),
-                (BlockId(2), Bytes(3000)),
-                (BlockId(3), Bytes(500)),
+                (0, Bytes(1000)),
+                (1, Bytes(0)),
+                (2, Bytes(3000)),
+                (3, Bytes(500))
             ]
         );
+        assert_eq!(at.map(|e| e.time), Some(Nanos(3)));
+        let (live, _) = JobRef::Schedule(&schedule).live_after(5);
+        assert_eq!(live.len(), 2);
+    }
+
+    #[test]
+    fn windows_keep_the_peak_of_the_events_inside_them() {
+        let mut recorder = Recorder::detailed(
+            4,
+            (Nanos(0), Nanos(30)),
+            DEFAULT_MAX_POINTS,
+            vec![
+                (Nanos(10), Nanos(20)),
+                (Nanos(0), Nanos(30)),
+                (Nanos(40), Nanos(50)),
+            ],
+        );
+        for (t, a) in [(0, 5), (10, 9), (20, 7), (30, 8)] {
+            recorder.record(Nanos(t), sample(a, a));
+        }
+        let run = recorder.finish();
+        let peaks: Vec<Option<u64>> = run
+            .detail
+            .unwrap()
+            .windows
+            .iter()
+            .map(|w| w.map(|s| s.allocated.get()))
+            .collect();
+        assert_eq!(peaks, [Some(9), Some(9), None]);
+        assert_eq!((run.peak_index, run.max_reserved), (1, Bytes(9)));
     }
 }

@@ -34,74 +34,151 @@ const POINTS_PER_BUCKET: usize = 6;
 /// one bucket's worth), keeping each bucket's extremes. Returns the input
 /// unchanged when it is already small enough.
 pub fn downsample(points: &[TimelinePoint], max_points: usize) -> Vec<TimelinePoint> {
-    if points.len() <= max_points.max(POINTS_PER_BUCKET) {
-        return points.to_vec();
-    }
-    let buckets = (max_points / POINTS_PER_BUCKET).max(1);
     let (Some(first), Some(last)) = (points.first(), points.last()) else {
         return Vec::new();
     };
-    let start = i128::from(first.time_ns.get());
-    let span = (i128::from(last.time_ns.get()) - start).max(1);
-    let bucket_of = |point: &TimelinePoint| -> usize {
-        let offset = (i128::from(point.time_ns.get()) - start).max(0);
-        let index = offset * buckets as i128 / (span + 1);
-        usize::try_from(index)
-            .unwrap_or(buckets - 1)
-            .min(buckets - 1)
-    };
-    let mut kept: Vec<TimelinePoint> = Vec::with_capacity(buckets * POINTS_PER_BUCKET);
-    let mut begin = 0;
-    while begin < points.len() {
-        let Some(point) = points.get(begin) else {
-            break;
-        };
-        let bucket = bucket_of(point);
-        let mut end = begin + 1;
-        while points.get(end).is_some_and(|p| bucket_of(p) == bucket) {
-            end += 1;
-        }
-        let Some(slice) = points.get(begin..end) else {
-            break;
-        };
-        let mut picks = [
-            0,
-            slice.len() - 1,
-            index_of(slice, |a, b| a.allocated_bytes > b.allocated_bytes),
-            index_of(slice, |a, b| a.reserved_bytes > b.reserved_bytes),
-            index_of(slice, |a, b| a.allocated_bytes < b.allocated_bytes),
-            index_of(slice, |a, b| a.reserved_bytes < b.reserved_bytes),
-        ];
-        picks.sort_unstable();
-        let mut previous = None;
-        for pick in picks {
-            if previous == Some(pick) {
-                continue;
-            }
-            previous = Some(pick);
-            if let Some(point) = slice.get(pick) {
-                kept.push(*point);
-            }
-        }
-        begin = end;
+    let mut timeline = Downsampler::new(
+        points.len() as u64,
+        (first.time_ns, last.time_ns),
+        max_points,
+    );
+    for point in points {
+        timeline.push(*point);
     }
-    kept
+    timeline.finish()
 }
 
-/// The index of the first element that no later element beats.
-fn index_of(
-    slice: &[TimelinePoint],
-    better: impl Fn(&TimelinePoint, &TimelinePoint) -> bool,
-) -> usize {
-    let mut best = 0;
-    for (index, point) in slice.iter().enumerate() {
-        if let Some(current) = slice.get(best) {
-            if better(point, current) {
-                best = index;
+/// [`downsample`] fed one point at a time: what a simulation streaming its
+/// events keeps, given beforehand how many points come and the times of
+/// the first and the last.
+#[derive(Debug, Clone)]
+pub struct Downsampler {
+    /// Every point is kept (there are few enough).
+    all: bool,
+    buckets: usize,
+    start: i128,
+    span: i128,
+    kept: Vec<TimelinePoint>,
+    /// The bucket being filled and its candidates.
+    bucket: Option<Bucket>,
+}
+
+/// One bucket's candidates, as (index in the bucket, point).
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    index: usize,
+    len: usize,
+    first: TimelinePoint,
+    last: (usize, TimelinePoint),
+    max_allocated: (usize, TimelinePoint),
+    max_reserved: (usize, TimelinePoint),
+    min_allocated: (usize, TimelinePoint),
+    min_reserved: (usize, TimelinePoint),
+}
+
+impl Bucket {
+    fn new(index: usize, point: TimelinePoint) -> Bucket {
+        Bucket {
+            index,
+            len: 1,
+            first: point,
+            last: (0, point),
+            max_allocated: (0, point),
+            max_reserved: (0, point),
+            min_allocated: (0, point),
+            min_reserved: (0, point),
+        }
+    }
+
+    /// Adds a point: each extreme is the first point no later one beats.
+    fn push(&mut self, point: TimelinePoint) {
+        let i = self.len;
+        self.len += 1;
+        self.last = (i, point);
+        if point.allocated_bytes > self.max_allocated.1.allocated_bytes {
+            self.max_allocated = (i, point);
+        }
+        if point.reserved_bytes > self.max_reserved.1.reserved_bytes {
+            self.max_reserved = (i, point);
+        }
+        if point.allocated_bytes < self.min_allocated.1.allocated_bytes {
+            self.min_allocated = (i, point);
+        }
+        if point.reserved_bytes < self.min_reserved.1.reserved_bytes {
+            self.min_reserved = (i, point);
+        }
+    }
+
+    /// The kept points in order, each once.
+    fn flush(self, kept: &mut Vec<TimelinePoint>) {
+        let mut picks = [
+            (0, self.first),
+            self.last,
+            self.max_allocated,
+            self.max_reserved,
+            self.min_allocated,
+            self.min_reserved,
+        ];
+        picks.sort_unstable_by_key(|&(i, _)| i);
+        let mut previous = None;
+        for (i, point) in picks {
+            if previous == Some(i) {
+                continue;
+            }
+            previous = Some(i);
+            kept.push(point);
+        }
+    }
+}
+
+impl Downsampler {
+    /// A timeline of `n` points from `first` to `last` (times), reduced to
+    /// at most `max_points`.
+    pub fn new(n: u64, (first, last): (Nanos, Nanos), max_points: usize) -> Downsampler {
+        let all = n <= max_points.max(POINTS_PER_BUCKET) as u64;
+        let start = i128::from(first.get());
+        Downsampler {
+            all,
+            buckets: (max_points / POINTS_PER_BUCKET).max(1),
+            start,
+            span: (i128::from(last.get()) - start).max(1),
+            kept: Vec::new(),
+            bucket: None,
+        }
+    }
+
+    fn bucket_of(&self, point: &TimelinePoint) -> usize {
+        let offset = (i128::from(point.time_ns.get()) - self.start).max(0);
+        let index = offset * self.buckets as i128 / (self.span + 1);
+        usize::try_from(index)
+            .unwrap_or(self.buckets - 1)
+            .min(self.buckets - 1)
+    }
+
+    /// The next point (in time order).
+    pub fn push(&mut self, point: TimelinePoint) {
+        if self.all {
+            self.kept.push(point);
+            return;
+        }
+        let index = self.bucket_of(&point);
+        match &mut self.bucket {
+            Some(bucket) if bucket.index == index => bucket.push(point),
+            _ => {
+                if let Some(done) = self.bucket.replace(Bucket::new(index, point)) {
+                    done.flush(&mut self.kept);
+                }
             }
         }
     }
-    best
+
+    /// The points kept.
+    pub fn finish(mut self) -> Vec<TimelinePoint> {
+        if let Some(done) = self.bucket.take() {
+            done.flush(&mut self.kept);
+        }
+        self.kept
+    }
 }
 
 #[cfg(test)]

@@ -180,7 +180,12 @@ impl IdMap {
     fn new(n_events: usize) -> IdMap {
         IdMap {
             dense: Vec::new(),
-            limit: (n_events as u64).saturating_mul(2).saturating_add(1024),
+            // The dense part is bounded: a streamed job's ids run to its
+            // length, of which few are live at once.
+            limit: (n_events as u64)
+                .saturating_mul(2)
+                .saturating_add(1024)
+                .min(1 << 24),
             sparse: HashMap::default(),
         }
     }
@@ -211,25 +216,36 @@ pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &GpuMemory) 
     run(events, config, device, |_| {})
 }
 
-/// Runs a schedule through a fresh allocator, calling `observe` after each
-/// event: allocations under caller ids (a reused live id frees the older
-/// block first), frees of unknown ids counted, `empty_cache`; stops at the
-/// first out-of-memory error and records it. [`simulate`] and
-/// [`simulate_detailed`] differ only in what they observe.
-fn run(
-    events: &[SimOp],
-    config: &AllocatorConfig,
-    device: &GpuMemory,
-    mut observe: impl FnMut(&CachingAllocator),
-) -> Simulation {
-    let mut alloc = CachingAllocator::new(config.clone(), *device);
-    let mut live = IdMap::new(events.len());
-    let mut after_event = Vec::with_capacity(events.len());
-    let mut oom = None;
-    let mut unknown_frees = 0u64;
-    let mut first_unknown = None;
-    let mut reused_ids = 0u64;
-    for (event_index, op) in events.iter().enumerate() {
+/// A simulation fed one event at a time ([`Runner::step`]), for a caller
+/// that streams its events rather than holding them (a rebuilt job of
+/// hundreds of millions): allocations under caller ids (a reused live id
+/// frees the older block first), frees of unknown ids counted,
+/// `empty_cache`. [`simulate`] runs a slice through one.
+pub struct Runner {
+    alloc: CachingAllocator,
+    live: IdMap,
+    unknown_frees: u64,
+    first_unknown: Option<u64>,
+    reused_ids: u64,
+}
+
+impl Runner {
+    /// A fresh allocator; `n_events` sizes the id table (a hint: ids of any
+    /// size are served).
+    pub fn new(config: &AllocatorConfig, device: &GpuMemory, n_events: usize) -> Runner {
+        Runner {
+            alloc: CachingAllocator::new(config.clone(), *device),
+            live: IdMap::new(n_events),
+            unknown_frees: 0,
+            first_unknown: None,
+            reused_ids: 0,
+        }
+    }
+
+    /// Applies one event; an allocation the device cannot serve (after
+    /// releasing the cache and retrying) is the out-of-memory error, whose
+    /// `event_index` is `event_index`.
+    pub fn step(&mut self, event_index: usize, op: &SimOp) -> Result<(), OomRecord> {
         match *op {
             SimOp::Alloc {
                 block,
@@ -237,17 +253,17 @@ fn run(
                 stream,
             } => {
                 if size.get() > 0 {
-                    match alloc.malloc(size, stream) {
+                    match self.alloc.malloc(size, stream) {
                         Ok(a) => {
-                            if let Some(old) = live.insert(block, a.handle) {
+                            if let Some(old) = self.live.insert(block, a.handle) {
                                 // The caller reused a live id: free the old block
                                 // so the schedule stays balanced.
-                                reused_ids += 1;
-                                let _ = alloc.free(old);
+                                self.reused_ids += 1;
+                                let _ = self.alloc.free(old);
                             }
                         }
                         Err(e) => {
-                            oom = Some(OomRecord {
+                            return Err(OomRecord {
                                 event_index,
                                 block,
                                 requested: e.requested,
@@ -261,47 +277,86 @@ fn run(
                     }
                 }
             }
-            SimOp::Free { block } => match live.remove(&block) {
+            SimOp::Free { block } => match self.live.remove(&block) {
                 Some(h) => {
-                    let _ = alloc.free(h);
+                    let _ = self.alloc.free(h);
                 }
                 None => {
-                    unknown_frees += 1;
-                    first_unknown.get_or_insert(block);
+                    self.unknown_frees += 1;
+                    self.first_unknown.get_or_insert(block);
                 }
             },
-            SimOp::EmptyCache => alloc.empty_cache(),
+            SimOp::EmptyCache => self.alloc.empty_cache(),
         }
-        after_event.push(Sample {
-            allocated: alloc.allocated(),
-            reserved: alloc.reserved(),
-        });
-        observe(&alloc);
+        Ok(())
+    }
+
+    /// Allocated and reserved bytes now.
+    pub fn sample(&self) -> Sample {
+        Sample {
+            allocated: self.alloc.allocated(),
+            reserved: self.alloc.reserved(),
+        }
+    }
+
+    /// The allocator, for its statistics.
+    pub fn allocator(&self) -> &CachingAllocator {
+        &self.alloc
+    }
+
+    /// The warnings about the events fed (frees of unknown ids, reused ids).
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut warnings = Vec::new();
+        if let Some(first) = self.first_unknown {
+            warnings.push(Warning::new(
+                "free_of_unknown_block",
+                format!(
+                    "{} frees name a block that is not allocated (first: id {first}); they were ignored, and 0-byte allocations are expected among them",
+                    self.unknown_frees
+                ),
+            ));
+        }
+        if self.reused_ids > 0 {
+            warnings.push(Warning::new(
+                "alloc_of_live_block_id",
+                format!(
+                    "{} allocations reused the id of a live block; the older block was freed first",
+                    self.reused_ids
+                ),
+            ));
+        }
+        warnings
+    }
+}
+
+/// Runs a schedule through a fresh allocator, calling `observe` after each
+/// event; stops at the first out-of-memory error and records it.
+/// [`simulate`] and [`simulate_detailed`] differ only in what they observe.
+fn run(
+    events: &[SimOp],
+    config: &AllocatorConfig,
+    device: &GpuMemory,
+    mut observe: impl FnMut(&CachingAllocator),
+) -> Simulation {
+    let mut runner = Runner::new(config, device, events.len());
+    let mut after_event = Vec::with_capacity(events.len());
+    let mut oom = None;
+    for (event_index, op) in events.iter().enumerate() {
+        if let Err(record) = runner.step(event_index, op) {
+            oom = Some(record);
+        }
+        after_event.push(runner.sample());
+        observe(runner.allocator());
         if oom.is_some() {
             break;
         }
     }
-    let mut warnings = Vec::new();
-    if let Some(first) = first_unknown {
-        warnings.push(Warning::new(
-            "free_of_unknown_block",
-            format!(
-                "{unknown_frees} frees name a block that is not allocated (first: id {first}); they were ignored, and 0-byte allocations are expected among them"
-            ),
-        ));
-    }
-    if reused_ids > 0 {
-        warnings.push(Warning::new(
-            "alloc_of_live_block_id",
-            format!("{reused_ids} allocations reused the id of a live block; the older block was freed first"),
-        ));
-    }
     Simulation {
         after_event,
-        peak: alloc.peak_stats(),
-        final_stats: alloc.stats(),
+        peak: runner.alloc.peak_stats(),
+        final_stats: runner.alloc.stats(),
         oom,
-        warnings,
+        warnings: runner.warnings(),
     }
 }
 

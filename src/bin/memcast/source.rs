@@ -235,11 +235,11 @@ impl memcast::Parallel for Threads {
     fn run_all<'a>(
         &self,
         jobs: Vec<memcast::SimulationJob<'a>>,
-        finished: &mut dyn FnMut(u64),
+        simulated: &mut dyn FnMut(u64),
     ) -> Vec<memcast::report::SimulatedRun> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         if cores < 2 || jobs.len() < 2 {
-            return memcast::InTurn.run_all(jobs, finished);
+            return memcast::InTurn.run_all(jobs, simulated);
         }
         // Deal the jobs round-robin to `cores` threads; collect in order.
         let mut lanes: Vec<Vec<(usize, memcast::SimulationJob<'a>)>> =
@@ -250,17 +250,30 @@ impl memcast::Parallel for Threads {
                 lane.push((index, job));
             }
         }
+        // The jobs count the events they simulated here; this thread
+        // passes the sum on while it waits.
+        let events = std::sync::atomic::AtomicU64::new(0);
         let mut done: Vec<(usize, memcast::report::SimulatedRun)> = std::thread::scope(|scope| {
+            let events = &events;
             let handles: Vec<_> = lanes
                 .into_iter()
                 .map(|lane| {
                     scope.spawn(move || {
                         lane.into_iter()
-                            .map(|(index, job)| (index, job()))
+                            .map(|(index, job)| {
+                                let mut tick = |k: u64| {
+                                    events.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
+                                };
+                                (index, job(&mut tick))
+                            })
                             .collect::<Vec<_>>()
                     })
                 })
                 .collect();
+            while handles.iter().any(|h| !h.is_finished()) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                simulated(events.load(std::sync::atomic::Ordering::Relaxed));
+            }
             handles
                 .into_iter()
                 .flat_map(|handle| handle.join().unwrap_or_default())
@@ -268,7 +281,7 @@ impl memcast::Parallel for Threads {
         });
         done.sort_by_key(|(index, _)| *index);
         debug_assert_eq!(done.len(), n);
-        finished(done.len() as u64);
+        simulated(events.load(std::sync::atomic::Ordering::Relaxed));
         done.into_iter().map(|(_, run)| run).collect()
     }
 }
