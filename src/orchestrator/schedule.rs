@@ -83,7 +83,7 @@ pub struct ScheduledBlock {
 }
 
 /// Whether an event allocates or frees its block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     Alloc,

@@ -31,6 +31,10 @@ pub struct Config {
     /// The job to estimate when it is larger than the traced one.
     #[serde(default)]
     pub scale: crate::scale::Target,
+    /// Build a rebuilt job whole as a trace (the path before programs),
+    /// instead of streaming it as a program: for comparing the two.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub materialize: bool,
 }
 
 impl Config {
@@ -60,6 +64,7 @@ impl Config {
             gpus,
             max_timeline_points: report::DEFAULT_MAX_POINTS,
             scale: crate::scale::Target::default(),
+            materialize: false,
         }
     }
 

@@ -19,6 +19,7 @@ mod config;
 mod runs;
 mod settings;
 mod simulate;
+mod stream;
 
 pub use config::{Config, DEFAULT_TARGET};
 pub use runs::{InTurn, Parallel, SimulationJob};
@@ -152,12 +153,20 @@ pub struct Prepared {
     pub generation: Option<analyzer::generation::Generation>,
     /// A mixture-of-experts model: its experts and the traced routing.
     pub moe: Option<analyzer::moe::Moe>,
+    /// A rebuilt job streamed to the simulator ([`stream`]): its events
+    /// are this program's, and `orchestrated.schedule` holds only its
+    /// iterations and phases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<Box<crate::program::Program>>,
 }
 
 impl Prepared {
     /// The job to simulate.
     pub fn job(&self) -> crate::program::JobRef<'_> {
-        crate::program::JobRef::Schedule(&self.orchestrated.schedule)
+        match &self.program {
+            Some(program) => crate::program::JobRef::Program(program),
+            None => crate::program::JobRef::Schedule(&self.orchestrated.schedule),
+        }
     }
 }
 
@@ -241,6 +250,10 @@ pub fn prepare_many_from(
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
+    if let Some(mut prepared) = stream::prepare(&traces, &warnings, config, progress)? {
+        prepared.traced = traced;
+        return Ok(prepared);
+    }
     let scaled = crate::scale::scale_many(&traces, &config.scale)?;
     warnings.extend(scaled.warnings);
     // The traces read can go before the rebuilt one is analyzed (the
@@ -273,12 +286,15 @@ pub fn prepare_parsed(
             config,
             progress,
         )?,
-        _ => {
-            let scaled = crate::scale::scale_many(traces, &config.scale)?;
-            warnings.extend(scaled.warnings);
-            let (trace, facts) = scaled.value;
-            prepare_trace(&trace, facts, warnings, config, progress)?
-        }
+        _ => match stream::prepare(traces, &warnings, config, progress)? {
+            Some(prepared) => prepared,
+            None => {
+                let scaled = crate::scale::scale_many(traces, &config.scale)?;
+                warnings.extend(scaled.warnings);
+                let (trace, facts) = scaled.value;
+                prepare_trace(&trace, facts, warnings, config, progress)?
+            }
+        },
     };
     prepared.traced = traced;
     Ok(prepared)
@@ -331,6 +347,7 @@ fn prepare_trace(
         traced: crate::scale::Traced::default(),
         generation: analysis.generation.clone(),
         moe: analysis.moe.clone(),
+        program: None,
     })
 }
 

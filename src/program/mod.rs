@@ -11,9 +11,18 @@
 //! Invariants: the events come in schedule order; a block is named by a
 //! `u64` unique in the job, allocated once and freed at most once after.
 
+mod build;
+mod derive;
+mod facts;
+
+pub(crate) use build::Grid;
+pub(crate) use facts::grown_text;
+
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
+
+use serde::{Deserialize, Serialize};
 
 use crate::orchestrator::{
     Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduledBlock,
@@ -37,12 +46,12 @@ pub struct JobEvent {
 }
 
 /// A handle on a block's facts (its op, layer, phase, iteration), read
-/// only for the few blocks a report names.
+/// only for the few blocks a report names: its item, and for a program's
+/// the copy it is of, per dimension.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FactsRef {
     pub(crate) item: u32,
-    pub(crate) x: i64,
-    pub(crate) y: i64,
+    pub(crate) copy: [u32; 2],
 }
 
 /// What a block is, besides its size and category.
@@ -58,6 +67,7 @@ pub struct BlockFacts {
 #[derive(Debug, Clone, Copy)]
 pub enum JobRef<'a> {
     Schedule(&'a Schedule),
+    Program(&'a Program),
 }
 
 impl<'a> JobRef<'a> {
@@ -65,6 +75,7 @@ impl<'a> JobRef<'a> {
     pub fn n_events(&self) -> u64 {
         match self {
             JobRef::Schedule(s) => s.events.len() as u64,
+            JobRef::Program(p) => p.n_events,
         }
     }
 
@@ -72,6 +83,7 @@ impl<'a> JobRef<'a> {
     pub fn n_blocks(&self) -> u64 {
         match self {
             JobRef::Schedule(s) => s.blocks.len() as u64,
+            JobRef::Program(p) => p.n_blocks,
         }
     }
 
@@ -79,6 +91,7 @@ impl<'a> JobRef<'a> {
     pub fn time_range(&self) -> Option<(Nanos, Nanos)> {
         match self {
             JobRef::Schedule(s) => Some((s.events.first()?.time, s.events.last()?.time)),
+            JobRef::Program(p) => p.time_range,
         }
     }
 
@@ -86,6 +99,7 @@ impl<'a> JobRef<'a> {
     pub fn iterations(&self) -> Cow<'a, [IterationSpan]> {
         match self {
             JobRef::Schedule(s) => Cow::Borrowed(&s.iterations),
+            JobRef::Program(p) => Cow::Borrowed(&p.iterations),
         }
     }
 
@@ -93,6 +107,7 @@ impl<'a> JobRef<'a> {
     pub fn phases(&self) -> Cow<'a, [PhaseWindow]> {
         match self {
             JobRef::Schedule(s) => Cow::Borrowed(&s.phases),
+            JobRef::Program(p) => Cow::Borrowed(&p.phases),
         }
     }
 
@@ -112,8 +127,7 @@ impl<'a> JobRef<'a> {
                         category: block.category,
                         facts: FactsRef {
                             item: e.block.0,
-                            x: 0,
-                            y: 0,
+                            copy: [0, 0],
                         },
                     };
                     if f(&event).is_break() {
@@ -121,12 +135,16 @@ impl<'a> JobRef<'a> {
                     }
                 }
             }
+            JobRef::Program(p) => p.for_each(f),
         }
     }
 
     /// The blocks live right after event `index`, as the events that
     /// allocated them, in allocation order; and that event itself.
     pub fn live_after(&self, index: u64) -> (Vec<JobEvent>, Option<JobEvent>) {
+        if let JobRef::Program(p) = self {
+            return p.live_after(index);
+        }
         let mut live: BTreeMap<u64, (u64, JobEvent)> = BTreeMap::new();
         let mut at = None;
         let mut position = 0u64;
@@ -155,6 +173,7 @@ impl<'a> JobRef<'a> {
     pub fn block_facts(&self, facts: FactsRef) -> Option<BlockFacts> {
         match self {
             JobRef::Schedule(s) => s.blocks.get(facts.item as usize).map(ScheduledBlock::facts),
+            JobRef::Program(p) => p.block_facts(facts),
         }
     }
 }
@@ -167,5 +186,387 @@ impl ScheduledBlock {
             op: self.op.clone(),
             layer: self.layer.clone(),
         }
+    }
+}
+
+/// Calls `f` with each leaf of `nodes` (its index) and the terms its
+/// numbers take there, with `extra` added copies per dimension, until it
+/// breaks.
+pub(crate) fn walk_nodes(
+    nodes: &[Node],
+    leaves: &[Leaf],
+    extra: [i64; 2],
+    f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>,
+) {
+    fn walk(
+        nodes: &[Node],
+        leaves: &[Leaf],
+        vars: [i64; 4],
+        f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        let terms = Terms::of(vars);
+        for node in nodes {
+            match node {
+                Node::Leaf(i) => {
+                    if let Some(leaf) = leaves.get(*i as usize) {
+                        f(*i, leaf, &terms)?;
+                    }
+                }
+                Node::Run { dim, body } => {
+                    let (copy, copies) = match dim {
+                        Dim::Depth => (0, vars[1]),
+                        Dim::Tokens => (2, vars[3]),
+                    };
+                    for c in 0..copies {
+                        let mut inner = vars;
+                        if let Some(slot) = inner.get_mut(copy) {
+                            *slot = c;
+                        }
+                        walk(body, leaves, inner, f)?;
+                    }
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+    let _ = walk(nodes, leaves, [0, extra[0], 0, extra[1]], f);
+}
+
+/// The two ways a rebuilt job repeats: more blocks, more decode steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Dim {
+    Depth,
+    Tokens,
+}
+
+/// The variables a program's numbers are written in: the copy's number
+/// inside a run of block copies and the block copies added, the same for
+/// decode steps. A term of a [`Poly`] is a product of some of them, named
+/// by the set of their bits.
+pub(crate) const C_DEPTH: usize = 1;
+pub(crate) const J_DEPTH: usize = 2;
+pub(crate) const C_TOKENS: usize = 4;
+pub(crate) const J_TOKENS: usize = 8;
+
+/// A number of a program's item: a sum of products of the variables
+/// ([`C_DEPTH`] …), each variable at most once in a product; `terms` marks
+/// the non-zero coefficients.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Poly {
+    c: [i64; 16],
+    terms: u16,
+}
+
+impl Poly {
+    /// Adds `coef` to the term of the variables `mask`.
+    pub(crate) fn add(&mut self, mask: usize, coef: i64) {
+        if let Some(slot) = self.c.get_mut(mask & 15) {
+            *slot = slot.saturating_add(coef);
+            if *slot != 0 {
+                self.terms |= 1 << (mask & 15);
+            } else {
+                self.terms &= !(1 << (mask & 15));
+            }
+        }
+    }
+
+    /// The value where the terms are `terms` (saturating).
+    pub(crate) fn at(&self, terms: &Terms) -> i64 {
+        let mut sum = 0i64;
+        let mut left = self.terms;
+        while left != 0 {
+            let mask = left.trailing_zeros() as usize;
+            left &= left - 1;
+            let (Some(&c), Some(&t)) = (self.c.get(mask), terms.t.get(mask)) else {
+                continue;
+            };
+            sum = sum.saturating_add(c.saturating_mul(t));
+        }
+        sum
+    }
+}
+
+/// The variables at one place of a walk (indexed by their bit's place)
+/// and the value of every term there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Terms {
+    vars: [i64; 4],
+    t: [i64; 16],
+}
+
+impl Terms {
+    /// The terms of the variables `vars`.
+    pub(crate) fn of(vars: [i64; 4]) -> Terms {
+        let mut t = [1i64; 16];
+        for (mask, slot) in t.iter_mut().enumerate() {
+            for (bit, v) in vars.iter().enumerate() {
+                if mask & (1 << bit) != 0 {
+                    *slot = slot.saturating_mul(*v);
+                }
+            }
+        }
+        Terms { vars, t }
+    }
+}
+
+/// What an event is, besides its numbers: equal on every copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct EventKey {
+    pub kind: EventKind,
+    pub category: Category,
+    pub phase: Phase,
+    pub iteration: Option<u32>,
+    /// The op's name and the layer's with its numbers as `#` (indices
+    /// into [`Program::names`]); how many numbers it has.
+    pub op: Option<u32>,
+    pub layer: Option<u32>,
+    pub numbers: u32,
+}
+
+/// One event of a program: its key and numbers ([`build::TIME`] …).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Leaf {
+    pub key: u32,
+    pub attrs: Vec<Poly>,
+}
+
+/// A program's shape: events in order, and runs of copies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Node {
+    /// An event ([`Program::leaves`]).
+    Leaf(u32),
+    /// `body` once per copy of `dim` the job adds.
+    Run { dim: Dim, body: Vec<Node> },
+}
+
+/// A rebuilt job described once: its events with their repeated parts and
+/// each number as it grows per copy, expanded as it streams
+/// ([`JobRef::for_each`]); see the module docs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Program {
+    nodes: Vec<Node>,
+    leaves: Vec<Leaf>,
+    keys: Vec<EventKey>,
+    names: Vec<String>,
+    /// Copies of each dimension (depth, tokens) the job adds to the
+    /// program's base.
+    extra: [i64; 2],
+    n_events: u64,
+    n_blocks: u64,
+    time_range: Option<(Nanos, Nanos)>,
+    iterations: Vec<IterationSpan>,
+    phases: Vec<PhaseWindow>,
+}
+
+impl Program {
+    /// The program of a job whose schedules at four consecutive counts of
+    /// copies per dimension grown are `grid`, for `extra` copies past the
+    /// first count; the job's iterations and phases as given. `None` when
+    /// the schedules do not grow copy by copy ([`derive`]).
+    pub(crate) fn derive(
+        grid: &Grid<&Schedule>,
+        extra: [i64; 2],
+        iterations: Vec<IterationSpan>,
+        phases: Vec<PhaseWindow>,
+    ) -> Option<Program> {
+        let mut atoms = build::Atoms::default();
+        let seqs = grid.map(|s| atoms.of(s));
+        let (nodes, leaves) = build::program_of(&seqs)?;
+        let mut program = Program {
+            nodes,
+            leaves,
+            keys: atoms.table,
+            names: atoms.names,
+            extra,
+            n_events: 0,
+            n_blocks: 0,
+            time_range: None,
+            iterations,
+            phases,
+        };
+        let nodes = &program.nodes;
+        (program.n_events, program.n_blocks) = program.count(nodes, extra);
+        let vars = [0, extra[0], 0, extra[1]];
+        let first = program.edge_time(nodes, vars, false);
+        let last = program.edge_time(nodes, vars, true);
+        program.time_range = first.zip(last).map(|(a, b)| (Nanos(a), Nanos(b)));
+        Some(program)
+    }
+
+    fn key(&self, leaf: &Leaf) -> Option<&EventKey> {
+        self.keys.get(leaf.key as usize)
+    }
+
+    /// Calls `f` with each event's leaf and its variables, for a job with
+    /// `extra` added copies, until it breaks.
+    fn walk_at(
+        &self,
+        extra: [i64; 2],
+        f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>,
+    ) {
+        walk_nodes(&self.nodes, &self.leaves, extra, f);
+    }
+
+    /// Events of `nodes` once and allocations among them, for `extra`.
+    fn count(&self, nodes: &[Node], extra: [i64; 2]) -> (u64, u64) {
+        let mut n = (0u64, 0u64);
+        for node in nodes {
+            let (events, allocs) = match node {
+                Node::Leaf(i) => {
+                    let alloc = self
+                        .leaves
+                        .get(*i as usize)
+                        .and_then(|l| self.key(l))
+                        .is_some_and(|k| k.kind == EventKind::Alloc);
+                    (1, u64::from(alloc))
+                }
+                Node::Run { dim, body } => {
+                    let k = u64::try_from(extra[*dim as usize]).unwrap_or(0);
+                    let (e, a) = self.count(body, extra);
+                    (e.saturating_mul(k), a.saturating_mul(k))
+                }
+            };
+            n = (n.0.saturating_add(events), n.1.saturating_add(allocs));
+        }
+        n
+    }
+
+    /// The time of the first (`last` false) or last event of `nodes`, at
+    /// the variables `vars`.
+    fn edge_time(&self, nodes: &[Node], vars: [i64; 4], last: bool) -> Option<i64> {
+        let mut order: Box<dyn Iterator<Item = &Node>> = if last {
+            Box::new(nodes.iter().rev())
+        } else {
+            Box::new(nodes.iter())
+        };
+        order.find_map(|node| match node {
+            Node::Leaf(i) => {
+                let leaf = self.leaves.get(*i as usize)?;
+                Some(leaf.attrs.get(build::TIME)?.at(&Terms::of(vars)))
+            }
+            Node::Run { dim, body } => {
+                let (copy, copies) = match dim {
+                    Dim::Depth => (0, vars[1]),
+                    Dim::Tokens => (2, vars[3]),
+                };
+                if copies <= 0 {
+                    return None;
+                }
+                let mut inner = vars;
+                if let Some(slot) = inner.get_mut(copy) {
+                    *slot = if last { copies - 1 } else { 0 };
+                }
+                self.edge_time(body, inner, last)
+            }
+        })
+    }
+
+    fn event(&self, item: u32, leaf: &Leaf, index: u64, terms: &Terms) -> Option<JobEvent> {
+        let key = self.key(leaf)?;
+        let second = leaf.attrs.get(build::SIZE_OR_BACK)?.at(terms);
+        let (block, size) = match key.kind {
+            EventKind::Alloc => (index, Bytes(u64::try_from(second).unwrap_or(0))),
+            EventKind::Free => (
+                index.saturating_sub(u64::try_from(second).unwrap_or(0)),
+                Bytes::ZERO,
+            ),
+        };
+        let copy = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+        Some(JobEvent {
+            time: Nanos(leaf.attrs.get(build::TIME)?.at(terms)),
+            kind: key.kind,
+            block,
+            size,
+            category: key.category,
+            facts: FactsRef {
+                item,
+                copy: [copy(terms.vars[0]), copy(terms.vars[2])],
+            },
+        })
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(&JobEvent) -> ControlFlow<()>) {
+        let mut index = 0u64;
+        self.walk_at(self.extra, &mut |item, leaf, terms| {
+            let event = self.event(item, leaf, index, terms);
+            index += 1;
+            match event {
+                Some(e) => f(&e),
+                None => ControlFlow::Continue(()),
+            }
+        });
+    }
+
+    /// The blocks live right after event `index` and that event, in
+    /// allocation order. Most blocks live briefly: the recent ones are kept
+    /// in a ring by their allocation's place, those that outlive it aside.
+    fn live_after(&self, index: u64) -> (Vec<JobEvent>, Option<JobEvent>) {
+        const RING: u64 = 1 << 16;
+        let mut ring: Vec<Option<JobEvent>> = vec![None; RING as usize];
+        let mut aside: BTreeMap<u64, JobEvent> = BTreeMap::new();
+        let slot = |block: u64| (block % RING) as usize;
+        let mut at = None;
+        let mut position = 0u64;
+        self.walk_at(self.extra, &mut |item, leaf, terms| {
+            let event = self.event(item, leaf, position, terms);
+            if let Some(e) = event {
+                match e.kind {
+                    EventKind::Alloc => {
+                        if let Some(old) = ring.get_mut(slot(e.block)).and_then(|s| s.replace(e)) {
+                            aside.insert(old.block, old);
+                        }
+                    }
+                    EventKind::Free => {
+                        match ring.get_mut(slot(e.block)) {
+                            Some(s) if s.is_some_and(|l| l.block == e.block) => *s = None,
+                            _ => {
+                                aside.remove(&e.block);
+                            }
+                        }
+                    }
+                }
+            }
+            if position == index {
+                at = event;
+                return ControlFlow::Break(());
+            }
+            position += 1;
+            ControlFlow::Continue(())
+        });
+        let mut live: Vec<JobEvent> = aside.into_values().chain(ring.into_iter().flatten()).collect();
+        live.sort_unstable_by_key(|e| e.block);
+        (live, at)
+    }
+
+    /// The facts of a block: its leaf's key, its layer's numbers at its
+    /// variables.
+    fn block_facts(&self, facts: FactsRef) -> Option<BlockFacts> {
+        let leaf = self.leaves.get(facts.item as usize)?;
+        let key = self.key(leaf)?;
+        let name = |i: Option<u32>| i.and_then(|i| self.names.get(i as usize));
+        let layer = match name(key.layer) {
+            Some(template) => {
+                let terms = Terms::of([
+                    i64::from(facts.copy[0]),
+                    self.extra[0],
+                    i64::from(facts.copy[1]),
+                    self.extra[1],
+                ]);
+                let numbers: Vec<i64> = leaf
+                    .attrs
+                    .iter()
+                    .skip(build::LAYER_NUMBERS)
+                    .map(|b| b.at(&terms))
+                    .collect();
+                Some(build::join_numbers(template, &numbers))
+            }
+            None => None,
+        };
+        Some(BlockFacts {
+            phase: key.phase,
+            iteration: key.iteration,
+            op: name(key.op).cloned(),
+            layer,
+        })
     }
 }

@@ -229,6 +229,36 @@ pub enum ScaleError {
     SeveralWithoutLength,
 }
 
+/// Refuses a target out of range before any work: zero or too many
+/// layers, tokens or positions.
+pub fn validate(target: &Target) -> Result<(), ScaleError> {
+    if target.layers == Some(0) {
+        return Err(ScaleError::ZeroLayers);
+    }
+    if target.seq_len == Some(0) {
+        return Err(ScaleError::ZeroLength);
+    }
+    if target.new_tokens == Some(0) {
+        return Err(ScaleError::ZeroTokens);
+    }
+    if let Some(layers) = target.layers.filter(|&l| l > MAX_LAYERS) {
+        return Err(ScaleError::TooManyLayers(layers));
+    }
+    if let Some(len) = target.seq_len.filter(|&l| l > MAX_SEQ_LEN) {
+        return Err(ScaleError::TooLong(len));
+    }
+    if let Some(n) = target.new_tokens.filter(|&n| n > MAX_NEW_TOKENS) {
+        return Err(ScaleError::TooManyTokens(n));
+    }
+    Ok(())
+}
+
+/// The new tokens each generation of the trace makes (its calls of the
+/// model), if it is a generation.
+pub fn traced_new_tokens(trace: &Trace) -> Option<u32> {
+    tokens::traced_calls(trace)
+}
+
 /// The trace of the target job: `trace` itself for the identity target,
 /// else rebuilt to the target's length and then depth.
 pub fn scale(trace: &Trace, target: &Target) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
@@ -243,18 +273,7 @@ pub fn scale_many(
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
     let mut warnings = Vec::new();
     let mut facts = ScaleFacts::default();
-    if target.layers == Some(0) {
-        return Err(ScaleError::ZeroLayers);
-    }
-    if target.seq_len == Some(0) {
-        return Err(ScaleError::ZeroLength);
-    }
-    if let Some(layers) = target.layers.filter(|&l| l > MAX_LAYERS) {
-        return Err(ScaleError::TooManyLayers(layers));
-    }
-    if let Some(len) = target.seq_len.filter(|&l| l > MAX_SEQ_LEN) {
-        return Err(ScaleError::TooLong(len));
-    }
+    validate(target)?;
     let Some((first, rest)) = traces.split_first() else {
         return Err(ScaleError::SeveralWithoutLength);
     };
@@ -301,8 +320,6 @@ pub fn scale_many(
         None => lengthened.unwrap_or_else(|| first.clone()),
     };
     let out = match target.new_tokens {
-        Some(0) => return Err(ScaleError::ZeroTokens),
-        Some(n) if n > MAX_NEW_TOKENS => return Err(ScaleError::TooManyTokens(n)),
         Some(n) => {
             let (trace, f) = tokens::extend(&out, n)?;
             facts.tokens = Some(f);

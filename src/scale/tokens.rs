@@ -374,6 +374,11 @@ fn static_cache(
     (blocks, Some(positions))
 }
 
+/// Calls of the model per generation, if the trace is a generation.
+pub(super) fn traced_calls(trace: &Trace) -> Option<u32> {
+    generations(trace).ok()?.first().map(|g| g.1)
+}
+
 /// Whether the trace is a `generate()` run: three or more calls of the
 /// outermost module per profiled iteration and no backward pass (several
 /// forward calls with one are micro-batches).

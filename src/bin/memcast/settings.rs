@@ -76,6 +76,10 @@ pub struct SettingsArgs {
     /// position longer, and the whole generation simulated.
     #[arg(long = "new-tokens", value_name = "N")]
     new_tokens: Option<u32>,
+    /// Build a rebuilt job whole as a trace instead of streaming it (the
+    /// path before streaming, kept to compare the two).
+    #[arg(long, hide = true)]
+    pub materialize: bool,
 }
 
 /// `--autocast`.
@@ -96,6 +100,13 @@ impl SettingsArgs {
     /// The choices as the core takes them, the GPU list written out (the
     /// default target, then every other preset, when none was given), as
     /// the page writes it.
+    /// The config of [`SettingsArgs::settings`], with the hidden choices.
+    pub fn config(&self) -> anyhow::Result<memcast::Config> {
+        let mut config = self.settings().config()?;
+        config.materialize = self.materialize;
+        Ok(config)
+    }
+
     pub fn settings(&self) -> Settings {
         let mut settings = Settings {
             gpus: self.gpus.clone(),

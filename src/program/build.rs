@@ -1,0 +1,417 @@
+//! A [`Program`] from the schedules of a rebuilt job at a few small counts
+//! of copies: each schedule as a sequence of items ([`Atoms`]), how it
+//! grows per dimension ([`super::derive`]), and the two dimensions nested
+//! (a decode step holds one call of every block).
+
+use std::collections::HashMap;
+
+use super::derive::{derive, Atom, Derived, Grown, Line, Plane};
+use super::{Dim, EventKey, Leaf, Node, Poly, C_DEPTH, C_TOKENS, J_DEPTH, J_TOKENS};
+use crate::orchestrator::{EventKind, Schedule};
+
+/// The sequences of items of a job's schedules: the keys shared by all.
+#[derive(Debug, Default)]
+pub(crate) struct Atoms {
+    keys: HashMap<EventKey, u32>,
+    pub(crate) table: Vec<EventKey>,
+    strings: HashMap<String, u32>,
+    pub(crate) names: Vec<String>,
+}
+
+/// The leading numbers of an event: its time, and its size (an
+/// allocation) or how many events back its block was allocated (a free).
+/// A layer's module numbers follow.
+pub(crate) const TIME: usize = 0;
+pub(crate) const SIZE_OR_BACK: usize = 1;
+pub(crate) const LAYER_NUMBERS: usize = 2;
+
+impl Atoms {
+    fn name(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.strings.get(s) {
+            return id;
+        }
+        let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+        self.names.push(s.to_owned());
+        self.strings.insert(s.to_owned(), id);
+        id
+    }
+
+    fn key(&mut self, key: EventKey) -> u32 {
+        if let Some(&id) = self.keys.get(&key) {
+            return id;
+        }
+        let id = u32::try_from(self.table.len()).unwrap_or(u32::MAX);
+        self.table.push(key);
+        self.keys.insert(key, id);
+        id
+    }
+
+    /// The items of a schedule's events.
+    pub(crate) fn of(&mut self, schedule: &Schedule) -> Vec<Atom> {
+        let mut made_at: Vec<usize> = vec![0; schedule.blocks.len()];
+        for (i, e) in schedule.events.iter().enumerate() {
+            if e.kind == EventKind::Alloc {
+                if let Some(slot) = made_at.get_mut(e.block.index()) {
+                    *slot = i;
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(schedule.events.len());
+        for (i, e) in schedule.events.iter().enumerate() {
+            let Some(block) = schedule.block(e.block) else {
+                continue;
+            };
+            let (template, numbers) = match block.layer.as_deref() {
+                Some(layer) => {
+                    let (t, n) = split_numbers(layer);
+                    (Some(self.name(&t)), n)
+                }
+                None => (None, Vec::new()),
+            };
+            let key = EventKey {
+                kind: e.kind,
+                category: block.category,
+                phase: block.phase,
+                iteration: block.iteration,
+                op: block.op.as_deref().map(|op| self.name(op)),
+                layer: template,
+                numbers: u32::try_from(numbers.len()).unwrap_or(u32::MAX),
+            };
+            let key = self.key(key);
+            let second = match e.kind {
+                EventKind::Alloc => i64::try_from(block.size.get()).unwrap_or(i64::MAX),
+                EventKind::Free => {
+                    let made = made_at.get(e.block.index()).copied().unwrap_or(i);
+                    i64::try_from(i - made).unwrap_or(i64::MAX)
+                }
+            };
+            let mut attrs = Vec::with_capacity(LAYER_NUMBERS + numbers.len());
+            attrs.extend([e.time.get(), second]);
+            attrs.extend(numbers);
+            out.push(Atom { key, attrs });
+        }
+        out
+    }
+}
+
+/// A text as its digit runs (numbers) and what is between them, the
+/// numbers replaced by `#`.
+pub(crate) fn split_numbers(text: &str) -> (String, Vec<i64>) {
+    let mut template = String::with_capacity(text.len());
+    let mut numbers = Vec::new();
+    let mut digits = String::new();
+    for ch in text.chars().chain(std::iter::once('\0')) {
+        if ch.is_ascii_digit() {
+            digits.push(ch);
+            continue;
+        }
+        if !digits.is_empty() {
+            // A run too long for a number stays text.
+            match digits.parse::<i64>() {
+                Ok(n) if digits.len() < 18 && !(digits.len() > 1 && digits.starts_with('0')) => {
+                    template.push('#');
+                    numbers.push(n);
+                }
+                _ => template.push_str(&digits),
+            }
+            digits.clear();
+        }
+        if ch != '\0' {
+            if ch == '#' {
+                // A `#` of the text is escaped so that it is not a number.
+                template.push('\\');
+            }
+            template.push(ch);
+        }
+    }
+    (template, numbers)
+}
+
+/// The text of `split_numbers` with its numbers put back.
+pub(crate) fn join_numbers(template: &str, numbers: &[i64]) -> String {
+    let mut out = String::with_capacity(template.len() + 4 * numbers.len());
+    let mut next = numbers.iter();
+    let mut escaped = false;
+    for ch in template.chars() {
+        if escaped {
+            out.push(ch);
+            escaped = false;
+        } else if ch == '\\' {
+            escaped = true;
+        } else if ch == '#' {
+            if let Some(n) = next.next() {
+                out.push_str(&n.to_string());
+            }
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+/// Sequences of one job at small counts of copies: four counts of one
+/// dimension, or four by four (depth by tokens).
+#[derive(Debug, Clone)]
+pub(crate) enum Grid<T> {
+    One(Dim, [T; 4]),
+    Two([[T; 4]; 4]),
+}
+
+impl<T> Grid<T> {
+    pub(crate) fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> Grid<U> {
+        match self {
+            Grid::One(dim, xs) => Grid::One(*dim, xs.each_ref().map(&mut f)),
+            Grid::Two(rows) => Grid::Two(rows.each_ref().map(|row| row.each_ref().map(&mut f))),
+        }
+    }
+}
+
+/// The program of the sequences of a grid.
+pub(crate) fn program_of(grid: &Grid<Vec<Atom>>) -> Option<(Vec<Node>, Vec<Leaf>)> {
+    match grid {
+        Grid::One(dim, seqs) => one(seqs, *dim),
+        Grid::Two(rows) => two(rows),
+    }
+}
+
+/// The marker of a token run in a depth derivation's sequence: past every
+/// event key.
+const MARKER: u32 = 1 << 31;
+
+/// The program of one dimension: `seqs` at four consecutive counts.
+pub(crate) fn one(seqs: &[Vec<Atom>; 4], dim: Dim) -> Option<(Vec<Node>, Vec<Leaf>)> {
+    let derived = derive(seqs)?;
+    let (c, j) = match dim {
+        Dim::Depth => (C_DEPTH, J_DEPTH),
+        Dim::Tokens => (C_TOKENS, J_TOKENS),
+    };
+    let mut leaves = Vec::new();
+    let base = |g: &Grown<Line>| Leaf {
+        key: g.key,
+        attrs: g.attrs.iter().map(|l| line(0, j, l)).collect(),
+    };
+    let run = |g: &Grown<Plane>| Leaf {
+        key: g.key,
+        attrs: g.attrs.iter().map(|p| plane(0, c, j, p)).collect(),
+    };
+    let nodes = nodes_of(&derived, dim, &mut leaves, base, run, &mut |_| None)?;
+    Some((nodes, leaves))
+}
+
+/// A line in the variable `j`, times the term `times`.
+fn line(times: usize, j: usize, l: &Line) -> Poly {
+    let mut p = Poly::default();
+    p.add(times, l.base);
+    p.add(times | j, l.slope);
+    p
+}
+
+/// A plane in the variables `c` and `j`, times the term `times`.
+fn plane(times: usize, c: usize, j: usize, q: &Plane) -> Poly {
+    let mut p = Poly::default();
+    p.add(times, q.a);
+    p.add(times | c, q.b);
+    p.add(times | j, q.d);
+    p.add(times | c | j, q.e);
+    p
+}
+
+/// The nodes of a derivation: its base items as leaves (`base`), each run
+/// of `dim` before its place with its items as leaves (`run`); an item
+/// `marker` turns into a node of its own is that node.
+fn nodes_of(
+    derived: &Derived,
+    dim: Dim,
+    leaves: &mut Vec<Leaf>,
+    base: impl Fn(&Grown<Line>) -> Leaf,
+    run: impl Fn(&Grown<Plane>) -> Leaf,
+    marker: &mut dyn FnMut(u32) -> Option<Option<Node>>,
+) -> Option<Vec<Node>> {
+    let mut push = |leaf: Leaf, leaves: &mut Vec<Leaf>| -> Option<Node> {
+        leaves.push(leaf);
+        Some(Node::Leaf(u32::try_from(leaves.len() - 1).ok()?))
+    };
+    let mut nodes = Vec::new();
+    let mut runs = derived.runs.iter().peekable();
+    let mut run_node = |body: &[Grown<Plane>], leaves: &mut Vec<Leaf>| -> Option<Node> {
+        let mut out = Vec::with_capacity(body.len());
+        for g in body {
+            if g.key >= MARKER {
+                return None;
+            }
+            out.push(push(run(g), leaves)?);
+        }
+        Some(Node::Run { dim, body: out })
+    };
+    for (i, g) in derived.base.iter().enumerate() {
+        while let Some((_, body)) = runs.next_if(|(pos, _)| *pos == i) {
+            nodes.push(run_node(body, leaves)?);
+        }
+        match g.key >= MARKER {
+            true => nodes.push(marker(g.key - MARKER)??),
+            false => nodes.push(push(base(g), leaves)?),
+        }
+    }
+    for (_, body) in runs {
+        nodes.push(run_node(body, leaves)?);
+    }
+    Some(nodes)
+}
+
+/// The program of both dimensions: `grid[d][t]` is the schedule at the
+/// `d`-th count of block copies and the `t`-th count of decode-step copies.
+/// The decode steps are derived at each depth; then how their items (each
+/// number's line or plane in the steps flattened to its coefficients), the
+/// runs and their places grow with the depth, every coefficient a line or
+/// plane in the depth.
+pub(crate) fn two(grid: &[[Vec<Atom>; 4]; 4]) -> Option<(Vec<Node>, Vec<Leaf>)> {
+    let per_depth: Vec<Derived> = grid.iter().map(derive).collect::<Option<Vec<_>>>()?;
+    let runs = per_depth.first()?.runs.len();
+    if per_depth.iter().any(|d| d.runs.len() != runs) {
+        return None;
+    }
+    let flat_line = |g: &Grown<Line>| Atom {
+        key: g.key,
+        attrs: g.attrs.iter().flat_map(|l| [l.base, l.slope]).collect(),
+    };
+    let flat_plane = |g: &Grown<Plane>| Atom {
+        key: g.key,
+        attrs: g.attrs.iter().flat_map(|p| [p.a, p.b, p.d, p.e]).collect(),
+    };
+    // Each depth's base with its token runs as markers; each run's body.
+    let bases: Vec<Vec<Atom>> = per_depth
+        .iter()
+        .map(|d| {
+            let mut out = Vec::new();
+            let mut r = 0usize;
+            for (i, g) in d.base.iter().enumerate() {
+                while d.runs.get(r).is_some_and(|(pos, _)| *pos == i) {
+                    out.push(marker(r));
+                    r += 1;
+                }
+                out.push(flat_line(g));
+            }
+            while r < d.runs.len() {
+                out.push(marker(r));
+                r += 1;
+            }
+            out
+        })
+        .collect();
+    // A token line's coefficients are on the terms 1 and J_TOKENS; a token
+    // plane's on 1, C_TOKENS, J_TOKENS and both.
+    let line_terms = [0, J_TOKENS];
+    let plane_terms = [0, C_TOKENS, J_TOKENS, C_TOKENS | J_TOKENS];
+    let compose = |numbers: &[Line], terms: &[usize]| -> Vec<Poly> {
+        numbers
+            .chunks(terms.len())
+            .map(|chunk| {
+                let mut p = Poly::default();
+                for (l, &t) in chunk.iter().zip(terms) {
+                    p.add(t, l.base);
+                    p.add(t | J_DEPTH, l.slope);
+                }
+                p
+            })
+            .collect()
+    };
+    let compose_plane = |numbers: &[Plane], terms: &[usize]| -> Vec<Poly> {
+        numbers
+            .chunks(terms.len())
+            .map(|chunk| {
+                let mut p = Poly::default();
+                for (q, &t) in chunk.iter().zip(terms) {
+                    p.add(t, q.a);
+                    p.add(t | C_DEPTH, q.b);
+                    p.add(t | J_DEPTH, q.d);
+                    p.add(t | C_DEPTH | J_DEPTH, q.e);
+                }
+                p
+            })
+            .collect()
+    };
+    let mut leaves = Vec::new();
+    let mut bodies = Vec::with_capacity(runs);
+    for r in 0..runs {
+        let seqs: Vec<Vec<Atom>> = per_depth
+            .iter()
+            .map(|d| d.runs.get(r).map(|(_, b)| b.iter().map(flat_plane).collect()))
+            .collect::<Option<Vec<_>>>()?;
+        let body = derive(&four(seqs)?)?;
+        let nodes = nodes_of(
+            &body,
+            Dim::Depth,
+            &mut leaves,
+            |g| Leaf {
+                key: g.key,
+                attrs: compose(&g.attrs, &plane_terms),
+            },
+            |g| Leaf {
+                key: g.key,
+                attrs: compose_plane(&g.attrs, &plane_terms),
+            },
+            &mut |_| None,
+        )?;
+        bodies.push(nodes);
+    }
+    let base = derive(&four(bases)?)?;
+    let nodes = nodes_of(
+        &base,
+        Dim::Depth,
+        &mut leaves,
+        |g| Leaf {
+            key: g.key,
+            attrs: compose(&g.attrs, &line_terms),
+        },
+        |g| Leaf {
+            key: g.key,
+            attrs: compose_plane(&g.attrs, &line_terms),
+        },
+        &mut |r| {
+            let body = bodies.get(usize::try_from(r).ok()?)?.clone();
+            Some(Some(Node::Run {
+                dim: Dim::Tokens,
+                body,
+            }))
+        },
+    )?;
+    Some((nodes, leaves))
+}
+
+fn four(v: Vec<Vec<Atom>>) -> Option<[Vec<Atom>; 4]> {
+    v.try_into().ok()
+}
+
+fn marker(r: usize) -> Atom {
+    Atom {
+        key: MARKER.saturating_add(u32::try_from(r).unwrap_or(u32::MAX)),
+        attrs: Vec::new(),
+    }
+}
+
+/// Whether `nodes` at `at` added copies are `seq`, item for item.
+pub(crate) fn reproduces(nodes: &[Node], leaves: &[Leaf], at: [i64; 2], seq: &[Atom]) -> bool {
+    let mut i = 0usize;
+    let mut ok = true;
+    super::walk_nodes(nodes, leaves, at, &mut |_, leaf, terms| {
+        let Some(want) = seq.get(i) else {
+            ok = false;
+            return std::ops::ControlFlow::Break(());
+        };
+        i += 1;
+        let same = leaf.key == want.key
+            && leaf.attrs.len() == want.attrs.len()
+            && leaf
+                .attrs
+                .iter()
+                .zip(&want.attrs)
+                .all(|(p, &v)| p.at(terms) == v);
+        if same {
+            std::ops::ControlFlow::Continue(())
+        } else {
+            ok = false;
+            std::ops::ControlFlow::Break(())
+        }
+    });
+    ok && i == seq.len()
+}

@@ -1,0 +1,444 @@
+//! Finding how a sequence grows with its copies: given the same sequence
+//! at four counts of copies (`a`, `a+1`, `a+2`, `a+3`), the places where
+//! one more copy inserts items, the items it inserts, and each number as a
+//! line in the count — checked on all four.
+//!
+//! The rule. A rebuilt job with one more copy is the same job with the
+//! copy's events inserted where copies go (in its segment's run of copies,
+//! and where per-copy facts are listed: its parameters at setup, its
+//! optimizer state), everything else alike but for numbers that move with
+//! the copies (times after the copies, sizes that grow per step, module
+//! numbers after the block, distances to a block across the copies). So:
+//! - the sequence at `a` embeds in the one at `a+1`: an alignment that
+//!   matches every item of the first (same key) and inserts the fewest
+//!   runs of items, each run slid as far right as it goes (a run of equal
+//!   copies can be inserted anywhere in it: the right end is where the
+//!   last copy is);
+//! - the sequences at `a+2` and `a+3` are the first with two and three
+//!   copies of each run at its place, key for key;
+//! - each number of an item of the first is a line in the copies added
+//!   (`a` → 0, `a+3` → 3: four points), and each number of the `c`-th
+//!   inserted copy of a run a plane in `c` and the copies added `j` (six
+//!   points: a copy's time moves with the copies inserted before it, by
+//!   another run).
+//!
+//! Anything else (an item that disappears, a run whose copies differ, a
+//! number that does not grow on a line) is no derivation: `None`.
+
+/// One item of a sequence: what must be equal, and its numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Atom {
+    pub key: u32,
+    pub attrs: Vec<i64>,
+}
+
+/// A number as a line: `base + slope · n`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Line {
+    pub base: i64,
+    pub slope: i64,
+}
+
+impl Line {
+    /// The line through the values at 0, 1, …, if they lie on one.
+    fn through(values: &[i64]) -> Option<Line> {
+        let (&v0, &v1) = (values.first()?, values.get(1).or(values.first())?);
+        let slope = v1.checked_sub(v0)?;
+        let fits = values.iter().enumerate().all(|(n, &v)| {
+            i64::try_from(n)
+                .ok()
+                .and_then(|n| slope.checked_mul(n))
+                .and_then(|d| v0.checked_add(d))
+                == Some(v)
+        });
+        fits.then_some(Line { base: v0, slope })
+    }
+}
+
+/// A number of a run's copy as a plane: `a + b·c + d·j + e·c·j` for copy
+/// `c` (0, 1, …) among `j` copies added.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Plane {
+    pub a: i64,
+    pub b: i64,
+    pub d: i64,
+    pub e: i64,
+}
+
+impl Plane {
+    fn at(self, c: i64, j: i64) -> Option<i64> {
+        self.a
+            .checked_add(self.b.checked_mul(c)?)?
+            .checked_add(self.d.checked_mul(j)?)?
+            .checked_add(self.e.checked_mul(c)?.checked_mul(j)?)
+    }
+
+    /// The plane through `values[(c, j)]` for every `c < j` of `j` = 1, 2,
+    /// 3, if they lie on one.
+    fn through(values: &[(i64, i64, i64)]) -> Option<Plane> {
+        let v = |c: i64, j: i64| values.iter().find(|p| p.0 == c && p.1 == j).map(|p| p.2);
+        let (v01, v02, v12, v13) = (v(0, 1)?, v(0, 2)?, v(1, 2)?, v(1, 3)?);
+        let d = v02.checked_sub(v01)?;
+        let a = v01.checked_sub(d)?;
+        let de = v13.checked_sub(v12)?;
+        let ab = v12.checked_sub(de.checked_mul(2)?)?;
+        let plane = Plane {
+            a,
+            b: ab.checked_sub(a)?,
+            d,
+            e: de.checked_sub(d)?,
+        };
+        values
+            .iter()
+            .all(|&(c, j, x)| plane.at(c, j) == Some(x))
+            .then_some(plane)
+    }
+}
+
+/// An item with its numbers as lines (or planes, in a run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Grown<T> {
+    pub key: u32,
+    pub attrs: Vec<T>,
+}
+
+/// How a sequence grows: its items at the first count, each number a line
+/// in the copies added, and the runs one more copy inserts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Derived {
+    pub base: Vec<Grown<Line>>,
+    /// (position in `base`: inserted before that item, the run's items
+    /// with each number a plane in the copy's number and the copies).
+    pub runs: Vec<(usize, Vec<Grown<Plane>>)>,
+}
+
+/// The most alignment cells (items of the first sequence × items
+/// inserted) derived: beyond it the caller builds the job whole.
+pub(crate) const MAX_CELLS: usize = 1 << 27;
+
+/// How `seqs` (the same sequence at four consecutive counts) grows; see
+/// the module docs.
+pub(crate) fn derive(seqs: &[Vec<Atom>; 4]) -> Option<Derived> {
+    let [x0, x1, x2, x3] = seqs;
+    let runs = insertions(x0, x1)?;
+    // Each sequence parsed as the first with j copies of every run.
+    let mut base_vals: Vec<Vec<Vec<i64>>> = x0.iter().map(|a| vec![a.attrs.clone()]).collect();
+    // Per run, per item: (copy, copies, numbers).
+    let mut run_vals: Vec<Vec<Vec<(i64, i64, Vec<i64>)>>> =
+        runs.iter().map(|(_, body)| vec![Vec::new(); body.len()]).collect();
+    for (j, x) in [x1, x2, x3].into_iter().enumerate() {
+        let j = j + 1;
+        let mut at = x.iter();
+        let mut r = 0;
+        for (i, item) in x0.iter().enumerate().chain(std::iter::once((x0.len(), &END))) {
+            while let Some(&(pos, ref body)) = runs.get(r).filter(|(pos, _)| *pos == i) {
+                let _ = pos;
+                for c in 0..j {
+                    for (m, want) in body.iter().enumerate() {
+                        let got = at.next()?;
+                        if got.key != want.key || got.attrs.len() != want.attrs.len() {
+                            return None;
+                        }
+                        run_vals.get_mut(r)?.get_mut(m)?.push((
+                            i64::try_from(c).ok()?,
+                            i64::try_from(j).ok()?,
+                            got.attrs.clone(),
+                        ));
+                    }
+                }
+                r += 1;
+            }
+            if i == x0.len() {
+                break;
+            }
+            let got = at.next()?;
+            if got.key != item.key || got.attrs.len() != item.attrs.len() {
+                return None;
+            }
+            base_vals.get_mut(i)?.push(got.attrs.clone());
+        }
+        if at.next().is_some() {
+            return None;
+        }
+    }
+    let base = x0
+        .iter()
+        .zip(&base_vals)
+        .map(|(a, vals)| grown(a.key, vals))
+        .collect::<Option<Vec<Grown<Line>>>>()?;
+    let mut out_runs = Vec::with_capacity(runs.len());
+    for ((pos, body), items) in runs.iter().zip(&run_vals) {
+        let items = body
+            .iter()
+            .zip(items)
+            .map(|(a, vals)| planes(a.key, vals))
+            .collect::<Option<Vec<Grown<Plane>>>>()?;
+        out_runs.push((*pos, items));
+    }
+    Some(Derived {
+        base,
+        runs: out_runs,
+    })
+}
+
+/// The end of a sequence, for the parse loop.
+static END: Atom = Atom {
+    key: u32::MAX,
+    attrs: Vec::new(),
+};
+
+/// A run's item whose numbers were `vals` (copy, copies, numbers), each
+/// on a plane.
+fn planes(key: u32, vals: &[(i64, i64, Vec<i64>)]) -> Option<Grown<Plane>> {
+    let width = vals.first().map_or(0, |v| v.2.len());
+    let mut attrs = Vec::with_capacity(width);
+    for k in 0..width {
+        let points: Vec<(i64, i64, i64)> = vals
+            .iter()
+            .map(|(c, j, v)| v.get(k).map(|&x| (*c, *j, x)))
+            .collect::<Option<Vec<_>>>()?;
+        attrs.push(Plane::through(&points)?);
+    }
+    Some(Grown { key, attrs })
+}
+
+/// An item whose numbers were `vals[n]` at count `n`, each on a line.
+fn grown(key: u32, vals: &[Vec<i64>]) -> Option<Grown<Line>> {
+    let width = vals.first().map_or(0, Vec::len);
+    let mut attrs = Vec::with_capacity(width);
+    for k in 0..width {
+        let column: Vec<i64> = vals
+            .iter()
+            .map(|v| v.get(k).copied())
+            .collect::<Option<Vec<i64>>>()?;
+        attrs.push(Line::through(&column)?);
+    }
+    Some(Grown { key, attrs })
+}
+
+/// The runs `b` inserts into `a`: (position in `a`, the inserted items of
+/// `b`), the fewest runs that make `b` from `a` by insertions alone, each
+/// slid right as far as it goes. `None` when `a` does not embed in `b` or
+/// the alignment would be too large.
+fn insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<(usize, Vec<Atom>)>> {
+    let n = a.len();
+    let d = b.len().checked_sub(n)?;
+    if d == 0 {
+        return (a.iter().zip(b).all(|(x, y)| x.key == y.key)).then(Vec::new);
+    }
+    let w = d + 1;
+    if (n + 1).checked_mul(w)? > MAX_CELLS {
+        return None;
+    }
+    // Common prefix and suffix need no table.
+    let key = |s: &[Atom], i: usize| s.get(i).map(|x| x.key);
+    let mut lo = 0;
+    while lo < n && key(a, lo) == key(b, lo) {
+        lo += 1;
+    }
+    let mut hi = 0;
+    while hi < n - lo && key(a, n - 1 - hi) == key(b, b.len() - 1 - hi) {
+        hi += 1;
+    }
+    // Inside: cost[i][o] = fewest runs to embed a[lo..lo+i] in
+    // b[lo..lo+i+o], ending on a match (m) or an insertion (g).
+    const INF: u32 = u32::MAX / 2;
+    let n_in = n - lo - hi;
+    let cells = (n_in + 1).checked_mul(w)?;
+    let mut m = vec![INF; cells];
+    let mut g = vec![INF; cells];
+    // Whence each cell came: bit 0 for m (from g), bit 1 for g (from g).
+    let mut from = vec![0u8; cells];
+    let at = |i: usize, o: usize| i * w + o;
+    if let Some(c) = m.get_mut(0) {
+        *c = 0;
+    }
+    for i in 0..=n_in {
+        for o in 0..=d {
+            let here = at(i, o);
+            if i > 0 {
+                let prev = at(i - 1, o);
+                if key(a, lo + i - 1) == key(b, lo + i - 1 + o) {
+                    let (pm, pg) = (
+                        m.get(prev).copied().unwrap_or(INF),
+                        g.get(prev).copied().unwrap_or(INF),
+                    );
+                    if let (Some(c), Some(f)) = (m.get_mut(here), from.get_mut(here)) {
+                        // Ties: from the insertion (the run ends later).
+                        if pg <= pm {
+                            *c = pg;
+                            *f |= 1;
+                        } else {
+                            *c = pm;
+                        }
+                    }
+                }
+            }
+            if o > 0 {
+                let prev = at(i, o - 1);
+                let (pm, pg) = (
+                    m.get(prev).copied().unwrap_or(INF).saturating_add(1),
+                    g.get(prev).copied().unwrap_or(INF),
+                );
+                if let (Some(c), Some(f)) = (g.get_mut(here), from.get_mut(here)) {
+                    if pg <= pm {
+                        *c = pg;
+                        *f |= 2;
+                    } else {
+                        *c = pm;
+                    }
+                }
+            }
+        }
+    }
+    let end = at(n_in, d);
+    let (em, eg) = (m.get(end).copied()?, g.get(end).copied()?);
+    if em >= INF && eg >= INF {
+        return None;
+    }
+    // Trace back: which items of b are inserted.
+    let mut inserted = vec![false; b.len()];
+    let (mut i, mut o, mut in_gap) = (n_in, d, eg <= em);
+    while i > 0 || o > 0 {
+        let f = from.get(at(i, o)).copied()?;
+        if in_gap {
+            *inserted.get_mut(lo + i + o - 1)? = true;
+            in_gap = f & 2 != 0;
+            o = o.checked_sub(1)?;
+        } else {
+            in_gap = f & 1 != 0;
+            i = i.checked_sub(1)?;
+        }
+    }
+    slide_right(b, &mut inserted);
+    // The runs, by the position in a before which each goes.
+    let mut runs: Vec<(usize, Vec<Atom>)> = Vec::new();
+    let mut pos = 0;
+    let mut open = false;
+    for (item, &ins) in b.iter().zip(&inserted) {
+        if ins {
+            match runs.last_mut() {
+                Some((p, run)) if open && *p == pos => run.push(item.clone()),
+                _ => runs.push((pos, vec![item.clone()])),
+            }
+            open = true;
+        } else {
+            pos += 1;
+            open = false;
+        }
+    }
+    Some(runs)
+}
+
+/// Slides each run of inserted items right while the item after it is a
+/// kept one with the run's first key (the kept item then matches the run's
+/// first place instead), joining runs that meet.
+fn slide_right(b: &[Atom], inserted: &mut [bool]) {
+    let mut s = 0;
+    while s < b.len() {
+        if !inserted.get(s).copied().unwrap_or(false) {
+            s += 1;
+            continue;
+        }
+        let mut start = s;
+        let mut end = s;
+        while inserted.get(end).copied().unwrap_or(false) {
+            end += 1;
+        }
+        // [start, end) is a run; slide it while b[end] is kept and equal
+        // to b[start], absorbing a run it meets.
+        loop {
+            match (b.get(start), b.get(end), inserted.get(end).copied()) {
+                (Some(x), Some(y), Some(false)) if x.key == y.key => {
+                    if let Some(slot) = inserted.get_mut(start) {
+                        *slot = false;
+                    }
+                    if let Some(slot) = inserted.get_mut(end) {
+                        *slot = true;
+                    }
+                    start += 1;
+                    end += 1;
+                    while inserted.get(end).copied().unwrap_or(false) {
+                        end += 1;
+                    }
+                }
+                _ => break,
+            }
+        }
+        s = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(keys: &[u32], attrs: &[i64]) -> Vec<Atom> {
+        keys.iter()
+            .zip(attrs.iter().chain(std::iter::repeat(&0)))
+            .map(|(&key, &v)| Atom {
+                key,
+                attrs: vec![v],
+            })
+            .collect()
+    }
+
+    /// A prefix, `1 + k` copies of a step [1 2 3] whose second item grows
+    /// by 10 a copy, and a suffix whose item's number moves by 3 a copy.
+    fn steps(k: usize) -> Vec<Atom> {
+        let mut keys = vec![9, 1];
+        let mut vals = vec![0, 0];
+        for c in 0..=k {
+            keys.extend([1, 2, 3]);
+            vals.extend([0, 10 * c as i64, 7]);
+        }
+        keys.extend([1, 8]);
+        vals.extend([0, 3 * k as i64]);
+        seq(&keys, &vals)
+    }
+
+    #[test]
+    fn a_run_of_copies_is_found_at_its_right_end_with_its_growth() {
+        let d = derive(&[steps(1), steps(2), steps(3), steps(4)]).unwrap();
+        assert_eq!(d.runs.len(), 1);
+        let (pos, body) = &d.runs[0];
+        // Slid right: before the suffix (the kept `1` of the suffix matches
+        // the run's first key, so the run ends after it).
+        assert_eq!(*pos, 2 + 6 + 1);
+        let keys: Vec<u32> = body.iter().map(|g| g.key).collect();
+        assert_eq!(keys, [2, 3, 1]);
+        assert_eq!(
+            body[0].attrs[0],
+            Plane {
+                a: 20,
+                b: 10,
+                d: 0,
+                e: 0
+            }
+        );
+        // The suffix's number is a line in the copies added.
+        assert_eq!(d.base.last().unwrap().attrs[0], Line { base: 3, slope: 3 });
+    }
+
+    #[test]
+    fn what_does_not_grow_on_a_line_is_no_derivation() {
+        let mut x3 = steps(4);
+        let last = x3.len() - 1;
+        x3[last].attrs[0] += 1;
+        assert!(derive(&[steps(1), steps(2), steps(3), x3]).is_none());
+        // An item that disappears.
+        let mut x2 = steps(3);
+        x2.remove(0);
+        assert!(derive(&[steps(1), steps(2), x2, steps(4)]).is_none());
+    }
+
+    #[test]
+    fn the_fewest_runs_are_inserted() {
+        // [A B A] + one B inserted between: not split around the A's.
+        let a = seq(&[1, 2, 1, 3], &[]);
+        let b = seq(&[1, 2, 1, 2, 1, 3], &[]);
+        let runs = insertions(&a, &b).unwrap();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].1.len(), 2);
+    }
+}

@@ -1,0 +1,118 @@
+//! The facts of a rebuilt job at its full size from the same facts at a few
+//! small counts of copies: their JSON text as runs of text and numbers,
+//! each number a line in the copies (parameters, calls, the KV cache's
+//! bytes and positions, rule counts, times of windows, the numbers in
+//! warnings), lists that grow with the copies grown by the same rule as
+//! the events ([`super::derive`]).
+
+use std::collections::HashMap;
+
+use super::build::{self, Grid};
+use super::derive::Atom;
+
+/// The text of `texts` (one text at each count of the grid) at `extra`
+/// added copies, or `None` where its numbers do not grow on lines.
+pub(crate) fn grown_text(texts: &Grid<String>, extra: [i64; 2]) -> Option<String> {
+    let mut pieces = Pieces::default();
+    let atoms = texts.map(|t| pieces.atoms(t));
+    let (nodes, leaves) = build::program_of(&atoms)?;
+    let mut out = String::new();
+    super::walk_nodes(&nodes, &leaves, extra, &mut |_, leaf, terms| {
+        if let Some(text) = pieces.texts.get(leaf.key as usize) {
+            out.push_str(text);
+        }
+        if let Some(n) = leaf.attrs.first() {
+            out.push_str(&n.at(terms).to_string());
+        }
+        std::ops::ControlFlow::Continue(())
+    });
+    Some(out)
+}
+
+/// The runs of text between numbers, shared by every text of a grid.
+#[derive(Debug, Default)]
+struct Pieces {
+    ids: HashMap<String, u32>,
+    texts: Vec<String>,
+}
+
+impl Pieces {
+    fn id(&mut self, text: &str) -> u32 {
+        if let Some(&id) = self.ids.get(text) {
+            return id;
+        }
+        let id = u32::try_from(self.texts.len()).unwrap_or(u32::MAX);
+        self.texts.push(text.to_owned());
+        self.ids.insert(text.to_owned(), id);
+        id
+    }
+
+    /// A text as items: each number with the text before it, then the
+    /// text after the last number. A digit run that is no plain number
+    /// (a leading zero, too long) stays text.
+    fn atoms(&mut self, text: &str) -> Vec<Atom> {
+        let mut out = Vec::new();
+        let mut before = String::new();
+        let mut digits = String::new();
+        for ch in text.chars().chain(std::iter::once('\0')) {
+            if ch.is_ascii_digit() {
+                digits.push(ch);
+                continue;
+            }
+            if !digits.is_empty() {
+                let plain = digits.len() < 18 && !(digits.len() > 1 && digits.starts_with('0'));
+                match digits.parse::<i64>() {
+                    Ok(n) if plain => {
+                        let key = self.id(&before);
+                        out.push(Atom {
+                            key,
+                            attrs: vec![n],
+                        });
+                        before.clear();
+                    }
+                    _ => before.push_str(&digits),
+                }
+                digits.clear();
+            }
+            if ch != '\0' {
+                before.push(ch);
+            }
+        }
+        let key = self.id(&before);
+        out.push(Atom {
+            key,
+            attrs: Vec::new(),
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_grow_on_lines_and_lists_with_the_copies() {
+        // Parameters grow by 9 a block, a list gets an entry per block,
+        // a name keeps its number.
+        let text = |k: i64| {
+            let list: Vec<String> = (0..2 + k).map(|i| format!("{{\"layer\":{i}}}")).collect();
+            format!(
+                "{{\"n\":{},\"list\":[{}],\"name\":\"Block_07\"}}",
+                18 + 9 * k,
+                list.join(",")
+            )
+        };
+        let grid = Grid::One(
+            super::super::Dim::Depth,
+            [text(1), text(2), text(3), text(4)],
+        );
+        assert_eq!(grown_text(&grid, [40, 0]).as_deref(), Some(text(41).as_str()));
+        // A number off its line: none.
+        let grid = Grid::One(
+            super::super::Dim::Depth,
+            [text(1), text(2), text(3), text(4).replace("\"n\":54", "\"n\":55")],
+        );
+        assert_eq!(grown_text(&grid, [40, 0]), None);
+    }
+}
