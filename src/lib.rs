@@ -32,6 +32,7 @@
 pub mod analyzer;
 pub mod autocast;
 pub mod diag;
+pub mod kernels;
 pub mod orchestrator;
 pub mod permalink;
 pub mod pipeline;

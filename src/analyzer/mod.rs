@@ -37,6 +37,7 @@
 mod autocast;
 mod evidence;
 pub mod generation;
+pub mod kernels;
 mod leaves;
 mod lifecycle;
 pub mod moe;
@@ -460,6 +461,10 @@ pub struct Analysis {
     /// The bitsandbytes kernel calls of a quantized model ([`quantized`]).
     #[serde(default)]
     pub quant_kernels: Vec<quantized::QuantKernel>,
+    /// The calls whose CUDA kernels allocate otherwise than the CPU's
+    /// (attention, dropout: [`kernels`]).
+    #[serde(default)]
+    pub kernel_calls: kernels::KernelCalls,
     /// A mixture-of-experts model's layers, experts and routing ([`moe`]).
     #[serde(default)]
     pub moe: Option<moe::Moe>,
@@ -591,6 +596,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     let generation = generation::find(trace, &mut life, &index, &iterations, &names);
     let regions = autocast::find_regions(&index, &names, &trace.tensor_args);
     let quant_kernels = quantized::kernels(trace, &index, &names);
+    let kernel_calls = kernels::find(trace, &index, &names, &life);
     let mut moe = moe::find(trace, &index, &names, &life);
     if let Some(m) = moe.as_mut() {
         moe::set_expert_bytes(m, &state, &names);
@@ -608,6 +614,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     analysis.state = state;
     analysis.generation = generation;
     analysis.quant_kernels = quant_kernels;
+    analysis.kernel_calls = kernel_calls;
     analysis.moe = moe;
     Ok(Warned {
         value: analysis,

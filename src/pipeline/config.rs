@@ -49,6 +49,8 @@ impl Config {
                 name: "unlimited".to_owned(),
                 is_preset: false,
                 arch: None,
+                sm: None,
+                multiprocessors: None,
                 capacity: Bytes(u64::MAX),
                 overheads: presets::DeviceOverheads::for_unknown_arch(),
             });

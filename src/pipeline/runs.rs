@@ -3,7 +3,8 @@
 //! An estimate needs, for the target and for each compared GPU, a run
 //! without a capacity limit (the peak) and, for each compared GPU, a run at
 //! its capacity (the verdict). Unlimited runs depend only on the cuBLAS
-//! workspace configuration, so GPUs that share one share that run.
+//! workspace configuration and the architecture whose kernels the schedule
+//! holds blocks of, so GPUs that share both share that run.
 
 use std::collections::BTreeMap;
 
@@ -52,13 +53,15 @@ impl Parallel for InTurn {
     }
 }
 
-/// What an unlimited run depends on: the cuBLAS workspace size and count.
-type WorkspaceKey = (Bytes, u32);
+/// What an unlimited run depends on: the cuBLAS workspace size and count,
+/// and the architecture whose kernels run (the schedule's blocks it makes).
+type WorkspaceKey = (Bytes, u32, crate::kernels::Sm);
 
 fn workspace_key(target: &GpuTarget) -> WorkspaceKey {
     (
         target.overheads.cublas_workspace_bytes,
         target.overheads.cublas_workspaces,
+        target.kernel_sm(),
     )
 }
 
@@ -157,6 +160,7 @@ impl<'c> Runs<'c> {
             n_events: u32::try_from(schedule.events.len()).unwrap_or(u32::MAX),
             alloc_conf: config.alloc_conf.clone(),
             rules: facts.rule_counts.clone(),
+            cpu_scratch: facts.cpu_scratch.clone(),
             recipe: prepared.recipe.clone(),
             scaled: prepared.scaled.clone(),
             traced: prepared.traced.clone(),

@@ -85,6 +85,10 @@ pub struct RunSummary {
     pub alloc_conf: String,
     /// What each orchestration rule did.
     pub rules: Vec<crate::orchestrator::RuleCount>,
+    /// The CPU kernels' private scratch left out of the CUDA run, per op
+    /// (rule `cpu_scratch`), largest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_scratch: Vec<crate::orchestrator::OpBytes>,
     /// The run's structure and training recipe: micro-batches per optimizer
     /// step, checkpointing, clipping, torch.compile, distributed, the loop.
     #[serde(default)]
@@ -248,6 +252,10 @@ pub struct GpuVerdict {
     pub shortfall_bytes: Option<Bytes>,
     pub context_bytes: Bytes,
     pub cublas_workspace_bytes: Bytes,
+    /// The kernels assumed on this GPU where the choice depends on its
+    /// architecture ("attention: cuDNN attention").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<String>,
 }
 
 /// The estimate: one plain-data value for the CLI, the worker and the tests.
@@ -334,7 +342,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         .unwrap_or(Bytes::ZERO);
     let total = peak_reserved + overheads.context_bytes;
 
-    let live = live_after(schedule, peak_index, overheads.cublas_workspace_bytes);
+    let live = live_after(schedule, peak_index, input.reference);
     let mut breakdown = Breakdown::default();
     let mut layers: BTreeMap<&str, Bytes> = BTreeMap::new();
     // Without Python frames no block has a layer: the same figures by op.
@@ -427,7 +435,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         g.prefill_peak_allocated_bytes = peak_in(g.prefill_window);
         g.decode_peak_allocated_bytes = peak_in(g.decode_window);
     }
-    let gpus = input.gpus.iter().map(verdict).collect();
+    let gpus = input.gpus.iter().map(|g| verdict(g, schedule)).collect();
     Ok(Report {
         schema: SCHEMA.to_owned(),
         reference_gpu: input.reference.name.clone(),
@@ -461,16 +469,19 @@ fn first_max(values: impl Iterator<Item = Bytes>) -> (usize, Bytes) {
     best
 }
 
-/// The blocks live right after event `index`, with their sizes (workspace
-/// blocks at `workspace` bytes), in allocation order.
-fn live_after(schedule: &Schedule, index: usize, workspace: Bytes) -> Vec<(BlockId, Bytes)> {
+/// The blocks live right after event `index` on `target`, with their sizes
+/// (workspace blocks at its cuBLAS workspace size, blocks its architecture's
+/// kernels do not make at zero), in allocation order.
+fn live_after(schedule: &Schedule, index: usize, target: &GpuTarget) -> Vec<(BlockId, Bytes)> {
+    let workspace = target.overheads.cublas_workspace_bytes;
     let mut live: BTreeMap<BlockId, (usize, Bytes)> = BTreeMap::new();
     for (position, event) in schedule.events.iter().take(index + 1).enumerate() {
         match event.kind {
             EventKind::Alloc => {
                 let size = match schedule.block(event.block) {
+                    Some(block) if !block.on.contains(target.kernel_sm()) => Bytes::ZERO,
                     Some(block) if block.category == Category::Workspace => workspace,
-                    Some(block) => block.size,
+                    Some(block) => block.size_on(target),
                     None => Bytes::ZERO,
                 };
                 live.insert(event.block, (position, size));
@@ -512,7 +523,7 @@ fn place(schedule: &Schedule, index: usize) -> PeakPlace {
     }
 }
 
-fn verdict(runs: &GpuRuns<'_>) -> GpuVerdict {
+fn verdict(runs: &GpuRuns<'_>, schedule: &Schedule) -> GpuVerdict {
     let overheads = runs.target.overheads;
     let capacity = runs.target.capacity;
     let reserved = |run: &SimulatedRun| {
@@ -534,7 +545,20 @@ fn verdict(runs: &GpuRuns<'_>) -> GpuVerdict {
         shortfall_bytes: (!fits).then(|| needed.saturating_sub(capacity)),
         context_bytes: overheads.context_bytes,
         cublas_workspace_bytes: overheads.cublas_workspace_bytes,
+        kernels: kernels_on(schedule, runs.target),
     }
+}
+
+/// The kernels the schedule assumes on `target`'s architecture, as the
+/// report names them.
+pub fn kernels_on(schedule: &Schedule, target: &GpuTarget) -> Vec<String> {
+    let sm = target.kernel_sm();
+    schedule
+        .kernels
+        .iter()
+        .filter(|k| k.on.contains(sm))
+        .map(|k| format!("{}: {}", k.family, k.choice))
+        .collect()
 }
 
 #[cfg(test)]
@@ -551,6 +575,8 @@ mod tests {
             phase: Phase::Forward,
             op: Some("aten::op".into()),
             layer: (!layer.is_empty()).then(|| layer.to_owned()),
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         }
     }
 
@@ -592,6 +618,7 @@ mod tests {
                 end: Nanos(5),
             }],
             phases: Vec::new(),
+            kernels: Vec::new(),
         }
     }
 
@@ -677,7 +704,7 @@ mod tests {
             at_capacity: &failed,
             unlimited: &unlimited,
         };
-        let verdict = verdict(&runs);
+        let verdict = verdict(&runs, &schedule());
         assert!(!verdict.fits);
         assert_eq!(verdict.headroom_bytes, None);
         assert_eq!(
@@ -712,10 +739,17 @@ mod tests {
         assert_eq!(build(&input), Err(ReportError::Mismatch((0, 6))));
     }
 
+    /// A GPU whose cuBLAS workspace is `bytes`.
+    fn target_with_workspace(bytes: Bytes) -> GpuTarget {
+        let mut gpu = parse_gpu("t4").unwrap();
+        gpu.overheads.cublas_workspace_bytes = bytes;
+        gpu
+    }
+
     #[test]
     fn live_blocks_at_an_event_come_in_allocation_order() {
         let schedule = schedule();
-        let live = live_after(&schedule, 3, Bytes(7));
+        let live = live_after(&schedule, 3, &target_with_workspace(Bytes(7)));
         assert_eq!(
             live,
             vec![

@@ -335,11 +335,13 @@ impl Builder {
         match ev.cat {
             Cat::CpuOp => {
                 let keep_concrete = ARGS_KEPT.keeps_concrete(op_name);
+                let keep_flags = ARGS_KEPT.keeps_flags(op_name);
                 let mut scratch = std::mem::take(&mut self.scratch);
                 let mut op_args = std::mem::take(&mut self.trace.op_args);
                 let read = read_op_args(
                     args.op_args,
                     keep_concrete,
+                    keep_flags,
                     &mut op_args,
                     &mut scratch,
                     &mut |dtype| self.intern(dtype),

@@ -402,7 +402,8 @@ impl Trace {
             .unwrap_or_default()
     }
 
-    /// The integer concrete values of an op (view ops only).
+    /// The integer concrete values of an op (view ops, and the flags of
+    /// [`FLAG_OPS`]).
     pub fn concrete_args(&self, op: &OpEvent) -> &[ConcreteArg] {
         self.op_args
             .concrete
@@ -441,6 +442,9 @@ pub struct ArgsKept {
     pub no_shapes_of_ops_ending: &'static [&'static str],
     /// Ops with one of these names keep their integer concrete values.
     pub concrete_of_ops: &'static [&'static str],
+    /// Ops with one of these names also keep their boolean and floating
+    /// concrete values ([`FLAG_OPS`]).
+    pub flags_of_ops: &'static [&'static str],
 }
 
 /// The ops whose arguments the reader keeps (see [`ArgsKept`]).
@@ -448,7 +452,21 @@ pub const ARGS_KEPT: ArgsKept = ArgsKept {
     no_shapes_of_ops: &[],
     no_shapes_of_ops_ending: &[],
     concrete_of_ops: VIEW_OPS,
+    flags_of_ops: FLAG_OPS,
 };
+
+/// Ops whose `Concrete Inputs` decide which CUDA kernel runs and what it
+/// allocates, kept as integers: integers and integer lists as they are,
+/// `True`/`False` as 1/0, a floating value in millionths (`0.1` → 100000).
+/// `scaled_dot_product_attention` (query, key, value, attn_mask, dropout_p,
+/// is_causal, scale, enable_gqa): its dropout probability and causal flag
+/// choose the CUDA attention backend; `sum` and `mean` (self, dim, keepdim,
+/// dtype): the dims reduced size a CUDA reduction's global buffer.
+pub const FLAG_OPS: &[&str] = &[
+    "aten::scaled_dot_product_attention",
+    "aten::sum",
+    "aten::mean",
+];
 
 /// The op names that return a view of (or the very tensor of) their first
 /// argument, at least when they do not copy. The reader keeps their integer
@@ -503,7 +521,13 @@ impl ArgsKept {
 
     /// Whether an op of this name keeps its integer concrete values.
     pub fn keeps_concrete(&self, op: &str) -> bool {
-        self.concrete_of_ops.contains(&op)
+        self.concrete_of_ops.contains(&op) || self.flags_of_ops.contains(&op)
+    }
+
+    /// Whether an op of this name also keeps its boolean and floating
+    /// concrete values (as [`FLAG_OPS`] says).
+    pub fn keeps_flags(&self, op: &str) -> bool {
+        self.flags_of_ops.contains(&op)
     }
 }
 

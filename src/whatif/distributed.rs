@@ -158,6 +158,8 @@ impl<'a> Edit<'a> {
                 phase,
                 op: Some(label.to_owned()),
                 layer: None,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
             },
             alloc,
             free,
@@ -249,6 +251,7 @@ impl<'a> Edit<'a> {
                 .collect(),
             iterations: self.schedule.iterations.clone(),
             phases: self.schedule.phases.clone(),
+            kernels: self.schedule.kernels.clone(),
         };
         schedule.check().map_err(WhatIfError::Inconsistent)?;
         Ok(schedule)
@@ -353,6 +356,7 @@ fn without_buckets(schedule: &Schedule) -> Schedule {
         events,
         iterations: schedule.iterations.clone(),
         phases: schedule.phases.clone(),
+        kernels: schedule.kernels.clone(),
     }
 }
 
@@ -595,6 +599,8 @@ mod tests {
             phase,
             op: None,
             layer: Some(layer.to_owned()),
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         }
     }
 
@@ -645,6 +651,7 @@ mod tests {
             events,
             iterations: vec![span(0, 5, 40), span(1, 40, 60)],
             phases: Vec::new(),
+            kernels: Vec::new(),
         }
     }
 

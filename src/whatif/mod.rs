@@ -240,6 +240,7 @@ pub(crate) fn retime(
         events: keyed.into_iter().map(|(_, _, event)| event).collect(),
         iterations: schedule.iterations.clone(),
         phases: schedule.phases.clone(),
+        kernels: schedule.kernels.clone(),
     };
     schedule.check().map_err(WhatIfError::Inconsistent)?;
     Ok(schedule)

@@ -110,6 +110,8 @@ pub(super) fn apply(analysis: &Analysis, plan: &mut Plan) {
                 free: Some(span.end),
                 op,
                 rule: RuleId::BnbCudaKernels,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
             });
         }
     }

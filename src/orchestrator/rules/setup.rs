@@ -331,6 +331,8 @@ fn setup_item(
         free: None,
         source: None,
         rule: None,
+        on: crate::kernels::ArchSet::ALL,
+        per_gpu: None,
     }
 }
 
@@ -507,6 +509,8 @@ fn rule_parameters(params: &[Param]) -> Vec<Item> {
             free: None,
             source: None,
             rule: None,
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         });
         if let Some(after) = buffers.get(&position) {
             for buffer in after {
@@ -557,6 +561,8 @@ fn rule_batchnorm_buffers(params: &[Param]) -> BTreeMap<usize, Vec<Item>> {
                 free: None,
                 source: None,
                 rule: None,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
             });
         }
     }

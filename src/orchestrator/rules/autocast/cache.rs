@@ -41,6 +41,8 @@ pub(super) fn cast_parameter(
                 free: Some(op.end),
                 op: index,
                 rule: RuleId::AutocastInputCasts,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
             });
         }
         return;
@@ -68,6 +70,8 @@ pub(super) fn cast_parameter(
             free: Some(end),
             op: index,
             rule: RuleId::AutocastCastCache,
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         }),
     }
 }
