@@ -15,11 +15,13 @@
 //! way through a [`Parallel`]); the report does not depend on how the
 //! simulations were run.
 
+mod capture;
 mod config;
 mod runs;
 mod settings;
 mod simulate;
 
+pub use capture::{figures as capture_figures, CaptureFigures};
 pub use config::{Config, DEFAULT_TARGET};
 pub use runs::{InTurn, Parallel, SimulationJob};
 pub use settings::Settings;
@@ -152,6 +154,11 @@ pub struct Prepared {
     pub generation: Option<analyzer::generation::Generation>,
     /// A mixture-of-experts model: its experts and the traced routing.
     pub moe: Option<analyzer::moe::Moe>,
+    /// What memcast's capture helper wrote into the (first) trace: the full
+    /// job it stands for, whose figures the estimate took where the
+    /// settings left them as traced.
+    #[serde(default)]
+    pub capture: Option<Box<crate::trace::Capture>>,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -227,6 +234,8 @@ pub fn prepare_many_from(
         warnings.extend(trace.warnings);
         traces.push(trace.value);
     }
+    let capture = traces.first().and_then(|t| t.header.capture.clone());
+    let config = &capture::apply(config, capture.as_deref());
     if traces.len() == 1 && config.scale.is_identity() {
         return prepare_parsed(&traces, warnings, config, progress);
     }
@@ -242,6 +251,7 @@ pub fn prepare_many_from(
     let (trace, facts) = scaled.value;
     let mut prepared = prepare_trace(&trace, facts, warnings, config, progress)?;
     prepared.traced = traced;
+    prepared.capture = capture;
     Ok(prepared)
 }
 
@@ -258,6 +268,8 @@ pub fn prepare_parsed(
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
+    let capture = traces.first().and_then(|t| t.header.capture.clone());
+    let config = &capture::apply(config, capture.as_deref());
     let mut prepared = match traces {
         [one] if config.scale.is_identity() => prepare_trace(
             one,
@@ -274,6 +286,7 @@ pub fn prepare_parsed(
         }
     };
     prepared.traced = traced;
+    prepared.capture = capture;
     Ok(prepared)
 }
 
@@ -324,6 +337,7 @@ fn prepare_trace(
         traced: crate::scale::Traced::default(),
         generation: analysis.generation.clone(),
         moe: analysis.moe.clone(),
+        capture: None,
     })
 }
 

@@ -162,6 +162,7 @@ impl<'c> Runs<'c> {
             traced: prepared.traced.clone(),
             generation: prepared.generation.clone(),
             moe: prepared.moe.clone(),
+            capture: prepared.capture.clone(),
         };
         ReportInput {
             schedule,

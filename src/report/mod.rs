@@ -106,6 +106,11 @@ pub struct RunSummary {
     /// absent for a dense model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<crate::analyzer::moe::Moe>,
+    /// What memcast's capture helper wrote into the trace: the model, the
+    /// job and the full job's figures the estimate took where the settings
+    /// left them as traced; absent for other traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Box<crate::trace::Capture>>,
 }
 
 /// When and where the peak happens.

@@ -19,6 +19,8 @@
 mod args;
 pub use args::dtype_size;
 mod build;
+mod capture;
+pub use capture::{Capture, CAPTURE_SCHEMA};
 mod loose;
 mod signatures;
 pub use signatures::{quant_state_args, weight_args, ACCUMULATE_GRAD};
@@ -279,6 +281,10 @@ pub struct TraceHeader {
     /// initialised `torch.distributed` process group.
     #[serde(default)]
     pub distributed: Option<DistributedInfo>,
+    /// `memcast`: what memcast's capture helper recorded and the full job
+    /// the trace stands for ([`Capture`]).
+    #[serde(default)]
+    pub capture: Option<Box<Capture>>,
 }
 
 /// The process group a trace's process belonged to (`distributedInfo`).

@@ -190,6 +190,7 @@ enum TopKey {
     TraceName,
     DeviceProperties,
     DistributedInfo,
+    Capture,
     Other,
 }
 
@@ -204,6 +205,7 @@ fn classify_top_key(key: &str) -> TopKey {
         "traceName" => TopKey::TraceName,
         "deviceProperties" => TopKey::DeviceProperties,
         "distributedInfo" => TopKey::DistributedInfo,
+        "memcast" => TopKey::Capture,
         _ => TopKey::Other,
     }
 }
@@ -618,6 +620,8 @@ impl JsonStream {
             TopKey::DistributedInfo => {
                 parse_value::<LooseDistributed>(item, at_end)?.map(|v| header.distributed = v.0)
             }
+            TopKey::Capture => parse_value::<super::capture::LooseCapture>(item, at_end)?
+                .map(|v| header.capture = v.0.map(Box::new)),
             TopKey::TraceEvents | TopKey::Other => {
                 parse_value::<IgnoredAny>(item, at_end)?.map(|_| ())
             }

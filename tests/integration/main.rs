@@ -19,6 +19,8 @@ mod cli_terms;
 mod autocast;
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
+// Traces made by the capture helper: the full job's figures they carry.
+mod capture;
 // The memcast binary: estimate and presets output, JSON contract, error exits.
 mod cli;
 // Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong

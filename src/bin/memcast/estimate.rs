@@ -104,6 +104,13 @@ fn print_table(out: &mut String, report: &Report) {
     }
     structure.push(format!("loop: {}", recipe.training_loop.label()));
     let _ = writeln!(out, "run: {}", structure.join(", "));
+    if let Some(capture) = &summary.capture {
+        let _ = writeln!(
+            out,
+            "captured: {}",
+            memcast::present::captured(capture, &summary.scaled)
+        );
+    }
     let _ = writeln!(
         out,
         "model: {} ({} parameters: {} GiB, {} GiB trainable, {} GiB frozen; buffers {} GiB)",
