@@ -403,7 +403,7 @@ def model_label(model):
 
 
 def default_out(args):
-    name = model_label(args.model).replace("/", "_")
+    name = model_label(args.model).rstrip("/").split("/")[-1]
     return re.sub(r"[^A-Za-z0-9._-]", "_", f"{name}_{args.job}_L{args.trace_layers}.json.gz")
 
 

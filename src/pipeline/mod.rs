@@ -43,6 +43,8 @@ use crate::units::Bytes;
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     Parsing,
+    /// Building the trace of the larger job ([`crate::scale`]).
+    Rebuilding,
     Analyzing,
     Orchestrating,
     Simulating,
@@ -55,6 +57,24 @@ pub struct Progress {
     pub stage: Stage,
     pub done: u64,
     pub total: u64,
+}
+
+impl Stage {
+    /// Every stage, in the order a run goes through them (a run of the
+    /// traced job skips [`Stage::Rebuilding`]).
+    pub const ALL: [Stage; 6] = [
+        Stage::Parsing,
+        Stage::Rebuilding,
+        Stage::Analyzing,
+        Stage::Orchestrating,
+        Stage::Simulating,
+        Stage::Reporting,
+    ];
+
+    /// The stage's place in [`Stage::ALL`] (0-based).
+    pub fn index(self) -> usize {
+        Stage::ALL.iter().position(|s| *s == self).unwrap_or(0)
+    }
 }
 
 impl Progress {
@@ -159,6 +179,9 @@ pub struct Prepared {
     /// settings left them as traced.
     #[serde(default)]
     pub capture: Option<Box<crate::trace::Capture>>,
+    /// How quantized weights are stored ([`report::RunSummary::quantization`]).
+    #[serde(default)]
+    pub quantization: Option<String>,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -243,6 +266,7 @@ pub fn prepare_many_from(
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
+    progress(Progress::start(Stage::Rebuilding));
     let scaled = crate::scale::scale_many(&traces, &config.scale)?;
     warnings.extend(scaled.warnings);
     // The traces read can go before the rebuilt one is analyzed (the
@@ -279,6 +303,7 @@ pub fn prepare_parsed(
             progress,
         )?,
         _ => {
+            progress(Progress::start(Stage::Rebuilding));
             let scaled = crate::scale::scale_many(traces, &config.scale)?;
             warnings.extend(scaled.warnings);
             let (trace, facts) = scaled.value;
@@ -338,7 +363,31 @@ fn prepare_trace(
         generation: analysis.generation.clone(),
         moe: analysis.moe.clone(),
         capture: None,
+        quantization: quantization_of(&analysis.quant_kernels),
     })
+}
+
+/// How the trace's quantized weights are stored, from the bitsandbytes
+/// kernels it runs (4-bit when any is a 4-bit kernel).
+fn quantization_of(kernels: &[analyzer::quantized::QuantKernel]) -> Option<String> {
+    use analyzer::quantized::QuantOp;
+    let four_bit = kernels.iter().any(|k| {
+        matches!(
+            k.kind,
+            QuantOp::Gemm4bit | QuantOp::Dequantize4bit | QuantOp::Gemv4bitCpuPacked
+        )
+    });
+    let eight_bit = kernels.iter().any(|k| {
+        matches!(
+            k.kind,
+            QuantOp::Int8VectorwiseQuant | QuantOp::Int8LinearMatmul | QuantOp::Int8MmDequant
+        )
+    });
+    match (four_bit, eight_bit) {
+        (true, _) => Some("bitsandbytes 4-bit".to_owned()),
+        (false, true) => Some("bitsandbytes 8-bit (LLM.int8())".to_owned()),
+        (false, false) => None,
+    }
 }
 
 /// Simulates a prepared schedule on the reference GPU (without a capacity

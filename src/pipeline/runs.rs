@@ -163,6 +163,7 @@ impl<'c> Runs<'c> {
             generation: prepared.generation.clone(),
             moe: prepared.moe.clone(),
             capture: prepared.capture.clone(),
+            quantization: prepared.quantization.clone(),
         };
         ReportInput {
             schedule,

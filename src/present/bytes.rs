@@ -83,6 +83,11 @@ pub fn percent(part: u64, whole: u64) -> String {
     format!("{} %", fixed(part.saturating_mul(100), whole, 1))
 }
 
+/// Basis points (hundredths of a percent) as a percentage: `"2.50 %"`.
+pub fn percent_bp(bp: u32) -> String {
+    format!("{}.{:02} %", bp / 100, bp % 100)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,8 +98,12 @@ mod tests {
         assert_eq!(thousands(1_234_567), "1,234,567");
         assert_eq!(gib(Bytes(Bytes::GIB * 3 / 2)), "1.50 GiB");
         // 38.745 GiB rounds up, as does 663.05 MiB.
-        assert_eq!(gib(Bytes(38_745 * Bytes::GIB / 1000)), "38.75 GiB");
-        assert_eq!(mib(Bytes(66_305 * Bytes::MIB / 100)), "663.1 MiB");
+        assert_eq!(
+            gib(Bytes((38_745 * Bytes::GIB).div_ceil(1000))),
+            "38.75 GiB"
+        );
+        assert_eq!(gib(Bytes(38_745 * Bytes::GIB / 1000 - 1)), "38.74 GiB");
+        assert_eq!(mib(Bytes((66_305 * Bytes::MIB).div_ceil(100))), "663.1 MiB");
         assert_eq!(gib(Bytes(1200 * Bytes::GIB)), "1,200.00 GiB");
         assert_eq!(short(Bytes(Bytes::GIB - 1)), "1,024.0 MiB");
         assert_eq!(short(Bytes(Bytes::GIB)), "1.00 GiB");

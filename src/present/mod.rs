@@ -4,8 +4,21 @@
 //! the what-if results: no I/O, no locale, integer arithmetic for every
 //! rounding.
 
+mod accuracy;
 mod bytes;
 mod capture;
+mod command;
+mod settings;
+mod summary;
+mod verdict;
+pub mod whatif;
 
-pub use bytes::{exact, gib, gib_number, mib, mib_number, percent, short, signed, thousands};
+pub use accuracy::accuracy_table;
+pub use bytes::{
+    exact, gib, gib_number, mib, mib_number, percent, percent_bp, short, signed, thousands,
+};
 pub use capture::captured;
+pub use command::{capture_command, install_command, CaptureAsk, HELPER};
+pub use settings::{changed, Changed};
+pub use summary::{model_line, run_line};
+pub use verdict::{margin_note, target_verdict, verdict};

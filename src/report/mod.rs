@@ -11,6 +11,7 @@
 //! Invariants: plain serde data with deterministic field and element order; the
 //! breakdown categories sum exactly to the peak total.
 
+pub mod accuracy;
 mod timeline;
 
 use crate::simulator::Sample;
@@ -18,6 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use accuracy::{ErrorBand, JobKind, Margin};
 pub use timeline::{downsample, TimelinePoint, DEFAULT_MAX_POINTS};
 
 use crate::diag::Warning;
@@ -111,6 +113,11 @@ pub struct RunSummary {
     /// left them as traced; absent for other traces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<Box<crate::trace::Capture>>,
+    /// How quantized weights are stored, from the bitsandbytes kernels the
+    /// trace runs: `bitsandbytes 4-bit` or `bitsandbytes 8-bit (LLM.int8())`;
+    /// absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
 }
 
 /// When and where the peak happens.
@@ -253,6 +260,10 @@ pub struct GpuVerdict {
     pub shortfall_bytes: Option<Bytes>,
     pub context_bytes: Bytes,
     pub cublas_workspace_bytes: Bytes,
+    /// Fits, fits with a thin margin (headroom within the error measured
+    /// for this kind of job, [`Report::error_band`]), or does not fit.
+    #[serde(default)]
+    pub margin: Margin,
 }
 
 /// The estimate: one plain-data value for the CLI, the worker and the tests.
@@ -279,6 +290,18 @@ pub struct Report {
     pub timeline: Vec<TimelinePoint>,
     pub gpus: Vec<GpuVerdict>,
     pub warnings: Vec<Warning>,
+    /// The kind of job, as the measured errors are grouped.
+    #[serde(default = "default_kind")]
+    pub job_kind: JobKind,
+    /// The error measured against real GPU runs of this kind of job, and
+    /// the margin a fit needs to be more than thin ([`accuracy`]); absent
+    /// when none was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_band: Option<ErrorBand>,
+}
+
+fn default_kind() -> JobKind {
+    JobKind::Training
 }
 
 /// One GPU's simulations: at its capacity, and without a limit (needed for the
@@ -432,7 +455,18 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         g.prefill_peak_allocated_bytes = peak_in(g.prefill_window);
         g.decode_peak_allocated_bytes = peak_in(g.decode_window);
     }
-    let gpus = input.gpus.iter().map(verdict).collect();
+    let job_kind = JobKind::of(&summary);
+    let error_band =
+        accuracy::Accuracy::shipped().and_then(|a| ErrorBand::new(&a, job_kind, peak_reserved));
+    let gpus = input
+        .gpus
+        .iter()
+        .map(|runs| {
+            let mut gpu = verdict(runs);
+            gpu.margin = Margin::of(gpu.headroom_bytes, error_band.as_ref());
+            gpu
+        })
+        .collect();
     Ok(Report {
         schema: SCHEMA.to_owned(),
         reference_gpu: input.reference.name.clone(),
@@ -452,6 +486,8 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         timeline: downsample(&points, input.max_timeline_points),
         gpus,
         warnings: input.warnings.clone(),
+        job_kind,
+        error_band,
     })
 }
 
@@ -539,6 +575,11 @@ fn verdict(runs: &GpuRuns<'_>) -> GpuVerdict {
         shortfall_bytes: (!fits).then(|| needed.saturating_sub(capacity)),
         context_bytes: overheads.context_bytes,
         cublas_workspace_bytes: overheads.cublas_workspace_bytes,
+        margin: if fits {
+            Margin::Fits
+        } else {
+            Margin::DoesNotFit
+        },
     }
 }
 

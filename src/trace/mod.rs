@@ -532,7 +532,7 @@ pub enum TraceError {
     Read(String),
     #[error("the file is empty: export the trace again with prof.export_chrome_trace(path) after the profiler has stopped")]
     Empty,
-    #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0:?}")]
+    #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0}")]
     NotJson(String),
     #[error("the gzip data is truncated: the file was cut off while copying or writing; copy it again (gzip -t checks it)")]
     TruncatedGzip,

@@ -171,6 +171,7 @@ pub fn estimate_schedule(
         generation: prepared.generation.clone(),
         moe: prepared.moe.clone(),
         capture: prepared.capture.clone(),
+        quantization: prepared.quantization.clone(),
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }

@@ -44,6 +44,8 @@ mod llm;
 // The model's resident state: parameters with and without gradients, buffers,
 // run kind, state made before the trace, DDP buckets, traces without shapes.
 mod state;
+// The README's accuracy table against the measured errors it is made from.
+mod readme;
 // Trace small, run big: --layers and --seq-len against traces made that way.
 mod scale;
 // Source-text checks of the architecture invariants.
