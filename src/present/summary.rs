@@ -18,7 +18,7 @@ pub fn run_line(report: &Report) -> String {
         (None, RunKind::Inference | RunKind::ForwardWithAutograd) => "no optimizer".to_owned(),
         (None, _) => "optimizer not named in the trace".to_owned(),
     };
-    let kind = if s.generation.is_some() {
+    let kind = if report.job_kind == crate::report::JobKind::Generation {
         "generation"
     } else {
         s.run_kind.label()

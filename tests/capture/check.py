@@ -2,7 +2,7 @@
 """End-to-end check of the capture helper (www/memcast_capture.py) with memcast.
 
 A tiny Llama config (6 layers, 4 heads, vocabulary 1000) is captured the way a
-user captures a big model: 2 blocks at a short length (and 4 of 16 new tokens
+user captures a big model: 2 blocks at a short length (and 4 of 12 new tokens
 for a generation), with the full job's figures in the trace. memcast is run on
 that trace with no flag, and its answer is compared with memcast's estimate of
 a trace of the full tiny model (all 6 blocks at the full length, every new
@@ -45,8 +45,8 @@ JOBS = [
      ["--trace-layers", "6", "--trace-seq-len", "256"]),
     ("lora", ["--batch", "2", "--seq-len", "256"], ["--trace-layers", "6", "--trace-seq-len", "256"]),
     ("inference", ["--batch", "4", "--seq-len", "256"], ["--trace-layers", "6", "--trace-seq-len", "256"]),
-    ("generate", ["--batch", "2", "--seq-len", "40", "--new-tokens", "16", "--trace-new-tokens", "4"],
-     ["--trace-layers", "6", "--trace-new-tokens", "16"]),
+    ("generate", ["--batch", "2", "--seq-len", "40", "--new-tokens", "12", "--trace-new-tokens", "4", "--steps", "2"],
+     ["--trace-layers", "6", "--trace-new-tokens", "12"]),
 ]
 
 failures = []
