@@ -132,14 +132,17 @@ pub fn fit(canvas: &HtmlCanvasElement) {
     };
     let width = design("data-width", canvas.width());
     let height = design("data-height", canvas.height());
-    let shown = canvas
-        .parent_element()
-        .map(|p| u32::try_from(p.client_width()).unwrap_or(0))
-        .unwrap_or(0);
-    if shown == 0 || width == 0 {
+    if width == 0 {
         return;
     }
-    let w = shown.clamp(280, width.max(280));
+    // At its design width the canvas is shown at most as wide as its box
+    // (CSS max-width: 100%): that is the width to draw at.
+    canvas.set_width(width);
+    let shown = u32::try_from(canvas.client_width()).unwrap_or(0);
+    if shown == 0 {
+        return;
+    }
+    let w = shown.clamp(280.min(width), width);
     let h = (u64::from(height) * u64::from(w) / u64::from(width)).max(u64::from(height) * 6 / 10);
     canvas.set_width(w);
     canvas.set_height(u32::try_from(h).unwrap_or(height));

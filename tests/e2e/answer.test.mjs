@@ -130,9 +130,11 @@ test("a worker that dies gives a clear error and a fresh worker; the previous es
 async function overflow(page) {
   return page.evaluate(() => {
     const width = document.documentElement.clientWidth;
+    // Boxes past the edge, and text that runs out of its box (a long word).
     const wide = [...document.querySelectorAll("main *")]
-      .filter((el) => el.getBoundingClientRect().right > width + 1 && getComputedStyle(el).position !== "fixed")
       .filter((el) => !el.closest("table, pre, textarea"))
+      .filter((el) => el.getBoundingClientRect().right > width + 1
+        || (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX === "visible" && el.clientWidth > 0))
       .slice(0, 8)
       .map((el) => `${el.tagName.toLowerCase()}#${el.id}.${el.className} right=${Math.round(el.getBoundingClientRect().right)}`);
     return { scroll: document.documentElement.scrollWidth, width, wide };
