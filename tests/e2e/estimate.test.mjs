@@ -198,7 +198,7 @@ test("every what-if answers in the page with a chart and a table", async () => {
     ["#whatif-alloc", /Allocator settings/, /expandable_segments:True/],
     ["#whatif-zero-grad", /zero_grad/, /before backward \(pos0\)/],
     ["#whatif-batch", /Batch size/, /a100-80gb/],
-    ["#whatif-plan", /Planned allocation/, /live tensors/],
+    ["#whatif-plan", /Planned allocation/, /live lower bound/],
     ["#whatif-precision", /Mixed precision/, /autocast/],
     ["#whatif-distributed", /8 GPUs/, /Zero3/],
   ];
