@@ -15,11 +15,13 @@
 //! way through a [`Parallel`]); the report does not depend on how the
 //! simulations were run.
 
+mod capture;
 mod config;
 mod runs;
 mod settings;
 mod simulate;
 
+pub use capture::{figures as capture_figures, CaptureFigures};
 pub use config::{Config, DEFAULT_TARGET};
 pub use runs::{InTurn, Parallel, SimulationJob};
 pub use settings::Settings;
@@ -41,6 +43,8 @@ use crate::units::Bytes;
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     Parsing,
+    /// Building the trace of the larger job ([`crate::scale`]).
+    Rebuilding,
     Analyzing,
     Orchestrating,
     Simulating,
@@ -53,6 +57,24 @@ pub struct Progress {
     pub stage: Stage,
     pub done: u64,
     pub total: u64,
+}
+
+impl Stage {
+    /// Every stage, in the order a run goes through them (a run of the
+    /// traced job skips [`Stage::Rebuilding`]).
+    pub const ALL: [Stage; 6] = [
+        Stage::Parsing,
+        Stage::Rebuilding,
+        Stage::Analyzing,
+        Stage::Orchestrating,
+        Stage::Simulating,
+        Stage::Reporting,
+    ];
+
+    /// The stage's place in [`Stage::ALL`] (0-based).
+    pub fn index(self) -> usize {
+        Stage::ALL.iter().position(|s| *s == self).unwrap_or(0)
+    }
 }
 
 impl Progress {
@@ -152,6 +174,14 @@ pub struct Prepared {
     pub generation: Option<analyzer::generation::Generation>,
     /// A mixture-of-experts model: its experts and the traced routing.
     pub moe: Option<analyzer::moe::Moe>,
+    /// What memcast's capture helper wrote into the (first) trace: the full
+    /// job it stands for, whose figures the estimate took where the
+    /// settings left them as traced.
+    #[serde(default)]
+    pub capture: Option<Box<crate::trace::Capture>>,
+    /// How quantized weights are stored ([`report::RunSummary::quantization`]).
+    #[serde(default)]
+    pub quantization: Option<String>,
 }
 
 /// Runs the whole pipeline on the bytes of a `.json` or `.json.gz` trace.
@@ -227,6 +257,8 @@ pub fn prepare_many_from(
         warnings.extend(trace.warnings);
         traces.push(trace.value);
     }
+    let capture = traces.first().and_then(|t| t.header.capture.clone());
+    let config = &capture::apply(config, capture.as_deref());
     if traces.len() == 1 && config.scale.is_identity() {
         return prepare_parsed(&traces, warnings, config, progress);
     }
@@ -234,6 +266,7 @@ pub fn prepare_many_from(
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
+    progress(Progress::start(Stage::Rebuilding));
     let scaled = crate::scale::scale_many(&traces, &config.scale)?;
     warnings.extend(scaled.warnings);
     // The traces read can go before the rebuilt one is analyzed (the
@@ -242,6 +275,7 @@ pub fn prepare_many_from(
     let (trace, facts) = scaled.value;
     let mut prepared = prepare_trace(&trace, facts, warnings, config, progress)?;
     prepared.traced = traced;
+    prepared.capture = capture;
     Ok(prepared)
 }
 
@@ -258,6 +292,8 @@ pub fn prepare_parsed(
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
+    let capture = traces.first().and_then(|t| t.header.capture.clone());
+    let config = &capture::apply(config, capture.as_deref());
     let mut prepared = match traces {
         [one] if config.scale.is_identity() => prepare_trace(
             one,
@@ -267,6 +303,7 @@ pub fn prepare_parsed(
             progress,
         )?,
         _ => {
+            progress(Progress::start(Stage::Rebuilding));
             let scaled = crate::scale::scale_many(traces, &config.scale)?;
             warnings.extend(scaled.warnings);
             let (trace, facts) = scaled.value;
@@ -274,6 +311,7 @@ pub fn prepare_parsed(
         }
     };
     prepared.traced = traced;
+    prepared.capture = capture;
     Ok(prepared)
 }
 
@@ -324,7 +362,32 @@ fn prepare_trace(
         traced: crate::scale::Traced::default(),
         generation: analysis.generation.clone(),
         moe: analysis.moe.clone(),
+        capture: None,
+        quantization: quantization_of(&analysis.quant_kernels),
     })
+}
+
+/// How the trace's quantized weights are stored, from the bitsandbytes
+/// kernels it runs (4-bit when any is a 4-bit kernel).
+fn quantization_of(kernels: &[analyzer::quantized::QuantKernel]) -> Option<String> {
+    use analyzer::quantized::QuantOp;
+    let four_bit = kernels.iter().any(|k| {
+        matches!(
+            k.kind,
+            QuantOp::Gemm4bit | QuantOp::Dequantize4bit | QuantOp::Gemv4bitCpuPacked
+        )
+    });
+    let eight_bit = kernels.iter().any(|k| {
+        matches!(
+            k.kind,
+            QuantOp::Int8VectorwiseQuant | QuantOp::Int8LinearMatmul | QuantOp::Int8MmDequant
+        )
+    });
+    match (four_bit, eight_bit) {
+        (true, _) => Some("bitsandbytes 4-bit".to_owned()),
+        (false, true) => Some("bitsandbytes 8-bit (LLM.int8())".to_owned()),
+        (false, false) => None,
+    }
 }
 
 /// Simulates a prepared schedule on the reference GPU (without a capacity

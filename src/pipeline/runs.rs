@@ -166,6 +166,8 @@ impl<'c> Runs<'c> {
             traced: prepared.traced.clone(),
             generation: prepared.generation.clone(),
             moe: prepared.moe.clone(),
+            capture: prepared.capture.clone(),
+            quantization: prepared.quantization.clone(),
         };
         ReportInput {
             schedule,

@@ -11,14 +11,19 @@
 //! Invariants: plain serde data with deterministic field and element order; the
 //! breakdown categories sum exactly to the peak total.
 
+pub mod accuracy;
 mod timeline;
+mod verdict;
 
 use crate::simulator::Sample;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use accuracy::{ErrorBand, JobKind, Margin};
 pub use timeline::{downsample, TimelinePoint, DEFAULT_MAX_POINTS};
+use verdict::verdict;
+pub use verdict::{kernels_on, GpuVerdict};
 
 use crate::diag::Warning;
 use crate::orchestrator::{BlockId, Category, EventKind, Phase, PhaseWindow, Schedule};
@@ -110,6 +115,16 @@ pub struct RunSummary {
     /// absent for a dense model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<crate::analyzer::moe::Moe>,
+    /// What memcast's capture helper wrote into the trace: the model, the
+    /// job and the full job's figures the estimate took where the settings
+    /// left them as traced; absent for other traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Box<crate::trace::Capture>>,
+    /// How quantized weights are stored, from the bitsandbytes kernels the
+    /// trace runs: `bitsandbytes 4-bit` or `bitsandbytes 8-bit (LLM.int8())`;
+    /// absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
 }
 
 /// When and where the peak happens.
@@ -233,31 +248,6 @@ pub struct LayerBytes {
     pub bytes: Bytes,
 }
 
-/// The verdict for one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuVerdict {
-    /// The preset slug, or the capacity as given.
-    pub preset: String,
-    pub capacity_bytes: Bytes,
-    /// Whether the run completes at this capacity (the simulated allocator
-    /// releases its cache and retries before it gives up).
-    pub fits: bool,
-    /// Peak reserved plus context in the capacity-limited simulation (up to the
-    /// failure when it does not fit).
-    pub peak_total_bytes: Bytes,
-    /// Capacity left at the peak, when it fits.
-    pub headroom_bytes: Option<Bytes>,
-    /// How much more the run needs (unlimited peak total minus capacity), when
-    /// it does not fit.
-    pub shortfall_bytes: Option<Bytes>,
-    pub context_bytes: Bytes,
-    pub cublas_workspace_bytes: Bytes,
-    /// The kernels assumed on this GPU where the choice depends on its
-    /// architecture ("attention: cuDNN attention").
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kernels: Vec<String>,
-}
-
 /// The estimate: one plain-data value for the CLI, the worker and the tests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -282,6 +272,18 @@ pub struct Report {
     pub timeline: Vec<TimelinePoint>,
     pub gpus: Vec<GpuVerdict>,
     pub warnings: Vec<Warning>,
+    /// The kind of job, as the measured errors are grouped.
+    #[serde(default = "default_kind")]
+    pub job_kind: JobKind,
+    /// The error measured against real GPU runs of this kind of job, and
+    /// the margin a fit needs to be more than thin ([`accuracy`]); absent
+    /// when none was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_band: Option<ErrorBand>,
+}
+
+fn default_kind() -> JobKind {
+    JobKind::Training
 }
 
 /// One GPU's simulations: at its capacity, and without a limit (needed for the
@@ -435,7 +437,18 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         g.prefill_peak_allocated_bytes = peak_in(g.prefill_window);
         g.decode_peak_allocated_bytes = peak_in(g.decode_window);
     }
-    let gpus = input.gpus.iter().map(|g| verdict(g, schedule)).collect();
+    let job_kind = JobKind::of(&summary);
+    let error_band =
+        accuracy::Accuracy::shipped().and_then(|a| ErrorBand::new(&a, job_kind, peak_reserved));
+    let gpus = input
+        .gpus
+        .iter()
+        .map(|runs| {
+            let mut gpu = verdict(runs, schedule);
+            gpu.margin = Margin::of(gpu.headroom_bytes, error_band.as_ref());
+            gpu
+        })
+        .collect();
     Ok(Report {
         schema: SCHEMA.to_owned(),
         reference_gpu: input.reference.name.clone(),
@@ -455,6 +468,8 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         timeline: downsample(&points, input.max_timeline_points),
         gpus,
         warnings: input.warnings.clone(),
+        job_kind,
+        error_band,
     })
 }
 
@@ -521,44 +536,6 @@ fn place(schedule: &Schedule, index: usize) -> PeakPlace {
         op: block.and_then(|b| b.op.clone()),
         layer: block.and_then(|b| b.layer.clone()),
     }
-}
-
-fn verdict(runs: &GpuRuns<'_>, schedule: &Schedule) -> GpuVerdict {
-    let overheads = runs.target.overheads;
-    let capacity = runs.target.capacity;
-    let reserved = |run: &SimulatedRun| {
-        run.samples
-            .iter()
-            .map(|s| s.reserved)
-            .max()
-            .unwrap_or(Bytes::ZERO)
-    };
-    let peak_total = reserved(runs.at_capacity) + overheads.context_bytes;
-    let fits = runs.at_capacity.oom_at.is_none() && peak_total <= capacity;
-    let needed = reserved(runs.unlimited) + overheads.context_bytes;
-    GpuVerdict {
-        preset: runs.target.name.clone(),
-        capacity_bytes: capacity,
-        fits,
-        peak_total_bytes: peak_total,
-        headroom_bytes: fits.then(|| capacity.saturating_sub(peak_total)),
-        shortfall_bytes: (!fits).then(|| needed.saturating_sub(capacity)),
-        context_bytes: overheads.context_bytes,
-        cublas_workspace_bytes: overheads.cublas_workspace_bytes,
-        kernels: kernels_on(schedule, runs.target),
-    }
-}
-
-/// The kernels the schedule assumes on `target`'s architecture, as the
-/// report names them.
-pub fn kernels_on(schedule: &Schedule, target: &GpuTarget) -> Vec<String> {
-    let sm = target.kernel_sm();
-    schedule
-        .kernels
-        .iter()
-        .filter(|k| k.on.contains(sm))
-        .map(|k| format!("{}: {}", k.family, k.choice))
-        .collect()
 }
 
 #[cfg(test)]

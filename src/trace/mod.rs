@@ -21,6 +21,8 @@ pub use args::dtype_size;
 mod build;
 mod checkpoint;
 pub use checkpoint::{reentrant_checkpoint_inputs, CHECKPOINT_BACKWARD};
+mod capture;
+pub use capture::{Capture, CAPTURE_SCHEMA};
 mod loose;
 mod signatures;
 pub use signatures::{quant_state_args, weight_args, ACCUMULATE_GRAD};
@@ -281,6 +283,10 @@ pub struct TraceHeader {
     /// initialised `torch.distributed` process group.
     #[serde(default)]
     pub distributed: Option<DistributedInfo>,
+    /// `memcast`: what memcast's capture helper recorded and the full job
+    /// the trace stands for ([`Capture`]).
+    #[serde(default)]
+    pub capture: Option<Box<Capture>>,
 }
 
 /// The process group a trace's process belonged to (`distributedInfo`).
@@ -552,7 +558,7 @@ pub enum TraceError {
     Read(String),
     #[error("the file is empty: export the trace again with prof.export_chrome_trace(path) after the profiler has stopped")]
     Empty,
-    #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0:?}")]
+    #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0}")]
     NotJson(String),
     #[error("the gzip data is truncated: the file was cut off while copying or writing; copy it again (gzip -t checks it)")]
     TruncatedGzip,

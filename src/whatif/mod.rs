@@ -170,6 +170,8 @@ pub fn estimate_schedule(
         traced: prepared.traced.clone(),
         generation: prepared.generation.clone(),
         moe: prepared.moe.clone(),
+        capture: prepared.capture.clone(),
+        quantization: prepared.quantization.clone(),
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }

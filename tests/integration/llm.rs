@@ -444,8 +444,10 @@ fn facts_total(meta: &serde_json::Value) -> u64 {
 
 /// The longest generation per GPU: each length a full `--new-tokens`
 /// estimate; a limit inside the budget is bisected to the token (the
-/// estimate at it fits and one token more does not), one past the budget
-/// is extrapolated and says so; a trace that does not generate is refused.
+/// estimate at it fits and one token more does not); a GPU that still fits
+/// at the budget of a model without a position limit in its trace (Llama's
+/// rotary positions) fits at least the budget, never an extrapolation; a
+/// trace that does not generate is refused.
 #[test]
 fn the_longest_generation_each_gpu_fits() {
     use memcast::whatif::context::{longest, Found};
@@ -476,10 +478,10 @@ fn the_longest_generation_each_gpu_fits() {
         assert_eq!(report.gpus[0].fits, fits, "{n} new tokens");
     }
     let big = &sweep.gpus[1];
-    assert_eq!(big.found, Found::Extrapolated);
-    // at least the KV cache's 8,192 bytes a token more, from the margin
-    assert!(big.max_new_tokens.unwrap() > 512);
-    assert!(big.max_new_tokens.unwrap() < 80 * (1 << 30) / 8192);
+    assert_eq!(sweep.position_limit, None);
+    assert_eq!(big.found, Found::NoLimitInTrace);
+    assert_eq!(big.max_new_tokens, Some(512));
+    assert_eq!(sweep.points.last().map(|p| p.new_tokens), Some(512));
 
     let dense = memcast::trace::parse(&common::read_shared(
         "fixtures/traces-llm/llama_nograd_fp32.json.gz",
@@ -488,4 +490,65 @@ fn the_longest_generation_each_gpu_fits() {
     .value;
     let err = longest(&[dense], &config, 64).unwrap_err().to_string();
     assert!(err.contains("no generate() run"), "{err}");
+}
+
+/// A learned position table is the model's position limit (GPT-2's `wpe`,
+/// 1,024 rows; the token table and tables smaller than the positions used
+/// are not); a capture's `max_positions` says it outright.
+#[test]
+fn the_position_limit_is_the_learned_position_table() {
+    use memcast::whatif::context::position_limit;
+    let gpt2 = memcast::trace::parse(&common::read_shared(
+        "fixtures/traces-llm/distilgpt2_gen8.json.gz",
+    ))
+    .unwrap()
+    .value;
+    let (rows, from) = position_limit(std::slice::from_ref(&gpt2), 40).unwrap();
+    assert_eq!(rows, 1024, "{from}");
+    assert!(position_limit(std::slice::from_ref(&gpt2), 2000).is_none());
+    let llama = memcast::trace::parse(&common::read_shared(
+        "fixtures/traces-llm/llama_gen16_dynamic.json.gz",
+    ))
+    .unwrap()
+    .value;
+    assert!(position_limit(&[llama], 48).is_none());
+    let captured = memcast::trace::parse(
+        &std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/traces-capture/tiny-llama_generate_L2.json.gz"),
+        )
+        .unwrap(),
+    )
+    .unwrap()
+    .value;
+    assert_eq!(position_limit(&[captured], 44).map(|(n, _)| n), Some(512));
+}
+
+/// With a position limit the sweep goes up to it, simulated: a GPU that
+/// fits the whole of it gets the limit, marked so.
+#[test]
+fn the_sweep_stops_at_the_position_limit() {
+    use memcast::whatif::context::{longest, Found};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/traces-capture/tiny-llama_generate_L2.json.gz");
+    let trace = memcast::trace::parse(&std::fs::read(path).unwrap())
+        .unwrap()
+        .value;
+    let settings = memcast::Settings {
+        gpus: vec!["a100-80gb".to_owned()],
+        ..memcast::Settings::default()
+    };
+    let sweep = longest(
+        std::slice::from_ref(&trace),
+        &settings.config().unwrap(),
+        64,
+    )
+    .unwrap();
+    assert_eq!(sweep.position_limit, Some(512));
+    assert_eq!(sweep.prompt_tokens, Some(40));
+    assert_eq!(sweep.budget_new_tokens, 512 - 40);
+    let gpu = &sweep.gpus[0];
+    assert_eq!(gpu.found, Found::PositionLimit);
+    assert_eq!(gpu.max_context_tokens, Some(512));
+    assert_eq!(sweep.points.last().map(|p| p.new_tokens), Some(512 - 40));
 }

@@ -19,6 +19,8 @@ mod cli_terms;
 mod autocast;
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
+// Traces made by the capture helper: the full job's figures they carry.
+mod capture;
 // The memcast binary: estimate and presets output, JSON contract, error exits.
 mod cli;
 // Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong
@@ -44,6 +46,8 @@ mod llm;
 // The model's resident state: parameters with and without gradients, buffers,
 // run kind, state made before the trace, DDP buckets, traces without shapes.
 mod state;
+// The README's accuracy table against the measured errors it is made from.
+mod readme;
 // Trace small, run big: --layers and --seq-len against traces made that way.
 mod scale;
 // Source-text checks of the architecture invariants.

@@ -338,10 +338,17 @@ pub(crate) fn apply_all(
         counts.insert(RuleId::GradScalerState, count(scaler.len()));
         items.extend(scaler);
     }
-    warnings.push(Warning::new(
-        "cudnn_workspace_not_modelled",
-        "cuDNN convolution workspaces are transient and depend on the algorithm cuDNN picks on the GPU; they are not in a CPU trace and are not modelled",
-    ));
+    // Only a job that convolves uses cuDNN's convolution workspaces.
+    let convolves = analysis.ops.iter().any(|op| {
+        let name = analysis.name(op.name);
+        name.contains("convolution") || name.starts_with("aten::conv")
+    });
+    if convolves {
+        warnings.push(Warning::new(
+            "cudnn_workspace_not_modelled",
+            "cuDNN convolution workspaces are transient and depend on the algorithm cuDNN picks on the GPU; they are not in a CPU trace and are not modelled",
+        ));
+    }
 
     let facts = OrchestrationFacts {
         iterations_captured: count(analysis.iterations.len()),
