@@ -225,7 +225,23 @@ pub fn longest(
     let traced = generation.calls;
     search.traced = traced;
     let kv_per_token = generation.bytes_per_token.map_or(0, |b| b.get());
-    let budget = budget.clamp(traced, crate::scale::MAX_NEW_TOKENS);
+    // Within the memory budget: past it the limits are extrapolated.
+    let fits = crate::scale::most_new_tokens(traces, &config.scale, config.memory_budget)
+        .unwrap_or(traced);
+    let asked = budget;
+    let budget = budget
+        .min(crate::scale::MAX_NEW_TOKENS)
+        .min(fits)
+        .max(traced);
+    if budget < asked.min(crate::scale::MAX_NEW_TOKENS) {
+        search.warnings.push(Warning::asking(
+            "context_memory_budget",
+            &format!(
+                "{asked} new tokens were to be simulated, and at most {budget} fit the memory budget: each GPU's limit past {budget} is extrapolated; to simulate further, "
+            ),
+            crate::diag::Setting::MemoryBudget,
+        ));
+    }
     // Doubling while some GPU fits, within the budget.
     let mut n = traced;
     loop {

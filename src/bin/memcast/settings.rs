@@ -76,7 +76,17 @@ pub struct SettingsArgs {
     /// position longer, and the whole generation simulated.
     #[arg(long = "new-tokens", value_name = "N")]
     new_tokens: Option<u32>,
+    /// The memory an estimate may take (e.g. 8GiB): a job rebuilt with
+    /// --layers or --new-tokens that would need more is refused at once,
+    /// with the largest request that fits, instead of running out of
+    /// memory.
+    #[arg(long = "memory-budget", value_name = "SIZE", default_value = DEFAULT_MEMORY_BUDGET)]
+    memory_budget: String,
 }
+
+/// `--memory-budget` by default: a third of a 24 GiB workstation, twice the
+/// library's (which the page's wasm32 heap bounds).
+pub const DEFAULT_MEMORY_BUDGET: &str = "8GiB";
 
 /// `--autocast`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -121,6 +131,19 @@ impl SettingsArgs {
         };
         settings.gpus = settings.gpu_specs();
         settings
+    }
+
+    /// The estimate's config: the settings' ([`Settings::config`]) with the
+    /// CLI's memory budget.
+    pub fn config(&self) -> anyhow::Result<memcast::Config> {
+        let mut config = self.settings().config()?;
+        config.memory_budget = memcast::presets::parse_size(&self.memory_budget).map_err(|_| {
+            anyhow::anyhow!(
+                "--memory-budget takes a size such as 8GiB, 4096MiB or 2000000000, got {:?}",
+                self.memory_budget
+            )
+        })?;
+        Ok(config)
     }
 }
 

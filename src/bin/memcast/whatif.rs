@@ -77,7 +77,7 @@ pub struct Common {
 impl Common {
     /// The settings' config, with the mixed-precision what-if's job prepared too.
     fn config(&self) -> anyhow::Result<Config> {
-        let mut config = self.settings.settings().config()?;
+        let mut config = self.settings.config()?;
         config.orchestrator.autocast.what_if = true;
         Ok(config)
     }
@@ -487,6 +487,15 @@ fn print_context(out: &mut String, sweep: &memcast::whatif::context::ContextSwee
         "longest generation — a {prompt}-token prompt, {} new tokens traced, up to {} simulated (peaks on {})",
         sweep.traced_new_tokens, sweep.budget_new_tokens, sweep.reference_gpu
     );
+    for warning in sweep
+        .warnings
+        .iter()
+        .filter(|w| w.code == "context_memory_budget")
+    {
+        let mut warning = warning.clone();
+        crate::terms::warning(&mut warning);
+        let _ = writeln!(out, "  note: {}", warning.message);
+    }
     let _ = writeln!(
         out,
         "  {:>10} {:>10} {:>12}",

@@ -1,0 +1,183 @@
+//! The work budget (issue 33): the events the estimate predicts for a
+//! rebuild are the rebuilt trace's, on real fixtures, and a request beyond
+//! the budget is refused before anything is built, naming the largest that
+//! fits.
+
+use memcast::scale::work::{self, Counts};
+use memcast::scale::{self, Target};
+use memcast::trace::Trace;
+use memcast::units::Bytes;
+
+use crate::common::read_shared;
+
+const GENERATE: &str = "fixtures/traces-llm/llama_gen16_dynamic.json.gz";
+const TRAINING: &str = "fixtures/traces-depth/llama-small_adamw_bs4_seq128_L2.json.gz";
+
+fn parse(path: &str) -> Trace {
+    memcast::trace::parse(&read_shared(path))
+        .unwrap_or_else(|err| panic!("{path}: {err}"))
+        .value
+}
+
+fn target(layers: Option<u32>, new_tokens: Option<u32>) -> Target {
+    Target {
+        layers,
+        seq_len: None,
+        new_tokens,
+    }
+}
+
+/// The events of a rebuilt trace, counted as [`Counts::traced_of`] does.
+fn rebuilt_events(trace: &Trace, target: &Target) -> u64 {
+    let (rebuilt, _) = scale::scale(trace, target).unwrap().value;
+    Counts::traced_of(&rebuilt)
+}
+
+/// The prediction and the rebuild agree within 2 % (the estimate counts
+/// copied segments; the rebuild adds a few frees where a copy's block is
+/// kept, and leaves out the first step's optimizer state).
+#[test]
+fn predicted_events_are_the_rebuilt_traces() {
+    let cases: &[(&str, Option<u32>, Option<u32>)] = &[
+        (GENERATE, None, Some(64)),
+        (GENERATE, Some(8), None),
+        (GENERATE, Some(6), Some(40)),
+        (TRAINING, Some(12), None),
+        (
+            "fixtures/traces-depth/bert-large_adamwhf_ga4_ckptre_bs1_seq512_L2.json.gz",
+            Some(6),
+            None,
+        ),
+        (
+            "fixtures/traces-llm/distilgpt2_gen8.json.gz",
+            Some(4),
+            Some(24),
+        ),
+        (
+            "fixtures/traces-llm/llama_gen16_static.json.gz",
+            None,
+            Some(48),
+        ),
+    ];
+    for &(path, layers, tokens) in cases {
+        let trace = parse(path);
+        let counts = Counts::of(&trace);
+        let t = target(layers, tokens);
+        let predicted = work::check(&counts, &t, Bytes(u64::MAX)).unwrap().events;
+        let actual = rebuilt_events(&trace, &t);
+        let off = predicted.abs_diff(actual) as f64 / actual as f64;
+        println!(
+            "{path} {t:?}: {counts:?} predicted {predicted} rebuilt {actual} ({:.2} %)",
+            off * 100.0
+        );
+        assert!(
+            off < 0.02,
+            "{path} {t:?}: predicted {predicted} events, rebuilt {actual}"
+        );
+    }
+}
+
+/// The CLI refuses a request beyond its memory budget at once, with the
+/// largest that fits and its flag; the same request within a larger budget
+/// is accepted by the check.
+#[test]
+fn the_cli_refuses_a_request_beyond_its_budget_with_the_largest_that_fits() {
+    let path = crate::common::shared_file(GENERATE);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .args([
+            "estimate",
+            path.to_str().unwrap(),
+            "--layers",
+            "32",
+            "--new-tokens",
+            "8192",
+        ])
+        .args(["--memory-budget", "2GiB", "--gpu", "a100-80gb"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&output.stderr);
+    let counts = Counts::of(&parse(GENERATE));
+    let most = work::most_tokens(&counts, 32, Bytes(2 * Bytes::GIB)).unwrap();
+    assert!(most > 16 && most < 8192, "{most}");
+    assert!(
+        err.contains("32 layers and 8,192 new tokens would need about")
+            && err.contains("more than this estimate may use (2.0 GiB)")
+            && err.contains(&format!("at most {most} new tokens with 32 layers fit"))
+            && err.trim_end().ends_with("(--memory-budget)"),
+        "{err}"
+    );
+    // The largest said to fit passes the same check; one more does not.
+    let fits = target(Some(32), Some(most));
+    assert!(work::check(&counts, &fits, Bytes(2 * Bytes::GIB)).is_ok());
+    let over = target(Some(32), Some(most + 1));
+    assert!(work::check(&counts, &over, Bytes(2 * Bytes::GIB)).is_err());
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_memcast"))
+        .args([
+            "estimate",
+            path.to_str().unwrap(),
+            "--memory-budget",
+            "lots",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--memory-budget takes a size"));
+}
+
+/// The library refuses through the pipeline too (the page's worker and the
+/// CLI share it): a request the budget cannot hold is a scale error.
+#[test]
+fn the_pipeline_refuses_before_it_rebuilds() {
+    let trace = parse(GENERATE);
+    let mut config = memcast::Config::for_gpus("a100-80gb", &["a100-80gb".to_owned()]).unwrap();
+    config.scale = target(Some(1000), Some(65_536));
+    let err = memcast::prepare_parsed(
+        std::slice::from_ref(&trace),
+        Vec::new(),
+        &config,
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            memcast::Error::Scale(scale::ScaleError::OverBudget { .. })
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        config.memory_budget,
+        memcast::pipeline::DEFAULT_MEMORY_BUDGET
+    );
+}
+
+/// The longest-generation search simulates no further than the budget
+/// allows, says so, and extrapolates past it.
+#[test]
+fn the_longest_generation_search_stays_within_the_budget() {
+    let trace = parse(GENERATE);
+    let counts = Counts::of(&trace);
+    let mut config =
+        memcast::Config::for_gpus("a100-80gb", &["a100-80gb".to_owned(), "t4".to_owned()]).unwrap();
+    config.memory_budget = Bytes(64 * Bytes::MIB);
+    let most = work::most_tokens(&counts, counts.layers, config.memory_budget).unwrap();
+    assert!(most > 16 && most < 128, "{most}");
+    let sweep =
+        memcast::whatif::context::longest(std::slice::from_ref(&trace), &config, 1024).unwrap();
+    assert_eq!(sweep.budget_new_tokens, most);
+    assert!(sweep.points.iter().all(|p| p.new_tokens <= most));
+    let warning = sweep
+        .warnings
+        .iter()
+        .find(|w| w.code == "context_memory_budget")
+        .expect("the budget's warning");
+    assert!(warning
+        .message
+        .contains(&format!("at most {most} fit the memory budget")));
+    assert!(sweep
+        .gpus
+        .iter()
+        .all(|g| g.found != memcast::whatif::context::Found::Simulated
+            || g.max_new_tokens <= Some(u64::from(most))));
+}
