@@ -729,7 +729,11 @@ pub(crate) fn assemble(
 
     let parameter_totals = ParameterTotals {
         count: found.parameters.len(),
-        numel: found.parameters.iter().map(|p| p.numel).sum(),
+        numel: found
+            .parameters
+            .iter()
+            .map(|p| p.numel)
+            .fold(0, u64::saturating_add),
         bytes: found.parameters.iter().map(|p| p.bytes).sum(),
     };
     Analysis {

@@ -46,7 +46,7 @@ pub fn adafactor_state_elements(dims: &[i64]) -> u64 {
         [] => 0,
         [n] => d(*n),
         [lead @ .., rows, cols] => {
-            let batch: u64 = lead.iter().map(|&x| d(x)).product();
+            let batch = lead.iter().map(|&x| d(x)).fold(1, u64::saturating_mul);
             batch.saturating_mul(d(*rows).saturating_add(d(*cols)))
         }
     }

@@ -53,19 +53,28 @@ fn cuda_temporaries(k: &QuantKernel, nested: bool) -> Option<Vec<u64>> {
             // `_dequant_linear_fallback`: the absmax dequantized (and the
             // offset added) in float32, then the whole weight in A's dtype
             let absmax = if nested {
-                vec![k.absmax_blocks * 4; 2]
+                vec![k.absmax_blocks.saturating_mul(4); 2]
             } else {
                 Vec::new()
             };
-            Some([absmax, vec![k.n * k.k * k.input_elem]].concat())
+            Some(
+                [
+                    absmax,
+                    vec![k.n.saturating_mul(k.k).saturating_mul(k.input_elem)],
+                ]
+                .concat(),
+            )
         }
         QuantOp::Dequantize4bit | QuantOp::DequantizeBlockwise => Some(Vec::new()),
-        QuantOp::Int8VectorwiseQuant => Some(vec![k.m * k.k * 2, k.m * k.k]),
+        QuantOp::Int8VectorwiseQuant => Some(vec![
+            k.m.saturating_mul(k.k).saturating_mul(2),
+            k.m.saturating_mul(k.k),
+        ]),
         QuantOp::Int8LinearMatmul => (k.k > 0 && k.k % 4 == 0).then(Vec::new),
         QuantOp::Int8MmDequant => Some(if k.input_elem == 2 {
             Vec::new()
         } else {
-            vec![k.m * k.n * 2]
+            vec![k.m.saturating_mul(k.n).saturating_mul(2)]
         }),
     }
 }
