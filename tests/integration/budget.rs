@@ -181,3 +181,116 @@ fn the_longest_generation_search_stays_within_the_budget() {
         .all(|g| g.found != memcast::whatif::context::Found::Simulated
             || g.max_new_tokens <= Some(u64::from(most))));
 }
+
+// The fuzz target's case, run without a fuzzer: over the request space on
+// its seeds (proptest), and on every crash it found (regressions).
+#[path = "../fuzz/scale_case.rs"]
+#[allow(dead_code)]
+mod scale_case;
+
+/// The `scale` fuzz target's seeds (`tests/fuzz/make_scale_seeds.py`),
+/// without their request header.
+fn seed_traces() -> Vec<(String, Vec<u8>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/seeds/scale");
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("{dir:?}: {err}"))
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                bytes[13..].to_vec(),
+            )
+        })
+        .collect();
+    out.sort();
+    assert!(out.len() >= 8, "{dir:?}: {} seeds", out.len());
+    out
+}
+
+fn header(flags: u8, layers: u32, seq_len: u32, tokens: u32) -> Vec<u8> {
+    let mut h = vec![flags];
+    for v in [layers, seq_len, tokens] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    h
+}
+
+/// Each seed's own request (the fuzzer's starting points) is answered:
+/// estimated, or refused by the budget with the largest that fits.
+#[test]
+fn every_fuzz_seed_runs() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/seeds/scale");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        scale_case::run(&scale_case::decode(&bytes).unwrap());
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// Any request — layers, sequence length, new tokens, small or out of
+    /// range, one trace or two, an estimate or the longest-generation
+    /// search — on any seed, its bytes cut short or not: answered or
+    /// refused, never a panic, and never rebuilt past twice the events the
+    /// budget's check predicted.
+    #[test]
+    fn any_request_on_any_seed_is_answered_or_refused(
+        seed in 0_usize..64,
+        flags in 0_u8..32,
+        layers in proptest::prop_oneof![0_u32..12, proptest::num::u32::ANY],
+        seq_len in proptest::prop_oneof![0_u32..600, proptest::num::u32::ANY],
+        tokens in proptest::prop_oneof![0_u32..40, proptest::num::u32::ANY],
+        cut in proptest::option::of(0.0_f64..1.0),
+    ) {
+        let seeds = seed_traces();
+        let (_, trace) = &seeds[seed % seeds.len()];
+        let trace = match cut {
+            Some(f) => &trace[..(trace.len() as f64 * f) as usize],
+            None => &trace[..],
+        };
+        let mut bytes = header(flags & !(1 << 3), layers, seq_len, tokens);
+        bytes.extend_from_slice(trace);
+        scale_case::run(&scale_case::decode(&bytes).unwrap());
+    }
+}
+
+/// Times at the ends of the range and ids at the largest a trace holds, in
+/// a trace whose blocks and decode steps can be rebuilt: every request is
+/// refused or estimated, and nothing overflows (the integration tests run
+/// with overflow checks).
+#[test]
+fn extreme_times_and_ids_are_refused_or_estimated() {
+    let seeds = seed_traces();
+    let extremes = [
+        r#"{"ph":"X","cat":"cpu_op","name":"aten::add","ts":-1e300,"dur":1e300,"args":{"External id":9223372036854775807,"Sequence number":9223372036854775807}},"#,
+        r#"{"ph":"X","cat":"python_function","name":"nn.Module: Block_7","ts":1e300,"dur":1e300,"args":{"Python id":9223372036854775807,"Python parent id":-9223372036854775808}},"#,
+        r#"{"ph":"s","cat":"fwdbwd","id":9223372036854775807,"ts":1e300,"name":"fwdbwd"},"#,
+        r#"{"ph":"i","cat":"cpu_instant_event","name":"[memory]","ts":9e15,"args":{"Addr":18446744073709551615,"Bytes":1024}},"#,
+    ];
+    for (name, trace) in &seeds {
+        let text = String::from_utf8_lossy(trace);
+        let Some(at) = text.find(r#""traceEvents":["#) else {
+            continue;
+        };
+        let at = at + r#""traceEvents":["#.len();
+        for extreme in extremes {
+            let hostile = format!("{}{extreme}{}", &text[..at], &text[at..]);
+            for (flags, layers, seq, tokens) in [
+                (1, 3, 0, 0),
+                (4, 0, 0, 9),
+                (5, 4, 0, 7),
+                (2, 0, 48, 0),
+                (1, 1000, 0, 0),
+                (16, 0, 0, 0),
+            ] {
+                let mut bytes = header(flags, layers, seq, tokens);
+                bytes.extend_from_slice(hostile.as_bytes());
+                let case = scale_case::decode(&bytes).unwrap();
+                std::panic::catch_unwind(|| scale_case::run(&case))
+                    .unwrap_or_else(|_| panic!("{name} with {extreme} and {:?}", case.target));
+            }
+        }
+    }
+}
