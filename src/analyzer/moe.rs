@@ -204,7 +204,7 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
     }
     // More experts than any model has is a corrupt shape, not a MoE: the
     // per-expert tables below are as long as the count.
-    if calls.is_empty() || experts < 2 || experts > MAX_EXPERTS {
+    if calls.is_empty() || !(2..=MAX_EXPERTS).contains(&experts) {
         return None;
     }
     // A grouped_mm layer runs two or three grouped products (up, down):

@@ -105,6 +105,15 @@ impl Config {
         self
     }
 
+    /// What a rebuilt job may take: [`Config::memory_budget`], for a job
+    /// prepared with the mixed-precision what-if's or without.
+    pub fn work_budget(&self) -> crate::scale::work::Budget {
+        crate::scale::work::Budget {
+            bytes: self.memory_budget,
+            what_if: self.orchestrator.autocast.what_if,
+        }
+    }
+
     /// The allocator settings of [`Config::alloc_conf`].
     pub fn allocator(&self) -> Result<AllocatorConfig, ConfigError> {
         if self.alloc_conf.trim().is_empty() {

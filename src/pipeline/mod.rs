@@ -287,7 +287,7 @@ fn rebuild(
     Ok(crate::scale::scale_within(
         traces,
         &config.scale,
-        config.memory_budget,
+        config.work_budget(),
     )?)
 }
 

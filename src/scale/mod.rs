@@ -248,7 +248,7 @@ pub enum ScaleError {
 pub fn check_work(
     traces: &[Trace],
     target: &Target,
-    budget: Bytes,
+    budget: work::Budget,
 ) -> Result<work::Work, ScaleError> {
     validate(target)?;
     let Some(first) = traces.first() else {
@@ -269,7 +269,7 @@ pub fn check_work(
 /// tokens left aside) can generate within `budget`, counted on the first of
 /// `traces`: what a search over generation lengths may simulate. `None`
 /// when the trace is no generation or not even its traced length fits.
-pub fn most_new_tokens(traces: &[Trace], target: &Target, budget: Bytes) -> Option<u32> {
+pub fn most_new_tokens(traces: &[Trace], target: &Target, budget: work::Budget) -> Option<u32> {
     let counts = work::Counts::of(traces.first()?);
     let layers = target.layers.unwrap_or(counts.layers);
     work::most_tokens(&counts, layers, budget)
@@ -311,7 +311,7 @@ pub fn scale_many(
     traces: &[Trace],
     target: &Target,
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
-    scale_within(traces, target, Bytes(u64::MAX))
+    scale_within(traces, target, work::Budget::UNLIMITED)
 }
 
 /// Like [`scale_many`], refusing at once a target whose rebuild would need
@@ -320,7 +320,7 @@ pub fn scale_many(
 pub fn scale_within(
     traces: &[Trace],
     target: &Target,
-    budget: Bytes,
+    budget: work::Budget,
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
     check_work(traces, target, budget)?;
     let mut warnings = Vec::new();

@@ -20,7 +20,9 @@
 //! of the rebuilt trace's count on the real fixtures), and the estimate's
 //! memory grows with them: [`BYTES_PER_EVENT`] for every event of the
 //! rebuilt trace (the trace, the analysis, the schedule, the simulations'
-//! state), [`BYTES_PER_LAYER_EVENT`] more for each event a block copy adds
+//! state), [`WHAT_IF_BYTES_PER_EVENT`] more when the job is orchestrated a
+//! second time for the mixed-precision what-if (the page, the what-ifs),
+//! [`BYTES_PER_LAYER_EVENT`] more for each event a block copy adds
 //! (the depth rebuild's plan, the copies' renamed module frames and
 //! parameters), and [`BASE_BYTES`]. `--seq-len` rescales sizes and adds no
 //! event.
@@ -45,10 +47,18 @@ use crate::trace::Trace;
 use crate::units::Bytes;
 
 /// Peak memory per event of the rebuilt trace, from the trace read to the
-/// report. Measured: 200–233 bytes per event over token and combined
+/// report. Measured: 200–228 bytes per event over token and combined
 /// requests (e.g. 2,956,363 events of `llama_gen16_dynamic --new-tokens
-/// 1024`: 629 MB; 7,573,063 of `--layers 32 --new-tokens 256`: 1.76 GB).
-pub const BYTES_PER_EVENT: u64 = 230;
+/// 1024`: 629 MB; 29,678,555 of `--layers 64 --new-tokens 512`: 6.8 GB).
+pub const BYTES_PER_EVENT: u64 = 240;
+
+/// Memory per event beyond [`BYTES_PER_EVENT`] when the job is also
+/// orchestrated under CUDA autocast for the mixed-precision what-if (the
+/// page and the what-ifs prepare it so: a second schedule). Measured: up
+/// to 260 bytes per event in all (`whatif context --layers 80` at 505 new
+/// tokens: 9.5 GB for 36.5 M events; `whatif precision --layers 32
+/// --new-tokens 1024`: 7.7 GB for 30.2 M).
+pub const WHAT_IF_BYTES_PER_EVENT: u64 = 40;
 
 /// Memory each event a block copy adds takes beyond [`BYTES_PER_EVENT`].
 /// Measured: 193–359 bytes per added block's event in all (the most on a
@@ -59,6 +69,34 @@ pub const BYTES_PER_LAYER_EVENT: u64 = 150;
 /// Memory an estimate takes whatever its size (the program, the trace
 /// reader's buffers, the simulator's tables).
 pub const BASE_BYTES: u64 = 32 << 20;
+
+/// What a shell lets a rebuilt job take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// The memory the estimate may use.
+    pub bytes: Bytes,
+    /// Whether the job is also orchestrated for the mixed-precision
+    /// what-if (`AutocastConfig::what_if`), which takes more per event.
+    pub what_if: bool,
+}
+
+impl Budget {
+    /// No limit (the rebuild as a library call, tests).
+    pub const UNLIMITED: Budget = Budget {
+        bytes: Bytes(u64::MAX),
+        what_if: false,
+    };
+
+    /// Memory per event of the rebuilt trace.
+    fn per_event(self) -> u64 {
+        BYTES_PER_EVENT
+            + if self.what_if {
+                WHAT_IF_BYTES_PER_EVENT
+            } else {
+                0
+            }
+    }
+}
 
 /// The events a trace holds and what a copy of its block or of its decode
 /// step adds, counted once on the traced job.
@@ -293,8 +331,8 @@ pub struct Work {
 
 /// The work of the job with `layers` blocks per stack and `tokens` calls
 /// per generation (as traced where below the trace's: the rebuild refuses
-/// fewer).
-pub fn estimate(counts: &Counts, layers: u32, tokens: u32) -> Work {
+/// fewer), prepared as `budget` says.
+pub fn estimate(counts: &Counts, layers: u32, tokens: u32, budget: Budget) -> Work {
     let dl = u128::from(layers.saturating_sub(counts.layers));
     let dt = u128::from(tokens.saturating_sub(counts.tokens));
     let added_by_layers = dl.saturating_mul(counts.per_layer.into());
@@ -302,7 +340,7 @@ pub fn estimate(counts: &Counts, layers: u32, tokens: u32) -> Work {
         .saturating_add(added_by_layers)
         .saturating_add(dt.saturating_mul(per_step(counts, dl)));
     let bytes = u128::from(BASE_BYTES)
-        .saturating_add(events.saturating_mul(BYTES_PER_EVENT.into()))
+        .saturating_add(events.saturating_mul(budget.per_event().into()))
         .saturating_add(added_by_layers.saturating_mul(BYTES_PER_LAYER_EVENT.into()));
     Work {
         events: u64::try_from(events).unwrap_or(u64::MAX),
@@ -334,15 +372,19 @@ fn in_range(counts: &Counts, layers: u32, tokens: u32) -> bool {
         u128::from(counts.latest).saturating_add(copies.saturating_mul(8).saturating_mul(time));
     let ids = (u128::from(counts.largest_id) + 2)
         .saturating_mul(copies)
-        .saturating_add(estimate(counts, layers, tokens).events.into());
+        .saturating_add(
+            estimate(counts, layers, tokens, Budget::UNLIMITED)
+                .events
+                .into(),
+        );
     let limit = i64::MAX.unsigned_abs().into();
     reach <= limit && ids <= limit
 }
 
 /// The largest `x` with `fixed + x · slope <= budget`, `None` when not even
 /// `x = 0` fits (all in bytes).
-fn most(fixed: u128, slope: u128, budget: Bytes) -> Option<u64> {
-    let room = u128::from(budget.get()).checked_sub(fixed)?;
+fn most(fixed: u128, slope: u128, budget: Budget) -> Option<u64> {
+    let room = u128::from(budget.bytes.get()).checked_sub(fixed)?;
     let x = room.checked_div(slope).unwrap_or(u128::MAX);
     Some(u64::try_from(x).unwrap_or(u64::MAX))
 }
@@ -350,13 +392,13 @@ fn most(fixed: u128, slope: u128, budget: Bytes) -> Option<u64> {
 /// The most calls per generation a job with `layers` blocks per stack can
 /// make within `budget` (`None`: not even the traced calls fit, or the
 /// trace is no generation).
-pub fn most_tokens(counts: &Counts, layers: u32, budget: Bytes) -> Option<u32> {
+pub fn most_tokens(counts: &Counts, layers: u32, budget: Budget) -> Option<u32> {
     if counts.tokens == 0 {
         return None;
     }
-    let fixed = estimate(counts, layers, counts.tokens).bytes.get();
+    let fixed = estimate(counts, layers, counts.tokens, budget).bytes.get();
     let dl = u128::from(layers.saturating_sub(counts.layers));
-    let slope = per_step(counts, dl).saturating_mul(BYTES_PER_EVENT.into());
+    let slope = per_step(counts, dl).saturating_mul(budget.per_event().into());
     let more = most(u128::from(fixed), slope, budget)?;
     Some(u32::try_from(u64::from(counts.tokens).saturating_add(more)).unwrap_or(u32::MAX))
 }
@@ -364,16 +406,16 @@ pub fn most_tokens(counts: &Counts, layers: u32, budget: Bytes) -> Option<u32> {
 /// The most blocks per stack a job with `tokens` calls per generation can
 /// have within `budget` (`None`: not even the traced blocks fit, or the
 /// trace has no stack).
-pub fn most_layers(counts: &Counts, tokens: u32, budget: Bytes) -> Option<u32> {
+pub fn most_layers(counts: &Counts, tokens: u32, budget: Budget) -> Option<u32> {
     if counts.layers == 0 {
         return None;
     }
-    let fixed = estimate(counts, counts.layers, tokens).bytes.get();
+    let fixed = estimate(counts, counts.layers, tokens, budget).bytes.get();
     let dt = u128::from(tokens.saturating_sub(counts.tokens));
     let per_layer = u128::from(counts.per_layer);
     let events = per_layer.saturating_add(dt.saturating_mul(counts.per_token_layer.into()));
     let slope = events
-        .saturating_mul(BYTES_PER_EVENT.into())
+        .saturating_mul(budget.per_event().into())
         .saturating_add(per_layer.saturating_mul(BYTES_PER_LAYER_EVENT.into()));
     let more = most(u128::from(fixed), slope, budget)?;
     Some(u32::try_from(u64::from(counts.layers).saturating_add(more)).unwrap_or(u32::MAX))
@@ -383,7 +425,7 @@ pub fn most_layers(counts: &Counts, tokens: u32, budget: Bytes) -> Option<u32> {
 /// it: more than `budget` bytes, with the largest request that fits (the
 /// most new tokens at the layers asked for; else the most layers at the
 /// traced tokens).
-pub fn check(counts: &Counts, target: &Target, budget: Bytes) -> Result<Work, ScaleError> {
+pub fn check(counts: &Counts, target: &Target, budget: Budget) -> Result<Work, ScaleError> {
     let layers = target.layers.unwrap_or(counts.layers).max(counts.layers);
     let tokens = target
         .new_tokens
@@ -392,8 +434,8 @@ pub fn check(counts: &Counts, target: &Target, budget: Bytes) -> Result<Work, Sc
     if !in_range(counts, layers, tokens) {
         return Err(ScaleError::OutOfRange(describe(target)));
     }
-    let work = estimate(counts, layers, tokens);
-    if work.bytes <= budget {
+    let work = estimate(counts, layers, tokens, budget);
+    if work.bytes <= budget.bytes {
         return Ok(work);
     }
     let fits = match (
@@ -414,7 +456,7 @@ pub fn check(counts: &Counts, target: &Target, budget: Bytes) -> Result<Work, Sc
     Err(ScaleError::OverBudget {
         asked: describe(target),
         needed: work.bytes,
-        budget,
+        budget: budget.bytes,
         fits: fits.to_string(),
     })
 }
@@ -512,6 +554,16 @@ mod tests {
         largest_id: 100,
     };
 
+    /// Budgets of the estimate path (no what-if job).
+    const B: Budget = Budget::UNLIMITED;
+
+    fn budget_of(bytes: u64) -> Budget {
+        Budget {
+            bytes: Bytes(bytes),
+            what_if: false,
+        }
+    }
+
     fn target(layers: Option<u32>, new_tokens: Option<u32>) -> Target {
         Target {
             layers,
@@ -523,19 +575,22 @@ mod tests {
     #[test]
     fn the_events_are_the_traced_plus_the_copies() {
         // 3 more blocks, 6 more steps each with 3 more block calls.
-        let work = estimate(&COUNTS, 5, 10);
+        let work = estimate(&COUNTS, 5, 10, B);
         assert_eq!(work.events, 100 + 3 * 10 + 6 * (5 + 3));
         assert_eq!(
             work.bytes.get(),
             BASE_BYTES + 178 * BYTES_PER_EVENT + 30 * BYTES_PER_LAYER_EVENT
         );
         // Fewer than traced counts as traced (the rebuild refuses it).
-        assert_eq!(estimate(&COUNTS, 1, 1).events, 100);
+        assert_eq!(estimate(&COUNTS, 1, 1, B).events, 100);
     }
 
     #[test]
     fn a_request_over_the_budget_is_refused_with_the_largest_that_fits() {
-        let budget = estimate(&COUNTS, 5, 10).bytes;
+        let budget = Budget {
+            bytes: estimate(&COUNTS, 5, 10, B).bytes,
+            what_if: false,
+        };
         assert!(check(&COUNTS, &target(Some(5), Some(10)), budget).is_ok());
         let err = check(&COUNTS, &target(Some(5), Some(11)), budget).unwrap_err();
         let ScaleError::OverBudget { asked, fits, .. } = &err else {
@@ -548,7 +603,7 @@ mod tests {
         let err = check(&COUNTS, &target(Some(200), Some(11)), budget).unwrap_err();
         assert!(err.to_string().contains("at most 7 layers fit"), "{err}");
         // Not even the traced job.
-        let tiny = Bytes(BASE_BYTES);
+        let tiny = budget_of(BASE_BYTES);
         let err = check(&COUNTS, &target(Some(3), None), tiny).unwrap_err();
         assert!(
             err.to_string().contains("only the traced job fits"),
@@ -570,7 +625,7 @@ mod tests {
         let err = check(
             &counts,
             &target(Some(32), Some(8192)),
-            Bytes(2 * Bytes::GIB),
+            budget_of(2 * Bytes::GIB),
         )
         .unwrap_err();
         let text = err.to_string();
@@ -582,7 +637,7 @@ mod tests {
             text.contains("more than this estimate may use (2.0 GiB)"),
             "{text}"
         );
-        let most = most_tokens(&counts, 32, Bytes(2 * Bytes::GIB)).unwrap();
+        let most = most_tokens(&counts, 32, budget_of(2 * Bytes::GIB)).unwrap();
         assert!(
             text.contains(&format!(
                 "at most {} new tokens with 32 layers fit",
@@ -603,18 +658,18 @@ mod tests {
             per_token_layer: u64::MAX,
             ..COUNTS
         };
-        let work = estimate(&huge, u32::MAX, u32::MAX);
+        let work = estimate(&huge, u32::MAX, u32::MAX, B);
         assert_eq!(work.events, u64::MAX);
         assert_eq!(work.bytes, Bytes(u64::MAX));
-        assert!(check(&huge, &target(Some(2), None), Bytes(u64::MAX - 1)).is_err());
-        assert_eq!(most_tokens(&huge, 1, Bytes(u64::MAX - 1)), None);
+        assert!(check(&huge, &target(Some(2), None), budget_of(u64::MAX - 1)).is_err());
+        assert_eq!(most_tokens(&huge, 1, budget_of(u64::MAX - 1)), None);
         // Nothing copied grows: every length fits.
         let flat = Counts {
             per_token: 0,
             per_token_layer: 0,
             ..COUNTS
         };
-        assert_eq!(most_tokens(&flat, 2, Bytes(u64::MAX)), Some(u32::MAX));
+        assert_eq!(most_tokens(&flat, 2, budget_of(u64::MAX)), Some(u32::MAX));
     }
 
     #[test]
@@ -624,15 +679,20 @@ mod tests {
             ..COUNTS
         };
         // The traced job needs no copy.
-        assert!(check(&late, &target(Some(2), None), Bytes(u64::MAX)).is_ok());
-        let err = check(&late, &target(Some(3), None), Bytes(u64::MAX)).unwrap_err();
+        assert!(check(&late, &target(Some(2), None), budget_of(u64::MAX)).is_ok());
+        let err = check(&late, &target(Some(3), None), budget_of(u64::MAX)).unwrap_err();
         assert_eq!(err, ScaleError::OutOfRange("3 layers".to_owned()));
         let ids = Counts {
             largest_id: i64::MAX.unsigned_abs() / 2,
             ..COUNTS
         };
-        assert!(check(&ids, &target(None, Some(5)), Bytes(u64::MAX)).is_err());
-        assert!(check(&COUNTS, &target(Some(1000), Some(65_536)), Bytes(u64::MAX)).is_ok());
+        assert!(check(&ids, &target(None, Some(5)), budget_of(u64::MAX)).is_err());
+        assert!(check(
+            &COUNTS,
+            &target(Some(1000), Some(65_536)),
+            budget_of(u64::MAX)
+        )
+        .is_ok());
     }
 
     #[test]
@@ -677,24 +737,24 @@ mod tests {
             tokens in 0_u32..100_000,
             budget in 0_u64..1 << 45,
         ) {
-            let budget = Bytes(budget);
-            let here = estimate(&c, layers, tokens);
-            prop_assert!(estimate(&c, layers + 1, tokens).bytes >= here.bytes);
-            prop_assert!(estimate(&c, layers, tokens + 1).bytes >= here.bytes);
+            let budget = budget_of(budget);
+            let here = estimate(&c, layers, tokens, B);
+            prop_assert!(estimate(&c, layers + 1, tokens, B).bytes >= here.bytes);
+            prop_assert!(estimate(&c, layers, tokens + 1, B).bytes >= here.bytes);
             let layers = layers.max(c.layers);
             if let Some(t) = most_tokens(&c, layers, budget) {
-                prop_assert!(estimate(&c, layers, t).bytes <= budget);
+                prop_assert!(estimate(&c, layers, t, B).bytes <= budget.bytes);
                 if t < u32::MAX {
-                    prop_assert!(estimate(&c, layers, t + 1).bytes > budget);
+                    prop_assert!(estimate(&c, layers, t + 1, B).bytes > budget.bytes);
                 }
             } else if c.tokens > 0 {
-                prop_assert!(estimate(&c, layers, c.tokens).bytes > budget);
+                prop_assert!(estimate(&c, layers, c.tokens, B).bytes > budget.bytes);
             }
             let tokens = tokens.max(c.tokens);
             if let Some(l) = most_layers(&c, tokens, budget) {
-                prop_assert!(estimate(&c, l, tokens).bytes <= budget);
+                prop_assert!(estimate(&c, l, tokens, B).bytes <= budget.bytes);
                 if l < u32::MAX {
-                    prop_assert!(estimate(&c, l + 1, tokens).bytes > budget);
+                    prop_assert!(estimate(&c, l + 1, tokens, B).bytes > budget.bytes);
                 }
             }
         }

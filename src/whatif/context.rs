@@ -226,7 +226,7 @@ pub fn longest(
     search.traced = traced;
     let kv_per_token = generation.bytes_per_token.map_or(0, |b| b.get());
     // Within the memory budget: past it the limits are extrapolated.
-    let fits = crate::scale::most_new_tokens(traces, &config.scale, config.memory_budget)
+    let fits = crate::scale::most_new_tokens(traces, &config.scale, config.work_budget())
         .unwrap_or(traced);
     let asked = budget;
     let budget = budget

@@ -91,7 +91,7 @@ pub fn run(case: &Case) {
     config.memory_budget = BUDGET;
     // The check, then the rebuild it allows: never more than twice the
     // events it predicted.
-    match scale::check_work(&parsed, &case.target, BUDGET) {
+    match scale::check_work(&parsed, &case.target, config.work_budget()) {
         Ok(work) => {
             if let Ok(scaled) = scale::scale_many(&parsed, &case.target) {
                 let events = Counts::traced_of(&scaled.value.0);

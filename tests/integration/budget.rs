@@ -63,7 +63,9 @@ fn predicted_events_are_the_rebuilt_traces() {
         let trace = parse(path);
         let counts = Counts::of(&trace);
         let t = target(layers, tokens);
-        let predicted = work::check(&counts, &t, Bytes(u64::MAX)).unwrap().events;
+        let predicted = work::check(&counts, &t, work::Budget::UNLIMITED)
+            .unwrap()
+            .events;
         let actual = rebuilt_events(&trace, &t);
         let off = predicted.abs_diff(actual) as f64 / actual as f64;
         println!(
@@ -74,6 +76,14 @@ fn predicted_events_are_the_rebuilt_traces() {
             off < 0.02,
             "{path} {t:?}: predicted {predicted} events, rebuilt {actual}"
         );
+    }
+}
+
+/// `memcast estimate --memory-budget N GiB`'s budget.
+fn cli_budget(gib: u64) -> work::Budget {
+    work::Budget {
+        bytes: Bytes(gib * Bytes::GIB),
+        what_if: false,
     }
 }
 
@@ -98,7 +108,7 @@ fn the_cli_refuses_a_request_beyond_its_budget_with_the_largest_that_fits() {
     assert_eq!(output.status.code(), Some(1));
     let err = String::from_utf8_lossy(&output.stderr);
     let counts = Counts::of(&parse(GENERATE));
-    let most = work::most_tokens(&counts, 32, Bytes(2 * Bytes::GIB)).unwrap();
+    let most = work::most_tokens(&counts, 32, cli_budget(2)).unwrap();
     assert!(most > 16 && most < 8192, "{most}");
     assert!(
         err.contains("32 layers and 8,192 new tokens would need about")
@@ -109,9 +119,9 @@ fn the_cli_refuses_a_request_beyond_its_budget_with_the_largest_that_fits() {
     );
     // The largest said to fit passes the same check; one more does not.
     let fits = target(Some(32), Some(most));
-    assert!(work::check(&counts, &fits, Bytes(2 * Bytes::GIB)).is_ok());
+    assert!(work::check(&counts, &fits, cli_budget(2)).is_ok());
     let over = target(Some(32), Some(most + 1));
-    assert!(work::check(&counts, &over, Bytes(2 * Bytes::GIB)).is_err());
+    assert!(work::check(&counts, &over, cli_budget(2)).is_err());
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_memcast"))
         .args([
             "estimate",
@@ -161,7 +171,7 @@ fn the_longest_generation_search_stays_within_the_budget() {
     let mut config =
         memcast::Config::for_gpus("a100-80gb", &["a100-80gb".to_owned(), "t4".to_owned()]).unwrap();
     config.memory_budget = Bytes(64 * Bytes::MIB);
-    let most = work::most_tokens(&counts, counts.layers, config.memory_budget).unwrap();
+    let most = work::most_tokens(&counts, counts.layers, config.work_budget()).unwrap();
     assert!(most > 16 && most < 128, "{most}");
     let sweep =
         memcast::whatif::context::longest(std::slice::from_ref(&trace), &config, 1024).unwrap();
@@ -293,4 +303,22 @@ fn extreme_times_and_ids_are_refused_or_estimated() {
             }
         }
     }
+}
+
+/// A crash input the `scale` fuzz targets found (`tests/data/fuzz/scale/`),
+/// run as the target runs it.
+fn fuzz_regression(name: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/fuzz/scale")
+        .join(name);
+    let bytes = std::fs::read(&path).unwrap_or_else(|err| panic!("{path:?}: {err}"));
+    scale_case::run(&scale_case::decode(&bytes).unwrap());
+}
+
+#[test]
+fn fuzz_scale_a_span_ending_past_i64_max() {
+    // `--layers` on a trace whose op ends past the largest time: the
+    // backward's start was found by adding `dur` to `start` (an overflow);
+    // the trace builder now ends every span within the range.
+    fuzz_regression("span_end_past_i64_max");
 }
