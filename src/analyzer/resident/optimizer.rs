@@ -171,6 +171,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn factored_state_of_a_hostile_shape_saturates() {
+        assert_eq!(
+            adafactor_state_elements(&[i64::MAX, i64::MAX, 2, 3]),
+            u64::MAX
+        );
+        assert_eq!(adafactor_state_elements(&[-4, 2, 3]), 0);
+        assert_eq!(adafactor_state_elements(&[4, 2, 3]), 4 * (2 + 3));
+    }
+
+    #[test]
     fn state_follows_the_optimizer_and_its_step() {
         let none = StepOps::default();
         assert_eq!(state_tensors_per_parameter("SGD", none, 62), Some(0));

@@ -555,4 +555,19 @@ mod tests {
         assert_eq!(extent(&[0, 3], &[3, 1]), 0);
         assert_eq!(extent(&[], &[]), 1);
     }
+
+    /// Sizes a hostile trace writes saturate or give no view; none panics
+    /// (issue 33): `i64::MIN / -1` overflows even without overflow checks.
+    #[test]
+    fn hostile_sizes_never_panic() {
+        assert_eq!(infer_size(i64::MIN, &[-1, -1]), Some(vec![0, -1]));
+        assert_eq!(infer_size(i64::MAX, &[-1, 0]), Some(vec![0, 0]));
+        let huge = [i64::MAX, i64::MAX, 3];
+        assert_eq!(extent(&huge, &[]), u64::MAX);
+        assert_eq!(extent(&huge, &[i64::MAX, 1, 1]), u64::MAX);
+        let big = lay(&huge, &[i64::MAX, 3, 1]);
+        let _ = view_outputs("aten::view", &big, &c(&["", "[-1]"]), None, false);
+        let _ = view_outputs("aten::flatten", &big, &c(&["", "0", "-1"]), None, false);
+        assert_eq!(view_strides(&huge, &[i64::MAX, 3, 1], &[-1]), None);
+    }
 }

@@ -123,3 +123,41 @@ pub(super) fn apply(analysis: &Analysis, plan: &mut Plan) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows and widths a hostile trace writes saturate the CUDA temporaries'
+    /// sizes instead of wrapping them (issue 33).
+    #[test]
+    fn hostile_kernel_sizes_saturate() {
+        let huge = QuantKernel {
+            op: 0,
+            kind: QuantOp::Gemv4bitCpuPacked,
+            m: 100,
+            k: u64::MAX / 2,
+            n: 3,
+            input_elem: 4,
+            absmax_blocks: u64::MAX / 3,
+        };
+        assert_eq!(
+            cuda_temporaries(&huge, true),
+            Some(vec![u64::MAX, u64::MAX, u64::MAX])
+        );
+        let int8 = QuantKernel {
+            kind: QuantOp::Int8VectorwiseQuant,
+            m: u64::MAX,
+            ..huge
+        };
+        assert_eq!(
+            cuda_temporaries(&int8, false),
+            Some(vec![u64::MAX, u64::MAX])
+        );
+        let dequant = QuantKernel {
+            kind: QuantOp::Int8MmDequant,
+            ..int8
+        };
+        assert_eq!(cuda_temporaries(&dequant, false), Some(vec![u64::MAX]));
+    }
+}
