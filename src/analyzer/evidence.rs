@@ -645,9 +645,10 @@ pub(crate) fn assemble(
         })
     });
 
+    let numel = found.parameters.iter().map(|p| p.numel);
     let parameter_totals = ParameterTotals {
         count: found.parameters.len(),
-        numel: found.parameters.iter().map(|p| p.numel).sum(),
+        numel: numel.fold(0, u64::saturating_add),
         bytes: found.parameters.iter().map(|p| p.bytes).sum(),
     };
     Analysis {

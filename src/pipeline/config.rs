@@ -31,6 +31,21 @@ pub struct Config {
     /// The job to estimate when it is larger than the traced one.
     #[serde(default)]
     pub scale: crate::scale::Target,
+    /// The memory an estimate may take: a rebuilt job that would need more
+    /// is refused before it is built (`scale::work`). A setting of the
+    /// shell (the CLI's is generous, the page's below the wasm32 heap);
+    /// [`DEFAULT_MEMORY_BUDGET`] otherwise.
+    #[serde(default = "default_memory_budget")]
+    pub memory_budget: Bytes,
+}
+
+/// The memory budget of [`Config::standard`]: what a 32-bit WebAssembly
+/// heap (4 GiB) holds with room to spare, so that the library's default
+/// runs everywhere. The CLI and the page set their own.
+pub const DEFAULT_MEMORY_BUDGET: Bytes = Bytes(2 * Bytes::GIB);
+
+fn default_memory_budget() -> Bytes {
+    DEFAULT_MEMORY_BUDGET
 }
 
 impl Config {
@@ -62,6 +77,7 @@ impl Config {
             gpus,
             max_timeline_points: report::DEFAULT_MAX_POINTS,
             scale: crate::scale::Target::default(),
+            memory_budget: DEFAULT_MEMORY_BUDGET,
         }
     }
 
@@ -89,6 +105,15 @@ impl Config {
             gpu.overheads.context_bytes = context;
         }
         self
+    }
+
+    /// What a rebuilt job may take: [`Config::memory_budget`], for a job
+    /// prepared with the mixed-precision what-if's or without.
+    pub fn work_budget(&self) -> crate::scale::work::Budget {
+        crate::scale::work::Budget {
+            bytes: self.memory_budget,
+            what_if: self.orchestrator.autocast.what_if,
+        }
     }
 
     /// The allocator settings of [`Config::alloc_conf`].

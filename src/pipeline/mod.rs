@@ -22,7 +22,7 @@ mod settings;
 mod simulate;
 
 pub use capture::{figures as capture_figures, CaptureFigures};
-pub use config::{Config, DEFAULT_TARGET};
+pub use config::{Config, DEFAULT_MEMORY_BUDGET, DEFAULT_TARGET};
 pub use runs::{InTurn, Parallel, SimulationJob};
 pub use settings::Settings;
 pub use simulate::{schedule_ops, simulate_schedule};
@@ -267,7 +267,7 @@ pub fn prepare_many_from(
         .map(crate::scale::inspect)
         .unwrap_or_default();
     progress(Progress::start(Stage::Rebuilding));
-    let scaled = crate::scale::scale_many(&traces, &config.scale)?;
+    let scaled = rebuild(&traces, config)?;
     warnings.extend(scaled.warnings);
     // The traces read can go before the rebuilt one is analyzed (the
     // browser holds both otherwise).
@@ -304,7 +304,7 @@ pub fn prepare_parsed(
         )?,
         _ => {
             progress(Progress::start(Stage::Rebuilding));
-            let scaled = crate::scale::scale_many(traces, &config.scale)?;
+            let scaled = rebuild(traces, config)?;
             warnings.extend(scaled.warnings);
             let (trace, facts) = scaled.value;
             prepare_trace(&trace, facts, warnings, config, progress)?
@@ -313,6 +313,20 @@ pub fn prepare_parsed(
     prepared.traced = traced;
     prepared.capture = capture;
     Ok(prepared)
+}
+
+/// The trace of the job `config.scale` asks for, rebuilt from `traces`
+/// once its work is known to fit `config.memory_budget` (a request too
+/// large is refused before anything is built, with the largest that fits).
+fn rebuild(
+    traces: &[trace::Trace],
+    config: &Config,
+) -> Result<Warned<(trace::Trace, crate::scale::ScaleFacts)>, Error> {
+    Ok(crate::scale::scale_within(
+        traces,
+        &config.scale,
+        config.work_budget(),
+    )?)
 }
 
 /// Analyzes and orchestrates a parsed (and possibly rebuilt) trace.

@@ -325,7 +325,11 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                     .gpus
                     .iter()
                     .map(|g| {
-                        let at_least = if g.found == Found::NoLimitInTrace { "≥ " } else { "" };
+                        let at_least = if matches!(g.found, Found::NoLimitInTrace | Found::MemoryBudget) {
+                            "≥ "
+                        } else {
+                            ""
+                        };
                         vec![
                             g.preset.clone(),
                             format!("{at_least}{}", num(g.max_new_tokens)),
@@ -340,10 +344,16 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                     .map(|p| (format!("{} new tokens", thousands(u64::from(p.new_tokens))), p.peak.total_bytes, false))
                     .collect(),
                 batch: None,
-                notes: vec![
+                notes: s
+                    .warnings
+                    .iter()
+                    .filter(|w| w.code == "context_memory_budget")
+                    .map(|w| w.message.clone())
+                    .chain([
                     "Each length is the whole generation simulated: the decode steps copied, the KV cache grown a position a step, every block through the caching allocator; no limit is extrapolated.".to_owned(),
                     "With a position limit the search goes up to it; without one it stops at the simulation budget (new tokens simulated at most), and a GPU that still fits there fits at least that many new tokens.".to_owned(),
-                ],
+                    ])
+                    .collect(),
             }
         }
     }

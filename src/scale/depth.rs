@@ -183,7 +183,7 @@ pub(super) fn last(stack: &Stack) -> u32 {
 
 /// The template's forward and backward parts in every call, with the
 /// predecessor's, aligned.
-fn stack_parts(
+pub(super) fn stack_parts(
     trace: &Trace,
     frames: &[ModuleFrame],
     stack: &Stack,

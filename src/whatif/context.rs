@@ -57,6 +57,10 @@ pub enum Found {
     /// It still fits at the most new tokens simulated (the budget), and the
     /// trace shows no position limit: at least that many fit.
     NoLimitInTrace,
+    /// It still fits at the most new tokens the memory budget lets memcast
+    /// rebuild and simulate (below the position limit or the budget asked
+    /// for): at least that many fit.
+    MemoryBudget,
     /// Not even the traced generation fits.
     DoesNotFit,
 }
@@ -69,6 +73,9 @@ impl Found {
             Found::PositionLimit => "fits up to the model's position limit (simulated)",
             Found::NoLimitInTrace => {
                 "fits at the most new tokens simulated; no position limit in the trace"
+            }
+            Found::MemoryBudget => {
+                "fits at the most new tokens the memory budget lets memcast simulate"
             }
             Found::DoesNotFit => "the traced generation does not fit",
         }
@@ -251,12 +258,26 @@ pub fn longest(
     let prompt = generation.prompt_tokens.unwrap_or(0);
     let limit = position_limit(traces, prompt + u64::from(traced));
     // With a limit the search goes to it (however far the budget); without
-    // one, to the budget.
-    let budget = match &limit {
+    // one, to the budget; never past what the memory budget lets memcast
+    // rebuild and simulate (issue 33: a request is sized before it is built).
+    let wanted = match &limit {
         Some((positions, _)) => u32::try_from(positions.saturating_sub(prompt)).unwrap_or(u32::MAX),
         None => budget,
     }
     .clamp(traced, crate::scale::MAX_NEW_TOKENS);
+    let fits = crate::scale::most_new_tokens(traces, &config.scale, config.work_budget())
+        .unwrap_or(traced);
+    let budget = wanted.min(fits).max(traced);
+    let memory_bound = budget < wanted;
+    if memory_bound {
+        search.warnings.push(Warning::asking(
+            "context_memory_budget",
+            &format!(
+                "{wanted} new tokens were to be simulated, and at most {budget} fit the memory budget: a GPU that still fits at {budget} fits at least that many; to simulate further, "
+            ),
+            crate::diag::Setting::MemoryBudget,
+        ));
+    }
     // Doubling while some GPU fits, within the budget.
     let mut n = traced;
     loop {
@@ -295,6 +316,7 @@ pub fn longest(
                 }
                 (Some(u64::from(lo)), Found::Simulated)
             }
+            (Some(lo), None) if memory_bound => (Some(u64::from(lo)), Found::MemoryBudget),
             (Some(lo), None) if limit.is_some() => (Some(u64::from(lo)), Found::PositionLimit),
             (Some(lo), None) => (Some(u64::from(lo)), Found::NoLimitInTrace),
         };

@@ -316,7 +316,7 @@ fn parameter_bytes(schedule: &Schedule) -> u64 {
         .iter()
         .filter(|b| b.category == Category::Parameter)
         .map(|b| b.size.get())
-        .sum()
+        .fold(0, u64::saturating_add)
 }
 
 /// The op name of DDP gradient-bucket blocks, in this what-if and in the
@@ -456,7 +456,7 @@ fn add_tp_buffers(edit: &mut Edit<'_>, marks: &Landmarks, n: u32) -> u64 {
             }
         }
     }
-    let total: u64 = outputs.values().sum();
+    let total = outputs.values().fold(0, |s: u64, &b| s.saturating_add(b));
     let n = u64::from(n.max(1));
     let buffer =
         u64::try_from(u128::from(total) * u128::from(n - 1) / u128::from(n)).unwrap_or(u64::MAX);

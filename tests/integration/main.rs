@@ -17,6 +17,8 @@ mod cli_terms;
 
 // CPU-autocast traces estimated as CUDA autocast runs them (issue 16).
 mod autocast;
+// The work budget of a rebuilt job: predicted events, early refusals (issue 33).
+mod budget;
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
 // Traces made by the capture helper: the full job's figures they carry.

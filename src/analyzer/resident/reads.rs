@@ -624,7 +624,10 @@ fn classify(mut reads: Vec<Read>) -> Vec<Found> {
         for ((dims, dtype, kind, in_trace), idx) in keys {
             for &i in &idx {
                 let Some(r) = reads.get(i) else { continue };
-                let numel: u64 = dims.iter().map(|&d| d.max(0) as u64).product();
+                let numel = dims
+                    .iter()
+                    .map(|&d| d.max(0).unsigned_abs())
+                    .fold(1, u64::saturating_mul);
                 let last = last_state_read.get(&r.place).copied().unwrap_or(r.time);
                 found.push(Found {
                     instance: (instance != u32::MAX).then_some(instance),

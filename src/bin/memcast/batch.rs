@@ -52,7 +52,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
     }
     let settings = args.settings.settings();
-    let config = settings.config()?;
+    let config = args.settings.config()?;
     let mut prepared: Vec<Prepared> = Vec::with_capacity(args.traces.len());
     let mut known: Vec<Option<u32>> = Vec::with_capacity(args.traces.len());
     for (index, path) in args.traces.iter().enumerate() {

@@ -30,7 +30,7 @@ pub struct Args {
 /// Runs the estimate and prints it.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let settings = args.settings.settings();
-    let config = settings.config()?;
+    let config = args.settings.config()?;
     let estimate = || crate::source::estimate_files(&args.traces, &config);
     let mut out = String::new();
     if let Some(base) = &args.link.link {

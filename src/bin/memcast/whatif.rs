@@ -78,7 +78,7 @@ pub struct Common {
 impl Common {
     /// The settings' config, with the mixed-precision what-if's job prepared too.
     fn config(&self) -> anyhow::Result<Config> {
-        let mut config = self.settings.settings().config()?;
+        let mut config = self.settings.config()?;
         config.orchestrator.autocast.what_if = true;
         Ok(config)
     }

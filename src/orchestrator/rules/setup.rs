@@ -439,7 +439,10 @@ fn parameters(
 /// `frozen` resized to `bytes` in total, each in proportion (one block when
 /// the trace showed none); the rounding goes to the last one.
 fn scaled(frozen: &[Param], bytes: Bytes) -> Vec<Param> {
-    let found: u64 = frozen.iter().map(|p| p.bytes.get()).sum();
+    let found = frozen
+        .iter()
+        .map(|p| p.bytes.get())
+        .fold(0, u64::saturating_add);
     if found == 0 {
         return if bytes > Bytes::ZERO {
             vec![Param {
