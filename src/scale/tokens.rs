@@ -363,16 +363,20 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
             start: Nanos(s + shift(s)),
             ..o.clone()
         };
-        // An op reading a grown StaticCache or a view of it: a 4-d
-        // [batch, heads, positions or prompt, head dim] argument (the
-        // attention's; weights are never 4-d here).
+        // An op reading a grown StaticCache or a view of it: an argument of
+        // 4 or more dims [batch, heads, (1,) positions or prompt, head dim]
+        // (the attention's 4-d one; the 5-d `[:, :, None]` view that
+        // `repeat_kv` expands; weights are never 4-d here). Its recorded
+        // length is the traced generation's, so it would read as a tensor
+        // no block of the rebuilt trace holds (state made before it).
         let reads_cache = reshaped.iter().any(|&(a, b, p)| {
             let prompt = p - i64::from(traced) + 1;
             a <= s
                 && s <= b
                 && trace.tensor_args(o).iter().any(|t| {
                     let d = trace.numbers(t.dims);
-                    d.len() == 4 && (d.get(2) == Some(&p) || d.get(2) == Some(&prompt))
+                    let positions = d.len().checked_sub(2).and_then(|i| d.get(i));
+                    d.len() >= 4 && (positions == Some(&p) || positions == Some(&prompt))
                 })
         });
         if in_template(s).is_some() || reads_cache {

@@ -552,3 +552,45 @@ fn the_sweep_stops_at_the_position_limit() {
     assert_eq!(gpu.max_context_tokens, Some(512));
     assert_eq!(sweep.points.last().map(|p| p.new_tokens), Some(512 - 40));
 }
+
+/// State whose byte size an activation shares (issue 31) is found once and
+/// as what it is (`tests/data/traces-llm`, sidecars): Llama's `[2, 16, 1]`
+/// float position copy is no parameter beside the 128-byte rotary
+/// `inv_freq`, and a packed 4-bit weight is a parameter even where a live
+/// `[1, 96, 768]` float activation has its 294,912 bytes (its `view`, read
+/// first, is not a second, buffer copy). Only `inv_freq` is a buffer the
+/// forward reads (Llama's `original_inv_freq` is never read).
+#[test]
+fn state_the_size_of_an_activation_is_counted_once() {
+    for name in ["llama_gen8_b2_p16", "llama_qlora_ckpt_s96"] {
+        let dir =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces-llm");
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.meta.json"))).unwrap())
+                .unwrap();
+        let bytes = std::fs::read(dir.join(format!("{name}.json.gz"))).unwrap();
+        let trace = memcast::trace::parse(&bytes).unwrap().value;
+        let p = common::prepare_parsed(trace, &Config::standard());
+        assert_eq!(
+            p.state.parameter_bytes.get(),
+            meta["param_bytes"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(p.state.buffer_bytes, Bytes(128), "{name}");
+    }
+}
+
+/// A StaticCache grown by `--new-tokens` is read at its new length by
+/// every step: the traced steps' reads of the traced length are not state
+/// made before the trace (they were buffers of the traced cache's size).
+#[test]
+fn a_grown_static_cache_leaves_no_state_behind() {
+    let bytes = common::read_shared("fixtures/traces-llm/llama_gen16_static.json.gz");
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    let traced = common::prepare_parsed(trace.clone(), &Config::standard());
+    let mut config = Config::standard();
+    config.scale.new_tokens = Some(256);
+    let grown = common::prepare_parsed(trace, &config);
+    assert_eq!(grown.state.buffer_bytes, traced.state.buffer_bytes);
+    assert_eq!(grown.state.parameter_bytes, traced.state.parameter_bytes);
+}
