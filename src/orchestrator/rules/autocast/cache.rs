@@ -7,8 +7,10 @@
 //! PyTorch 2.10 on (PR #165068).
 //!
 //! The decision is made at each cast: `can_try_cache` in `cached_cast`
-//! reads `c10::InferenceMode::is_enabled()` (thread-local, the mode in force
-//! when the op casts), not a state saved when the region was entered. So a
+//! reads `c10::InferenceMode::is_enabled()` (`c10/core/InferenceMode.cpp`: a
+//! thread-local flag the `torch.inference_mode()` guard sets while it lives,
+//! so the mode in force when the op casts), not a state saved when the
+//! region was entered. So a
 //! region entered outside `torch.inference_mode()` casts its weights afresh
 //! while the forward runs inside it, and a region entered inside casts them
 //! afresh too; `torch.no_grad()` is no part of the condition (a parameter
