@@ -672,6 +672,7 @@ pub(crate) fn assemble(
         batch_size: super::loader_batch_size(trace),
         recipe: super::RunRecipe::default(),
         autocast: Vec::new(),
+        inference_mode: Vec::new(),
         op_inputs: Vec::new(),
         state: super::resident::ModelState::default(),
         generation: None,

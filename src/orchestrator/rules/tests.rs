@@ -112,6 +112,7 @@ impl Loop {
                 batch_size: None,
                 recipe: analyzer::RunRecipe::default(),
                 autocast: Vec::new(),
+                inference_mode: Vec::new(),
                 op_inputs: Vec::new(),
                 state: crate::analyzer::resident::ModelState {
                     has_shapes: true,
