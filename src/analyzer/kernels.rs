@@ -88,6 +88,32 @@ pub struct KernelCalls {
     pub dropout: Vec<DropoutCall>,
     #[serde(default)]
     pub reduce: Vec<ReduceCall>,
+    #[serde(default)]
+    pub conv: Vec<ConvCall>,
+}
+
+/// One convolution pass as the CPU trace records it, for the orchestrator's
+/// `cudnn_conv_workspaces` rule ([`crate::kernels::conv`]): a forward
+/// `aten::convolution` or a backward `aten::convolution_backward`, with the
+/// blocks the pass writes (found by lifetime, so a trace without shapes
+/// gives the same calls).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvCall {
+    pub op: usize,
+    pub backward: bool,
+    /// What the pass writes, largest first: the forward's output; the
+    /// backward's gradients of input, weight and bias (the blocks the call
+    /// makes that outlive it).
+    pub written: Vec<usize>,
+    /// The forward's output block, for a backward call linked to its
+    /// forward (`None` for a forward call or without the link).
+    pub forward_output: Option<usize>,
+    /// Bytes of the grad_output argument, where the trace has shapes.
+    pub grad_output: Option<u64>,
+    /// A depthwise convolution (`groups == C_in > 1`: a weight of one input
+    /// channel per group, read from the shapes) in fp32 or bf16, which
+    /// PyTorch runs without cuDNN.
+    pub native_depthwise: bool,
 }
 
 /// A reduction over `reduced` dims of a contiguous tensor of `dims`, as
@@ -396,5 +422,113 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
         attention: attention(trace, index, names),
         dropout: dropout(trace, index, names, life),
         reduce: reductions(trace, index, names),
+        conv: convolutions(trace, index, names, life),
     }
+}
+
+/// Whether the weight argument at `weight` of `op` is a depthwise
+/// convolution's on an input at `input` in fp32 or bf16 (`is_depthwise` in
+/// `Convolution.cpp`; `use_cudnn_depthwise` takes cuDNN for fp16 only, or
+/// channels-last, which this does not see).
+fn native_depthwise(trace: &Trace, index: &SpanIndex, op: usize, input: u16, weight: u16) -> bool {
+    let (Some(x), Some(w)) = (
+        dims_of(trace, index, op, input),
+        dims_of(trace, index, op, weight),
+    ) else {
+        return false;
+    };
+    let dtype = index
+        .tensor_arg(trace, op, input)
+        .and_then(|a| a.dtype)
+        .map(|d| trace.name(d));
+    let half = dtype == Some("c10::Half");
+    matches!((x.get(1), w.get(1)), (Some(&c), Some(&1)) if c > 1) && x.len() >= 4 && !half
+}
+
+/// Every forward `aten::convolution` and backward `aten::convolution_backward`
+/// with the blocks it writes ([`ConvCall`]).
+fn convolutions(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) -> Vec<ConvCall> {
+    let spans = &index.ops.spans;
+    let mut by_op: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for b in &life.blocks {
+        if let Some(op) = b.alloc_op {
+            by_op.entry(op).or_default().push(b.id);
+        }
+    }
+    let written = |op: usize| -> Vec<usize> {
+        let Some(span) = spans.get(op) else {
+            return Vec::new();
+        };
+        let mut out: Vec<usize> = subtree(index, op)
+            .into_iter()
+            .filter_map(|i| by_op.get(&i))
+            .flatten()
+            .copied()
+            .filter(|&b| {
+                life.blocks
+                    .get(b)
+                    .is_some_and(|b| b.free_ts.is_none_or(|f| f > span.end))
+            })
+            .collect();
+        out.sort_by_key(|&b| std::cmp::Reverse(life.blocks.get(b).map_or(0, |b| b.size.get())));
+        out
+    };
+    let mut out = Vec::new();
+    // The forward calls' outputs, by the call and every op around it (the
+    // backward's node links to the outermost op of its sequence number).
+    let mut output_of: BTreeMap<usize, usize> = BTreeMap::new();
+    for (op, span) in spans.iter().enumerate() {
+        let backward = match names.get(span.name) {
+            "aten::convolution" => false,
+            "aten::convolution_backward" => true,
+            _ => continue,
+        };
+        // An `aten::convolution` inside another (none today) counts once.
+        if !backward
+            && index.ops.chain(op).skip(1).any(|i| {
+                spans
+                    .get(i)
+                    .is_some_and(|s| names.get(s.name) == "aten::convolution")
+            })
+        {
+            continue;
+        }
+        let written = written(op);
+        let forward_output = if backward {
+            span.forward_op.and_then(|f| {
+                index
+                    .ops
+                    .chain(f)
+                    .find_map(|i| output_of.get(&i).copied())
+                    .or_else(|| output_of.get(&f).copied())
+            })
+        } else {
+            if let Some(&o) = written.first() {
+                for i in index.ops.chain(op) {
+                    output_of.insert(i, o);
+                }
+            }
+            None
+        };
+        let grad_output = if backward {
+            let elem = index
+                .tensor_arg(trace, op, 0)
+                .and_then(|a| a.dtype)
+                .and_then(|d| dtype_size(trace.name(d)));
+            dims_of(trace, index, op, 0)
+                .and_then(|d| d.iter().try_fold(elem?, |acc, &x| acc.checked_mul(x)))
+        } else {
+            None
+        };
+        let (input, weight) = if backward { (1, 2) } else { (0, 1) };
+        out.push(ConvCall {
+            op,
+            backward,
+            written,
+            forward_output,
+            grad_output,
+            native_depthwise: native_depthwise(trace, index, op, input, weight),
+        });
+    }
+    out
 }

@@ -13,10 +13,13 @@
 //!
 //! - [`attention`]: `scaled_dot_product_attention`'s backends (cuDNN,
 //!   flash, memory-efficient, math), their selection and allocations;
+//! - [`conv`]: cuDNN convolution workspaces under the default heuristics
+//!   (an assumption: PyTorch cannot say which plan cuDNN picks);
 //! - [`reduce`]: the global buffer a CUDA reduction (`sum`, `mean`) splits
 //!   across thread blocks through, sized by the GPU's multiprocessors.
 
 pub mod attention;
+pub mod conv;
 pub mod reduce;
 
 use serde::{Deserialize, Serialize};

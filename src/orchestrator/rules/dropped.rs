@@ -66,6 +66,7 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
         | RuleId::SdpaCudaKernels
         | RuleId::DropoutCudaMask
         | RuleId::CudaReduceBuffers
+        | RuleId::CudnnConvWorkspaces
         | RuleId::GradScalerState
         | RuleId::Gradients
         | RuleId::BatchHandover

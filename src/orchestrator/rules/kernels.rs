@@ -17,6 +17,9 @@
 //! - `cuda_reduce_buffers`: a CUDA `sum` or `mean` over many rows
 //!   allocates a global buffer for its thread blocks' partial results
 //!   ([`crate::kernels::reduce`]).
+//! - `cudnn_conv_workspaces`: each convolution pass cuDNN runs allocates
+//!   its plan's workspace for the pass ([`crate::kernels::conv`]: an
+//!   assumed size, the largest tensor the pass writes or reads).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -73,6 +76,7 @@ pub(super) fn apply(
             .insert(d.mask_block, (Bytes(d.numel), RuleId::DropoutCudaMask));
     }
     reduce_buffers(analysis, plan);
+    conv_workspaces(analysis, plan);
     let calls = &analysis.kernel_calls.attention;
     if calls.is_empty() {
         return Vec::new();
@@ -145,6 +149,60 @@ fn reduce_buffers(analysis: &Analysis, plan: &mut Plan) {
                 per_gpu: Some(per_gpu),
             });
         }
+    }
+}
+
+/// Rule `cudnn_conv_workspaces`: a workspace per convolution call that
+/// runs cuDNN, of [`crate::kernels::conv::assumed_workspace`]'s size at the
+/// CUDA run's dtype (a block autocast resized gives its size). A forward
+/// holds it from its output's allocation to its end. A backward runs the
+/// data and filter passes in turn, each freeing its workspace before the
+/// next allocates; assumed alike in size, they are one block from the first
+/// gradient's allocation to the call's end.
+fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
+    let cuda_size = |b: usize| -> Option<(u64, Nanos)> {
+        let block = analysis.blocks.get(b)?;
+        let size = plan.resized.get(&b).map_or(block.size, |&(s, _)| s);
+        Some((size.get(), block.alloc_ts))
+    };
+    for call in &analysis.kernel_calls.conv {
+        if !crate::kernels::conv::runs_cudnn(call.native_depthwise) {
+            continue;
+        }
+        let Some(op) = analysis.ops.get(call.op) else {
+            continue;
+        };
+        let written: Vec<(u64, Nanos)> =
+            call.written.iter().filter_map(|&b| cuda_size(b)).collect();
+        let largest_written = written.first().map(|w| w.0);
+        let (operands, alloc) = if call.backward {
+            let grad_output = call
+                .forward_output
+                .and_then(cuda_size)
+                .map(|o| o.0)
+                .or(call.grad_output);
+            let first = written.iter().map(|w| w.1).min().unwrap_or(op.start);
+            (vec![largest_written, grad_output], first)
+        } else {
+            (
+                vec![largest_written],
+                written.first().map_or(op.start, |w| w.1),
+            )
+        };
+        let operands: Vec<u64> = operands.into_iter().flatten().collect();
+        let size = crate::kernels::conv::assumed_workspace(&operands);
+        if size == 0 {
+            continue;
+        }
+        plan.added.push(AddedBlock {
+            size: Bytes(size),
+            alloc,
+            free: Some(op.end),
+            op: call.op,
+            rule: RuleId::CudnnConvWorkspaces,
+            on: ArchSet::ALL,
+            per_gpu: None,
+        });
     }
 }
 
@@ -415,4 +473,131 @@ fn attention_call(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyzer::{analyze, AnalyzerConfig};
+
+    fn op(name: &str, ts: u32, dur: u32, dims: &str, types: &str, seq: Option<u32>) -> String {
+        let seq = seq.map_or(String::new(), |s| format!(r#", "Sequence number": {s}"#));
+        format!(
+            r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}, "args": {{"Input Dims": {dims}, "Input type": {types}{seq}}}}}"#
+        )
+    }
+
+    fn block(addr: u32, ts: u32, bytes: i64, free: u32) -> [String; 2] {
+        let mem = |ts: u32, b: i64| {
+            format!(
+                r#"{{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": {ts}, "args": {{"Addr": {addr}, "Bytes": {b}, "Device Type": 0, "Device Id": -1}}}}"#
+            )
+        };
+        [mem(ts, bytes), mem(free, -bytes)]
+    }
+
+    /// A CPU trace of one fp32 convolution (input [2,3,8,8], weight
+    /// [4,3,3,3], output [2,4,8,8]: 2,048 bytes) with its oneDNN scratch,
+    /// a depthwise one ([2,4,8,8] by [4,1,3,3]) and the first one's backward
+    /// (grad_input 1,536 bytes, grad_weight 432, a scratch block).
+    fn trace() -> Analysis {
+        let f = r#"["float", "float"]"#;
+        let mut ev = vec![
+            op("aten::conv2d", 10, 20, "[[2,3,8,8],[4,3,3,3]]", f, Some(1)),
+            op(
+                "aten::convolution",
+                11,
+                18,
+                "[[2,3,8,8],[4,3,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "aten::_convolution",
+                12,
+                16,
+                "[[2,3,8,8],[4,3,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "aten::mkldnn_convolution",
+                13,
+                14,
+                "[[2,3,8,8],[4,3,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "aten::convolution",
+                40,
+                10,
+                "[[2,4,8,8],[4,1,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "autograd::engine::evaluate_function: ConvolutionBackward0",
+                100,
+                50,
+                "[]",
+                "[]",
+                None,
+            ),
+            op("ConvolutionBackward0", 101, 48, "[]", "[]", Some(1)),
+            op(
+                "aten::convolution_backward",
+                102,
+                46,
+                "[[2,4,8,8],[2,3,8,8],[4,3,3,3]]",
+                r#"["float", "float", "float"]"#,
+                None,
+            ),
+        ];
+        ev.extend(block(1 << 20, 14, 2048, 200)); // output
+        ev.extend(block(2 << 20, 15, 4096, 20)); // oneDNN scratch
+        ev.extend(block(3 << 20, 42, 2048, 200)); // depthwise output
+        ev.extend(block(4 << 20, 103, 1536, 300)); // grad_input
+        ev.extend(block(5 << 20, 104, 8000, 105)); // scratch
+        ev.extend(block(6 << 20, 110, 432, 300)); // grad_weight
+        let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+        let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+        analyze(&trace, &AnalyzerConfig::standard()).unwrap().value
+    }
+
+    #[test]
+    fn cudnn_conv_workspaces_take_the_largest_tensor_of_each_pass() {
+        let a = trace();
+        assert_eq!(a.kernel_calls.conv.len(), 3, "{:?}", a.kernel_calls.conv);
+        let mut plan = Plan::default();
+        apply(
+            &a,
+            Rules {
+                efficient_gqa: true,
+            },
+            false,
+            &mut plan,
+        );
+        let ws: Vec<&AddedBlock> = plan
+            .added
+            .iter()
+            .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
+            .collect();
+        // The depthwise fp32 convolution runs PyTorch's own kernel: none.
+        assert_eq!(ws.len(), 2, "{ws:?}");
+        let at = |size: u64| a.blocks.iter().find(|b| b.size == Bytes(size)).unwrap();
+        let name_of = |i: usize| a.name(a.ops[i].name);
+        // Forward: the output's bytes, from the output to the call's end.
+        assert_eq!(name_of(ws[0].op), "aten::convolution");
+        assert_eq!(ws[0].size, Bytes(2048));
+        assert_eq!(ws[0].alloc, at(2048).alloc_ts);
+        assert_eq!(ws[0].free, Some(a.ops[ws[0].op].end));
+        // Backward: the larger of grad_output (the forward's output, 2,048)
+        // and grad_input (1,536), from grad_input to the call's end.
+        assert_eq!(name_of(ws[1].op), "aten::convolution_backward");
+        assert_eq!(ws[1].size, Bytes(2048));
+        assert_eq!(ws[1].alloc, at(1536).alloc_ts);
+        assert_eq!(ws[1].free, Some(a.ops[ws[1].op].end));
+        assert!(ws.iter().all(|w| w.on.is_all() && w.per_gpu.is_none()));
+    }
 }

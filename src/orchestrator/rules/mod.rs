@@ -17,8 +17,9 @@
 //! - [`lifetimes`] — `gradients`, `batch_handover`;
 //! - [`foreach`] — `foreach_optimizer`;
 //! - [`workspaces`] — `cublas_workspaces`;
-//! - [`kernels`] — `sdpa_cuda_kernels`, `dropout_cuda_mask` (CUDA kernels
-//!   that allocate otherwise than the CPU's, per GPU architecture).
+//! - [`kernels`] — `sdpa_cuda_kernels`, `dropout_cuda_mask`,
+//!   `cuda_reduce_buffers`, `cudnn_conv_workspaces` (CUDA kernels that
+//!   allocate otherwise than the CPU's, per GPU architecture).
 //!
 //! [`apply_all`] runs them in [`RuleId::ALL`] order. To add a rule: add its
 //! [`RuleId`] variant (the compiler then asks for its name, summary and
@@ -89,6 +90,7 @@ pub enum RuleId {
     SdpaCudaKernels,
     DropoutCudaMask,
     CudaReduceBuffers,
+    CudnnConvWorkspaces,
     Gradients,
     BatchHandover,
     ForeachOptimizer,
@@ -99,7 +101,7 @@ pub enum RuleId {
 
 impl RuleId {
     /// Every rule, in the order they apply (and the report lists them).
-    pub const ALL: [RuleId; 31] = [
+    pub const ALL: [RuleId; 32] = [
         RuleId::Parameters,
         RuleId::BatchnormBuffers,
         RuleId::ModelBuffers,
@@ -125,6 +127,7 @@ impl RuleId {
         RuleId::SdpaCudaKernels,
         RuleId::DropoutCudaMask,
         RuleId::CudaReduceBuffers,
+        RuleId::CudnnConvWorkspaces,
         RuleId::Gradients,
         RuleId::BatchHandover,
         RuleId::ForeachOptimizer,
@@ -173,6 +176,7 @@ impl RuleId {
             RuleId::SdpaCudaKernels => "sdpa_cuda_kernels",
             RuleId::DropoutCudaMask => "dropout_cuda_mask",
             RuleId::CudaReduceBuffers => "cuda_reduce_buffers",
+            RuleId::CudnnConvWorkspaces => "cudnn_conv_workspaces",
             RuleId::Gradients => "gradients",
             RuleId::BatchHandover => "batch_handover",
             RuleId::ForeachOptimizer => "foreach_optimizer",
@@ -210,6 +214,7 @@ impl RuleId {
             RuleId::SdpaCudaKernels => "scaled_dot_product_attention runs the CUDA backend PyTorch selects for each GPU's architecture (cuDNN, flash, memory-efficient or math: dtype, head dims, mask, dropout, grouped-query attention): what the CPU kernel allocated beside the output and the input gradients is replaced by that backend's saved statistics and workspaces, or by the math path's scores, probabilities and masks",
             RuleId::DropoutCudaMask => "dropout's mask is a bool tensor on CUDA (native_dropout), one byte an element, where the CPU makes it in the input's dtype",
             RuleId::CudaReduceBuffers => "a CUDA sum or mean that splits its rows across thread blocks (a bias gradient over many tokens) allocates a global buffer for their partial results while it runs, sized by the GPU's multiprocessors (Reduce.cuh's setReduceConfig)",
+            RuleId::CudnnConvWorkspaces => "each convolution pass cuDNN runs (forward, backward-data, backward-filter; not an fp32 or bf16 depthwise one, which PyTorch runs itself) allocates its plan's workspace through the caching allocator and frees it when the pass returns (Conv_v8.cpp run_conv_plan, Conv_v7.cpp allocate_workspace); the plan cuDNN's heuristics pick is unknowable without the GPU, so its workspace is assumed as large as the largest tensor the pass writes or reads (the forward's output; grad_output and grad_input), for the whole call",
             RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
             RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
             RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",
@@ -339,14 +344,10 @@ pub(crate) fn apply_all(
         items.extend(scaler);
     }
     // Only a job that convolves uses cuDNN's convolution workspaces.
-    let convolves = analysis.ops.iter().any(|op| {
-        let name = analysis.name(op.name);
-        name.contains("convolution") || name.starts_with("aten::conv")
-    });
-    if convolves {
+    if !analysis.devices.recorded_on_cuda && !analysis.kernel_calls.conv.is_empty() {
         warnings.push(Warning::new(
-            "cudnn_workspace_not_modelled",
-            "cuDNN convolution workspaces are transient and depend on the algorithm cuDNN picks on the GPU; they are not in a CPU trace and are not modelled",
+            "cudnn_workspace_assumed",
+            "each cuDNN convolution pass is estimated with a workspace as large as the largest tensor it writes or reads (an assumption: the plan cuDNN's heuristics pick, and so its workspace, depends on the shapes, the GPU and the cuDNN version and is not in a CPU trace; an H200 with cuDNN 9.19 showed 400 bytes for many 1x1 convolutions, about that tensor for 3x3 forwards and up to 17 times it for the backward-filter pass of deep layers). With torch.backends.cudnn.benchmark=True cuDNN times the plans whose workspace fits the largest free cached block and keeps the fastest; torch.backends.cudnn.deterministic or allow_tf32 changes the plans it may pick; and where a workspace cannot be allocated PyTorch runs the next plan, slower, instead of failing",
         ));
     }
 
