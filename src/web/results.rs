@@ -95,7 +95,8 @@ fn phase_bands(report: &Report) -> Vec<Band> {
 
 /// The page's control for a setting a warning asks for: the element's id and
 /// the button's words (`None`: the page has none, e.g. the batch sizes of a
-/// batch sweep, which is the CLI's `memcast batch`).
+/// batch sweep, which is the CLI's `memcast batch`, or the memory budget,
+/// which on the page is the worker's own, below the wasm heap).
 fn control_of(setting: crate::diag::Setting) -> Option<(&'static str, &'static str)> {
     use crate::diag::Setting;
     match setting {
@@ -104,7 +105,7 @@ fn control_of(setting: crate::diag::Setting) -> Option<(&'static str, &'static s
         Setting::ParameterBytes => Some(("params", "Give the parameter bytes")),
         Setting::SequenceLength => Some(("seq-len", "Set the sequence length")),
         Setting::WorldSize => Some(("world-size", "Set the number of GPUs")),
-        Setting::BatchSizes | Setting::TargetBatch => None,
+        Setting::BatchSizes | Setting::TargetBatch | Setting::MemoryBudget => None,
     }
 }
 
