@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::lifecycle::Life;
 use super::spans::SpanIndex;
 use super::Names;
+use crate::kernels::attention;
 use crate::trace::{dtype_size, Trace};
 
 /// The op `torch.nn.functional.scaled_dot_product_attention` records.
@@ -37,24 +38,12 @@ pub struct AttentionCall {
     /// The CPU kernel's op (a child of `op`), and which it is.
     pub kernel: usize,
     pub cpu: CpuAttention,
-    /// Query `[batch, heads, q_len, head_dim]`, key `[batch, kv_heads,
-    /// kv_len, head_dim]`, value's last dim `v_head_dim` (a 3-d call has
-    /// batch 1).
-    pub batch: u64,
-    pub heads: u64,
-    pub kv_heads: u64,
-    pub q_len: u64,
-    pub kv_len: u64,
-    pub head_dim: u64,
-    pub v_head_dim: u64,
-    /// Bytes per element of the query as the CPU ran it, and whether it is fp16.
-    pub elem: u64,
-    pub fp16: bool,
-    /// An attention mask was given.
-    pub mask: bool,
-    pub causal: bool,
-    /// Dropout ran inside the call (a dropout probability above 0).
-    pub dropout: bool,
+    /// The call as the CPU ran it: query `[batch, heads, q_len, head_dim]`,
+    /// key `[batch, kv_heads, kv_len, head_dim]`, value's last dim (a 3-d
+    /// call has batch 1); `elem` the query's bytes per element on the CPU;
+    /// `dropout` when a probability above 0 ran inside it; `grad` when
+    /// autograd recorded its backward.
+    pub shape: attention::Call,
     /// The backward ops of the call (autograd nodes made by its ops and
     /// what they run), in time order; empty when autograd recorded nothing.
     pub backward: Vec<usize>,
@@ -330,18 +319,21 @@ fn attention(trace: &Trace, index: &SpanIndex, names: &Names) -> Vec<AttentionCa
             op,
             kernel,
             cpu,
-            batch,
-            heads,
-            kv_heads,
-            q_len,
-            kv_len,
-            head_dim,
-            v_head_dim: v.3,
-            elem,
-            fp16: dtype == Some("c10::Half"),
-            mask: index.tensor_arg(trace, op, 3).is_some(),
-            causal: flag(5) == Some(1),
-            dropout: flag(4).is_some_and(|p| p > 0) || dropout_ran,
+            shape: attention::Call {
+                batch,
+                heads,
+                kv_heads,
+                q_len,
+                kv_len,
+                head_dim,
+                v_head_dim: v.3,
+                elem,
+                fp16: dtype == Some("c10::Half"),
+                mask: index.tensor_arg(trace, op, 3).is_some(),
+                causal: flag(5) == Some(1),
+                dropout: flag(4).is_some_and(|p| p > 0) || dropout_ran,
+                grad: !backward.is_empty(),
+            },
             backward,
         });
     }

@@ -30,6 +30,8 @@
 //! `check_for_dropout`), so a CPU trace rarely shows the CUDA backend's
 //! allocations; [`allocations`] gives them.
 
+use serde::{Deserialize, Serialize};
+
 use super::Sm;
 
 /// A CUDA attention backend.
@@ -55,7 +57,7 @@ impl Backend {
 
 /// One attention call, as selection and allocation read it. Sizes in
 /// elements; `elem` is the bytes of one element of query on CUDA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Call {
     pub batch: u64,
     pub heads: u64,

@@ -43,6 +43,7 @@
 use super::depth::{self, Kind, Seg};
 use super::frames::{find_stacks, module_frames};
 use super::{ScaleError, Target};
+use crate::present::thousands;
 use crate::trace::Trace;
 use crate::units::Bytes;
 
@@ -508,19 +509,6 @@ fn describe(target: &Target) -> String {
     } else {
         parts.join(" and ")
     }
-}
-
-/// `1234567` as `1,234,567`.
-pub(super) fn thousands(value: u64) -> String {
-    let digits = value.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Bytes in binary units with one decimal: `2.0 GiB`, `612.4 MiB`.

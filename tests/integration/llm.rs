@@ -18,6 +18,18 @@ fn prepared(name: &str) -> memcast::Prepared {
     common::prepare_parsed(trace, &Config::standard())
 }
 
+/// A trace of this repository's `tests/data/traces-llm` and its sidecar,
+/// prepared with the standard settings.
+fn prepared_data(name: &str) -> (serde_json::Value, memcast::Prepared) {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces-llm");
+    let meta =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.meta.json"))).unwrap())
+            .unwrap();
+    let bytes = std::fs::read(dir.join(format!("{name}.json.gz"))).unwrap();
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    (meta, common::prepare_parsed(trace, &Config::standard()))
+}
+
 /// Every generate trace is seen as one: its calls (prefill + decode
 /// steps), its cache kind, and the KV cache at the end of the first
 /// generation, positions and bytes per token exactly as the sidecar
@@ -319,14 +331,7 @@ fn a_quantized_model_is_split_and_runs_bitsandbytes_cuda_kernels() {
 #[test]
 fn quantized_generation_traced_on_an_avx512_bf16_cpu() {
     for name in ["llama_gen4_nf4", "llama_gen4_int8"] {
-        let dir =
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces-llm");
-        let meta: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.meta.json"))).unwrap())
-                .unwrap();
-        let bytes = std::fs::read(dir.join(format!("{name}.json.gz"))).unwrap();
-        let trace = memcast::trace::parse(&bytes).unwrap().value;
-        let p = common::prepare_parsed(trace, &Config::standard());
+        let (meta, p) = prepared_data(name);
         let quant = &meta["quantization"];
         let field = |k: &str| quant[k].as_u64().unwrap();
         assert_eq!(
@@ -563,14 +568,7 @@ fn the_sweep_stops_at_the_position_limit() {
 #[test]
 fn state_the_size_of_an_activation_is_counted_once() {
     for name in ["llama_gen8_b2_p16", "llama_qlora_ckpt_s96"] {
-        let dir =
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces-llm");
-        let meta: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.meta.json"))).unwrap())
-                .unwrap();
-        let bytes = std::fs::read(dir.join(format!("{name}.json.gz"))).unwrap();
-        let trace = memcast::trace::parse(&bytes).unwrap().value;
-        let p = common::prepare_parsed(trace, &Config::standard());
+        let (meta, p) = prepared_data(name);
         assert_eq!(
             p.state.parameter_bytes.get(),
             meta["param_bytes"].as_u64().unwrap(),

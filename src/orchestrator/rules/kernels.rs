@@ -241,16 +241,21 @@ fn keep_inputs(
         return;
     }
     let elems = |heads: u64, len: u64, dim: u64| {
-        call.batch
+        call.shape
+            .batch
             .saturating_mul(heads)
             .saturating_mul(len)
             .saturating_mul(dim)
-            .saturating_mul(call.elem)
+            .saturating_mul(call.shape.elem)
     };
     let sizes = [
-        elems(call.heads, call.q_len, call.head_dim),
-        elems(call.kv_heads, call.kv_len, call.head_dim),
-        elems(call.kv_heads, call.kv_len, call.v_head_dim),
+        elems(call.shape.heads, call.shape.q_len, call.shape.head_dim),
+        elems(call.shape.kv_heads, call.shape.kv_len, call.shape.head_dim),
+        elems(
+            call.shape.kv_heads,
+            call.shape.kv_len,
+            call.shape.v_head_dim,
+        ),
     ];
     let before = analysis.blocks.partition_point(|b| b.alloc_ts < op.start);
     let inputs: Vec<usize> = analysis.blocks[..before]
@@ -356,14 +361,15 @@ fn attention_call(
     // block of the output's size that outlives the kernel).
     let forward = blocks_in(&descendants(analysis, call.kernel));
     let out_elems = call
+        .shape
         .batch
-        .saturating_mul(call.heads)
-        .saturating_mul(call.q_len)
-        .saturating_mul(call.v_head_dim);
+        .saturating_mul(call.shape.heads)
+        .saturating_mul(call.shape.q_len)
+        .saturating_mul(call.shape.v_head_dim);
     let output = forward
         .iter()
         .filter_map(|&b| analysis.blocks.get(b))
-        .filter(|b| b.size.get() == out_elems.saturating_mul(call.elem))
+        .filter(|b| b.size.get() == out_elems.saturating_mul(call.shape.elem))
         .filter(|b| b.free_ts.is_none_or(|f| f > kernel.end))
         .max_by_key(|b| (b.alloc_ts, b.id))
         .map(|b| b.id);
@@ -400,27 +406,18 @@ fn attention_call(
     // have changed it).
     let elem = output
         .and_then(|b| plan.resized.get(&b))
-        .map_or(call.elem, |&(size, _)| {
-            size.get().checked_div(out_elems).unwrap_or(call.elem)
+        .map_or(call.shape.elem, |&(size, _)| {
+            size.get().checked_div(out_elems).unwrap_or(call.shape.elem)
         });
     let cuda = attention::Call {
-        batch: call.batch,
-        heads: call.heads,
-        kv_heads: call.kv_heads,
-        q_len: call.q_len,
-        kv_len: call.kv_len,
-        head_dim: call.head_dim,
-        v_head_dim: call.v_head_dim,
         elem,
-        fp16: if elem == call.elem {
-            call.fp16
+        fp16: if elem == call.shape.elem {
+            call.shape.fp16
         } else {
             fp16_target
         },
-        mask: call.mask,
-        causal: call.causal,
-        dropout: call.dropout,
         grad: window.is_some(),
+        ..call.shape
     };
     let mut by_backend: BTreeMap<Backend, ArchSet> = BTreeMap::new();
     let mut out = Vec::new();

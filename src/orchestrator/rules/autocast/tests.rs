@@ -405,6 +405,22 @@ fn rule_autocast_backward_gives_gradients_the_forward_type() {
     );
 }
 
+/// `einsum_twice`'s two weight casts under inference mode: 2.12 casts on
+/// each use (the CPU's casts stay as they are), 2.9 caches the first and
+/// the second finds it.
+fn assert_both_casts_cached_only_before_2_10(a: &Analysis) {
+    let casts = block_at(a, 4096);
+    let new = planned(a, "2.12");
+    assert!(
+        casts
+            .iter()
+            .all(|b| !new.freed.contains_key(b) && !new.dropped.contains_key(b)),
+        "{new:?}"
+    );
+    let old = planned(a, "2.9");
+    assert!(old.freed.contains_key(&casts[0]) && old.dropped.contains_key(&casts[1]));
+}
+
 #[test]
 fn nothing_is_cached_under_inference_mode_from_2_10_on() {
     // The einsum weight of `einsum_twice`, under inference_mode: 2.12
@@ -418,16 +434,7 @@ fn nothing_is_cached_under_inference_mode_from_2_10_on() {
     );
     let a = t.analysis();
     assert_eq!(a.autocast[0].grad, GradMode::InferenceMode);
-    let casts = block_at(&a, 4096);
-    let new = planned(&a, "2.12");
-    assert!(
-        casts
-            .iter()
-            .all(|b| !new.freed.contains_key(b) && !new.dropped.contains_key(b)),
-        "{new:?}"
-    );
-    let old = planned(&a, "2.9");
-    assert!(old.freed.contains_key(&casts[0]) && old.dropped.contains_key(&casts[1]));
+    assert_both_casts_cached_only_before_2_10(&a);
 }
 
 /// `einsum_twice` with a grad-mode context entered inside the region at
@@ -461,16 +468,7 @@ fn rule_autocast_cast_cache_is_decided_per_cast_under_inference_mode_entered_ins
     let a = einsum_twice_with_context(15.0, 110.0, true).analysis();
     assert_eq!(a.autocast[0].grad, GradMode::NoGrad);
     assert_eq!(a.inference_mode.len(), 1);
-    let casts = block_at(&a, 4096);
-    let new = planned(&a, "2.12");
-    assert!(
-        casts
-            .iter()
-            .all(|b| !new.freed.contains_key(b) && !new.dropped.contains_key(b)),
-        "{new:?}"
-    );
-    let old = planned(&a, "2.9");
-    assert!(old.freed.contains_key(&casts[0]) && old.dropped.contains_key(&casts[1]));
+    assert_both_casts_cached_only_before_2_10(&a);
 }
 
 #[test]
