@@ -116,12 +116,18 @@ pub(super) fn StatusLine(
     let cancel = move |_| on_cancel.run(());
     view! {
         <div class="progress-line">
+            // Outside the status's view, which is made again at every
+            // progress message, and first on the line: the button stays the
+            // same element, in the same place, while a job runs (the status
+            // text beside it changes width), so a click lands on it.
+            <Show when=move || matches!(status.get(), Status::Starting { waiting: Some(_) } | Status::Working { .. })>
+                <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
+            </Show>
             {move || match status.get() {
                 Status::Starting { waiting: None } => view! { <p id="status" class="status">"Starting the worker…"</p> }.into_any(),
                 Status::Starting { waiting: Some(name) } => view! {
                     <p id="status" class="status">{format!("Starting the worker… {name} runs as soon as it is ready.")}</p>
                     <progress id="progress"></progress>
-                    <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
                 }.into_any(),
                 Status::Idle => view! { <p id="status" class="status">"Ready."</p> }.into_any(),
                 Status::Working { label, step, done, total } => {
@@ -138,7 +144,6 @@ pub(super) fn StatusLine(
                             Some(percent) => view! { <progress id="progress" max="100" value=percent.to_string()></progress> }.into_any(),
                             None => view! { <progress id="progress"></progress> }.into_any(),
                         }}
-                        <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
                     }.into_any()
                 }
             }}
