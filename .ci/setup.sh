@@ -4,7 +4,11 @@
 # Every tool comes from a package registry (rustup, crates, npm, Debian):
 # nothing downloads a prebuilt binary from anywhere else, and Trunk runs offline.
 #
-# Usage: source .ci/setup.sh [--browser]   (--browser: also Chromium + ChromeDriver)
+# Usage: source .ci/setup.sh [--browser] [--python]
+#   --browser: also Chromium + ChromeDriver
+#   --python:  also the capture helper's Python venv (torch, transformers, peft),
+#              in $MEMCAST_VENV (default ~/.cache/memcast/capture-venv); its
+#              python is exported as MEMCAST_PYTHON
 
 set -euo pipefail
 
@@ -73,8 +77,31 @@ fi
 cargo fetch --quiet
 
 # 6. Chromium and ChromeDriver from Debian, for the browser tests only.
-if [ "${1:-}" = "--browser" ]; then
+case " $* " in *" --browser "*)
   if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
     apt_install chromium chromium-driver
   fi
-fi
+esac
+
+# 7. The capture helper's test venv: torch, transformers and peft from PyPI at
+#    the versions tests/capture/requirements.txt pins. Seen here: PyPI's torch
+#    wheel does not import without its CUDA wheels (libtorch_cuda links them),
+#    so a CPU-only install of it is not possible: about 4 GB, 10 minutes on a
+#    bare machine, once. Kept outside the checkout so that a fresh clone (CI)
+#    reuses it; made again when the pins change; --no-cache-dir keeps the
+#    wheels from taking the same space twice.
+case " $* " in *" --python "*)
+  venv="${MEMCAST_VENV:-$HOME/.cache/memcast/capture-venv}"
+  pins="$MEMCAST_ROOT/tests/capture/requirements.txt"
+  if ! cmp -s "$pins" "$venv/memcast-requirements.txt" || ! "$venv/bin/python" -c 'import torch, transformers, peft' 2>/dev/null; then
+    say "making the capture helper's Python venv in $venv (torch, transformers, peft: about 4 GB to download, once)"
+    if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' 2>/dev/null; then
+      apt_install python3-venv
+    fi
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir --only-binary=:all: -r "$pins"
+    "$venv/bin/python" -c 'import torch, transformers, peft'
+    cp "$pins" "$venv/memcast-requirements.txt"
+  fi
+  export MEMCAST_PYTHON="$venv/bin/python"
+esac

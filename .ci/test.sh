@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check and test: formatting, lints (native and wasm32), unit and
-# integration tests, the release web build, and the real-browser tests.
+# integration tests, the capture helper end to end (Python), the release web
+# build, and the real-browser tests.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" --browser
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" --browser --python
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -17,6 +18,9 @@ cargo clippy --target wasm32-unknown-unknown --no-default-features --features we
 
 step "cargo test"
 cargo test
+
+step "capture helper end to end (Python: a tiny model captured small, answered full)"
+"$MEMCAST_PYTHON" tests/capture/check.py target/debug/memcast
 
 step "trunk build --release"
 trunk build --release

@@ -78,6 +78,9 @@ pub enum Setting {
     /// The sequence length of the job to estimate (several traces of one
     /// job at other lengths need it).
     SequenceLength,
+    /// The memory an estimate may take (a rebuilt job larger than that is
+    /// refused before it is built).
+    MemoryBudget,
 }
 
 impl Setting {
@@ -91,6 +94,7 @@ impl Setting {
             Setting::WorldSize => "the number of GPUs",
             Setting::ParameterBytes => "the parameter bytes",
             Setting::SequenceLength => "the sequence length to estimate",
+            Setting::MemoryBudget => "the memory budget",
         }
     }
 
@@ -104,6 +108,7 @@ impl Setting {
             Setting::WorldSize => "set the number of GPUs",
             Setting::ParameterBytes => "give the parameter bytes yourself",
             Setting::SequenceLength => "set the sequence length to estimate",
+            Setting::MemoryBudget => "raise the memory budget",
         }
     }
 }

@@ -23,7 +23,8 @@
 //! Beside the pipeline: [`whatif`] (named transformations of a [`Prepared`],
 //! re-simulated), [`replay`] (the validation mode: real GPU-side allocator
 //! data through the simulator), [`presets`] (GPUs and their overheads),
-//! [`permalink`] (shared estimates) and [`protocol`] (page ↔ worker messages).
+//! [`permalink`] (shared estimates), [`protocol`] (page ↔ worker messages) and
+//! [`present`] (the words and numbers both shells show, made once).
 //!
 //! Architecture invariant: everything outside `web` (and the binaries in
 //! `src/bin`) is core — it does no I/O, reads no clock or environment, never
@@ -32,9 +33,11 @@
 pub mod analyzer;
 pub mod autocast;
 pub mod diag;
+pub mod kernels;
 pub mod orchestrator;
 pub mod permalink;
 pub mod pipeline;
+pub mod present;
 pub mod presets;
 pub mod program;
 pub mod protocol;

@@ -139,8 +139,11 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Builds the shared form of a report (downsampling its timeline).
-    pub fn new(trace: TraceIdentity, settings: Settings, report: &Report) -> Shared {
+    /// Builds the shared form of a report (downsampling its timeline). The
+    /// settings take the trace's capture figures the estimate took
+    /// ([`Settings::adopt_capture`]), so the link says what it answers.
+    pub fn new(trace: TraceIdentity, mut settings: Settings, report: &Report) -> Shared {
+        settings.adopt_capture(report.summary.capture.as_deref());
         let mut report = report.clone();
         report.timeline = report::downsample(&report.timeline, MAX_TIMELINE_POINTS);
         Shared {

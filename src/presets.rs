@@ -77,6 +77,10 @@ pub struct GpuPreset {
     pub segment: Segment,
     /// Compute capability, major and minor.
     pub compute_capability: (u8, u8),
+    /// Streaming multiprocessors (`multiProcessorCount`): CUDA reductions
+    /// size their grid, and their global buffers, by it (NVIDIA's product
+    /// specifications).
+    pub multiprocessors: u32,
     /// `nvidia-smi` total memory.
     pub nvidia_smi_total: Bytes,
     /// CUDA-visible memory (`totalGlobalMem` = torch `total_memory`): the
@@ -97,6 +101,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::Consumer,
         compute_capability: (8, 6),
+        multiprocessors: 28,
         nvidia_smi_total: Bytes(12_288 * MIB),
         cuda_visible: Bytes(12_884_377_600),
         source: "deviceQuery dumps, drivers 12.0-12.8, headless [idx]; nvidia-smi total typical, unverified",
@@ -107,6 +112,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Turing,
         segment: Segment::DataCentre,
         compute_capability: (7, 5),
+        multiprocessors: 40,
         nvidia_smi_total: Bytes(15_360 * MIB),
         cuda_visible: Bytes(15_843_721_216),
         source: "deviceQuery drv 11.2 [idx]; nvidia-smi total from modal-labs/modal-client#2797",
@@ -117,6 +123,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ada,
         segment: Segment::Consumer,
         compute_capability: (8, 9),
+        multiprocessors: 34,
         nvidia_smi_total: Bytes(16_380 * MIB),
         cuda_visible: Bytes(16_857_038_848),
         source: "thamada/nvidia-smi gls/RTX4060Ti_smi.py and RTX4060Ti_deviceQuery.py (drv 12.4)",
@@ -127,6 +134,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Volta,
         segment: Segment::DataCentre,
         compute_capability: (7, 0),
+        multiprocessors: 80,
         nvidia_smi_total: Bytes(16_160 * MIB),
         cuda_visible: Bytes(16_928_342_016),
         source: "deviceQuery drv 12.4 [idx]; nvidia-smi total typical, unverified",
@@ -137,6 +145,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ada,
         segment: Segment::DataCentre,
         compute_capability: (8, 9),
+        multiprocessors: 58,
         nvidia_smi_total: Bytes(23_034 * MIB),
         cuda_visible: Bytes(23_570_219_008),
         source: "thamada/nvidia-smi gls/L4_*.py (drv 12.4); modal-labs/modal-client#2797",
@@ -147,6 +156,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::DataCentre,
         compute_capability: (8, 6),
+        multiprocessors: 72,
         nvidia_smi_total: Bytes(23_028 * MIB),
         cuda_visible: Bytes(23_609_475_072),
         source: "deviceQuery drv 12.2 [idx]; nvidia-smi total from modal-labs/modal-client#2797",
@@ -157,6 +167,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::DataCentre,
         compute_capability: (8, 6),
+        multiprocessors: 80,
         nvidia_smi_total: Bytes(23_028 * MIB),
         cuda_visible: Bytes(22_587 * MIB),
         source: "torch total_memory=22587MB (cu130 nightly) [idx]; nvidia-smi total assumed same as A10, unverified",
@@ -167,6 +178,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::Consumer,
         compute_capability: (8, 6),
+        multiprocessors: 82,
         nvidia_smi_total: Bytes(24_576 * MIB),
         cuda_visible: Bytes(25_327_697_920),
         source: "thamada/nvidia-smi gls/RTX3090_*.py (drv 12.6)",
@@ -177,6 +189,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ada,
         segment: Segment::Consumer,
         compute_capability: (8, 9),
+        multiprocessors: 128,
         nvidia_smi_total: Bytes(24_564 * MIB),
         cuda_visible: Bytes(25_386_352_640),
         source: "thamada/nvidia-smi gls/RTX4090_*.py (drv 12.4, Linux; Windows reports 23028 MiB)",
@@ -187,6 +200,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Blackwell,
         segment: Segment::Consumer,
         compute_capability: (12, 0),
+        multiprocessors: 170,
         nvidia_smi_total: Bytes(32_607 * MIB),
         cuda_visible: Bytes(33_660_534_784),
         source: "deviceQuery dumps [idx]; nvidia-smi total typical, unverified",
@@ -197,6 +211,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Volta,
         segment: Segment::DataCentre,
         compute_capability: (7, 0),
+        multiprocessors: 80,
         nvidia_smi_total: Bytes(32_510 * MIB),
         cuda_visible: Bytes(34_089_730_048),
         source: "deviceQuery drv 11.2/11.4 [idx]; nvidia-smi total typical, unverified",
@@ -207,6 +222,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::DataCentre,
         compute_capability: (8, 0),
+        multiprocessors: 108,
         nvidia_smi_total: Bytes(40_960 * MIB),
         cuda_visible: Bytes(42_298_834_944),
         source: "bottlerocket-os/bottlerocket#3873 (drv 12.2, same on PCIe); modal-labs/modal-client#2797",
@@ -217,6 +233,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::DataCentre,
         compute_capability: (8, 6),
+        multiprocessors: 84,
         nvidia_smi_total: Bytes(46_068 * MIB),
         cuda_visible: Bytes(47_608_692_736),
         source: "thamada/nvidia-smi gls/A40x10_*.py",
@@ -227,6 +244,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ada,
         segment: Segment::DataCentre,
         compute_capability: (8, 9),
+        multiprocessors: 142,
         nvidia_smi_total: Bytes(46_068 * MIB),
         cuda_visible: Bytes(47_803_596_800),
         source: "thamada/nvidia-smi gls/L40S_*.py (drv 12.4); modal-labs/modal-client#2797",
@@ -237,6 +255,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ada,
         segment: Segment::Workstation,
         compute_capability: (8, 9),
+        multiprocessors: 142,
         nvidia_smi_total: Bytes(49_140 * MIB),
         cuda_visible: Bytes(51_002_867_712),
         source: "thamada/nvidia-smi gls/RTX6000Ada_x8_*.py",
@@ -247,6 +266,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Hopper,
         segment: Segment::DataCentre,
         compute_capability: (9, 0),
+        multiprocessors: 114,
         nvidia_smi_total: Bytes(81_559 * MIB),
         cuda_visible: Bytes(81_008 * MIB),
         source: "torch total_memory=81008MB [idx]; nvidia-smi total assumed same as SXM, unverified",
@@ -257,6 +277,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::DataCentre,
         compute_capability: (8, 0),
+        multiprocessors: 108,
         nvidia_smi_total: Bytes(81_920 * MIB),
         cuda_visible: Bytes(81_049 * MIB),
         source: "ekondis/mixbench#47 (Total global mem, drv 12.3)",
@@ -267,6 +288,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Hopper,
         segment: Segment::DataCentre,
         compute_capability: (9, 0),
+        multiprocessors: 132,
         nvidia_smi_total: Bytes(85_520_809_984),
         cuda_visible: Bytes(85_045_477_376),
         source: "thamada/nvidia-smi gls/H100SXMx8_*.py (drv 12.7); modal-labs/modal-client#2797",
@@ -277,6 +299,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Ampere,
         segment: Segment::DataCentre,
         compute_capability: (8, 0),
+        multiprocessors: 108,
         nvidia_smi_total: Bytes(81_920 * MIB),
         cuda_visible: Bytes(85_100_068_864),
         source: "thamada/nvidia-smi gls/A100SXMx4_*.py (drv 12.5)",
@@ -287,6 +310,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Hopper,
         segment: Segment::DataCentre,
         compute_capability: (9, 0),
+        multiprocessors: 132,
         nvidia_smi_total: Bytes(95_830 * MIB),
         cuda_visible: Bytes(99_861_594_112),
         source: "thamada/nvidia-smi gls/H100NVLx2_*.py (drv 12.4)",
@@ -297,6 +321,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Hopper,
         segment: Segment::DataCentre,
         compute_capability: (9, 0),
+        multiprocessors: 132,
         nvidia_smi_total: Bytes(143_771 * MIB),
         cuda_visible: Bytes(143_156 * MIB),
         source: "torch total_memory=143156MB [idx]",
@@ -307,6 +332,7 @@ pub const PRESETS: &[GpuPreset] = &[
         arch: Arch::Blackwell,
         segment: Segment::DataCentre,
         compute_capability: (10, 0),
+        multiprocessors: 148,
         nvidia_smi_total: Bytes(183_359 * MIB),
         cuda_visible: Bytes(182_631 * MIB),
         source: "torch total_memory=182642MB / 182631MB [idx] (the lower value)",
@@ -428,6 +454,12 @@ pub struct GpuTarget {
     pub is_preset: bool,
     /// The architecture, when known.
     pub arch: Option<Arch>,
+    /// The compute capability, when known (a preset's).
+    #[serde(default)]
+    pub sm: Option<crate::kernels::Sm>,
+    /// Streaming multiprocessors, when known (a preset's).
+    #[serde(default)]
+    pub multiprocessors: Option<u32>,
     /// CUDA-visible capacity.
     pub capacity: Bytes,
     pub overheads: DeviceOverheads,
@@ -436,12 +468,34 @@ pub struct GpuTarget {
 impl GpuTarget {
     /// The target for a preset.
     pub fn from_preset(preset: &GpuPreset) -> GpuTarget {
+        let (major, minor) = preset.compute_capability;
         GpuTarget {
             name: preset.slug.to_owned(),
             is_preset: true,
             arch: Some(preset.arch),
+            sm: Some(crate::kernels::Sm(major, minor)),
+            multiprocessors: Some(preset.multiprocessors),
             capacity: preset.cuda_visible,
             overheads: DeviceOverheads::for_arch(preset.arch),
+        }
+    }
+
+    /// The architecture whose kernels the simulation of this GPU assumes:
+    /// its own, or [`crate::kernels::Sm::UNKNOWN_AS`] for a capacity given
+    /// alone.
+    pub fn kernel_sm(&self) -> crate::kernels::Sm {
+        self.sm.unwrap_or(crate::kernels::Sm::UNKNOWN_AS).known()
+    }
+
+    /// What CUDA kernels size their grids by on this GPU: its
+    /// multiprocessors (an A100's 108 for a capacity given alone) and the
+    /// threads each runs at most (by compute capability).
+    pub fn device_limits(&self) -> crate::kernels::DeviceLimits {
+        crate::kernels::DeviceLimits {
+            multiprocessors: self.multiprocessors.unwrap_or(108),
+            max_threads_per_multiprocessor: crate::kernels::max_threads_per_multiprocessor(
+                self.kernel_sm(),
+            ),
         }
     }
 }
@@ -480,6 +534,8 @@ pub fn parse_gpu(spec: &str) -> Result<GpuTarget, PresetError> {
         name: text.to_owned(),
         is_preset: false,
         arch: None,
+        sm: None,
+        multiprocessors: None,
         capacity,
         overheads: DeviceOverheads::for_unknown_arch(),
     })

@@ -81,6 +81,7 @@ impl WorkStage {
     pub fn label(self) -> &'static str {
         match self {
             WorkStage::Pipeline(Stage::Parsing) => "Reading the trace",
+            WorkStage::Pipeline(Stage::Rebuilding) => "Rebuilding the trace for the larger job",
             WorkStage::Pipeline(Stage::Analyzing) => "Analyzing memory blocks",
             WorkStage::Pipeline(Stage::Orchestrating) => "Orchestrating the GPU run",
             WorkStage::Pipeline(Stage::Simulating) => "Simulating the CUDA allocator",

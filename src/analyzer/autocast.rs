@@ -15,6 +15,11 @@
 //! `torch.inference_mode()` when the `grad_mode.py` context entered last
 //! before the region entered the C++ inference-mode guard (its `__enter__`
 //! calls a `<built-in method __enter__ ...>`), under `torch.no_grad()` else.
+//!
+//! The inference-mode contexts are kept too, region or not
+//! ([`InferenceSpan`]): CUDA decides whether to cache a cast at each cast,
+//! from the inference mode in force then, so an autocast region entered
+//! outside `torch.inference_mode()` still casts its weights under it.
 
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +50,23 @@ pub struct AutocastRegion {
     pub lower: Option<Dtype>,
 }
 
+/// A `torch.inference_mode()` context: from its `__enter__` (which entered
+/// the C++ guard) to the end of its `__exit__`; a context the trace never
+/// exits lasts to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InferenceSpan {
+    pub tid: i64,
+    pub start: Nanos,
+    pub end: Nanos,
+}
+
+/// Whether thread `tid` ran under `torch.inference_mode()` at `t`.
+pub(crate) fn inference_at(spans: &[InferenceSpan], tid: i64, t: Nanos) -> bool {
+    spans
+        .iter()
+        .any(|s| s.tid == tid && s.start <= t && t <= s.end)
+}
+
 const AUTOCAST_FILE: &str = "torch/amp/autocast_mode.py(";
 const GRAD_MODE_FILE: &str = "torch/autograd/grad_mode.py(";
 const CLEAR_CACHE: &str = "<built-in function clear_autocast_cache>";
@@ -54,13 +76,14 @@ fn is_frame(name: &str, file: &str, function: &str) -> bool {
     name.starts_with(file) && name.ends_with(function)
 }
 
-/// The autocast regions of every thread, in time order.
+/// The autocast regions of every thread, in time order, and the
+/// inference-mode contexts, by thread and start.
 /// `args`: the trace's tensor arguments, which the ops' ranges index.
 pub(crate) fn find_regions(
     index: &SpanIndex,
     names: &Names,
     args: &[TensorInput],
-) -> Vec<AutocastRegion> {
+) -> (Vec<AutocastRegion>, Vec<InferenceSpan>) {
     let frames = &index.frames.spans;
     let name = |f: &Frame| names.get(f.name);
     let child_named = |parent: usize, wanted: &dyn Fn(&str) -> bool| {
@@ -75,18 +98,27 @@ pub(crate) fn find_regions(
     let mut regions = Vec::new();
     // (tid, depth, start of the open region)
     let mut open: Option<(i64, u32, Nanos)> = None;
-    // The grad-mode contexts entered and not yet exited: (tid, inference).
-    let mut grad_stack: Vec<(i64, bool)> = Vec::new();
+    // The grad-mode contexts entered and not yet exited: (tid, inference,
+    // start).
+    let mut grad_stack: Vec<(i64, bool, Nanos)> = Vec::new();
+    let mut inference = Vec::new();
     let mut grad_at_open: Option<bool> = None;
     for (i, frame) in frames.iter().enumerate() {
         let text = name(frame);
         let tid = index.frames.tid_of(i);
         if is_frame(text, GRAD_MODE_FILE, "): __enter__") {
-            let inference = child_named(i, &|n| n.starts_with(CONTEXT_GUARD)).is_some();
-            grad_stack.push((tid, inference));
+            let guard = child_named(i, &|n| n.starts_with(CONTEXT_GUARD)).is_some();
+            grad_stack.push((tid, guard, frame.start));
         } else if is_frame(text, GRAD_MODE_FILE, "): __exit__") {
-            if let Some(k) = grad_stack.iter().rposition(|&(t, _)| t == tid) {
-                grad_stack.remove(k);
+            if let Some(k) = grad_stack.iter().rposition(|&(t, _, _)| t == tid) {
+                let (_, guard, start) = grad_stack.remove(k);
+                if guard {
+                    inference.push(InferenceSpan {
+                        tid,
+                        start,
+                        end: frame.end,
+                    });
+                }
             }
         } else if is_frame(text, AUTOCAST_FILE, "): __enter__") {
             match &mut open {
@@ -97,8 +129,8 @@ pub(crate) fn find_regions(
                     grad_at_open = grad_stack
                         .iter()
                         .rev()
-                        .find(|&&(t, _)| t == tid)
-                        .map(|&(_, inference)| inference);
+                        .find(|&&(t, _, _)| t == tid)
+                        .map(|&(_, guard, _)| guard);
                 }
             }
         } else if is_frame(text, AUTOCAST_FILE, "): __exit__") {
@@ -153,7 +185,18 @@ pub(crate) fn find_regions(
         }
         region.lower = lower;
     }
-    regions
+    inference.extend(
+        grad_stack
+            .iter()
+            .filter(|&&(_, guard, _)| guard)
+            .map(|&(tid, _, start)| InferenceSpan {
+                tid,
+                start,
+                end: Nanos(i64::MAX),
+            }),
+    );
+    inference.sort_by_key(|s| (s.tid, s.start));
+    (regions, inference)
 }
 
 /// Whether forward ops inside the region (`ops`: its thread's, sorted by

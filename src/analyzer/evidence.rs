@@ -83,12 +83,14 @@ pub(crate) fn attribute(
         }
         block.op_internal = block.internal_to.is_some();
         if let (Some(from), Some(to)) = (block.alloc_op, block.internal_to) {
-            // Any op from the allocating one up to the one that frees it.
-            block.cpu_scratch = ops.chain(from).position(|i| i == to).is_some_and(|n_up| {
+            // A CPU-only op (oneDNN) anywhere from the allocating op up to
+            // the one the block is internal to, or the kernel's own scratch.
+            let cpu_only_op = ops.chain(from).position(|i| i == to).is_some_and(|n_up| {
                 ops.chain(from)
                     .take(n_up + 1)
                     .any(|i| is_scratch(ops.spans.get(i).map_or("", |o| names.get(o.name)), config))
             });
+            block.cpu_scratch = cpu_only_op || kernel_scratch(ops, names, from, to);
         }
     }
 }
@@ -100,6 +102,50 @@ pub(super) fn in_sorted_spans(spans: &[(Nanos, Nanos)], t: Nanos) -> bool {
         .checked_sub(1)
         .and_then(|i| spans.get(i))
         .is_some_and(|&(_, end)| t <= end)
+}
+
+/// The ops that only make a tensor (the kernel fills it): what a kernel
+/// calls for its own buffers (`at::empty(...)` inside an ATen kernel goes
+/// through the dispatcher and is recorded as a child op).
+const FACTORY_OPS: &[&str] = &[
+    "aten::empty",
+    "aten::empty_like",
+    "aten::empty_strided",
+    "aten::new_empty",
+    "aten::new_empty_strided",
+    "aten::zeros",
+    "aten::zeros_like",
+    "aten::new_zeros",
+    "aten::ones",
+    "aten::ones_like",
+    "aten::full",
+    "aten::full_like",
+    "aten::new_full",
+];
+
+/// A CPU kernel's private scratch (issue 32): a block that one op `to`
+/// allocates — itself, or through a factory call of its own (`at::empty`
+/// inside the kernel) — and frees before it returns. It is neither an output
+/// (it does not outlive the op) nor a saved tensor, and the CUDA kernel of
+/// the same op allocates its own scratch, or none (the oneDNN reorders of a
+/// CPU convolution, the per-thread buffers of the CPU flash-attention
+/// kernel, a CPU reduction's per-thread partial sums, a bf16 GEMM's packing
+/// buffers). A block a composite op's computing child makes and the
+/// composite frees (a `log_softmax` output inside `cross_entropy_loss`
+/// without grad) is no scratch: the CUDA run makes it too.
+fn kernel_scratch(
+    ops: &super::spans::Forest<super::OpSpan>,
+    names: &Names,
+    from: usize,
+    to: usize,
+) -> bool {
+    // Up through the factory calls (`empty_like` calls `empty_strided`).
+    let first_not_factory = ops.chain(from).find(|&i| {
+        ops.spans
+            .get(i)
+            .is_none_or(|o| !FACTORY_OPS.contains(&names.get(o.name)))
+    });
+    first_not_factory == Some(to)
 }
 
 fn is_scratch(name: &str, config: &AnalyzerConfig) -> bool {
@@ -599,9 +645,10 @@ pub(crate) fn assemble(
         })
     });
 
+    let numel = found.parameters.iter().map(|p| p.numel);
     let parameter_totals = ParameterTotals {
         count: found.parameters.len(),
-        numel: found.parameters.iter().map(|p| p.numel).sum(),
+        numel: numel.fold(0, u64::saturating_add),
         bytes: found.parameters.iter().map(|p| p.bytes).sum(),
     };
     Analysis {
@@ -625,10 +672,12 @@ pub(crate) fn assemble(
         batch_size: super::loader_batch_size(trace),
         recipe: super::RunRecipe::default(),
         autocast: Vec::new(),
+        inference_mode: Vec::new(),
         op_inputs: Vec::new(),
         state: super::resident::ModelState::default(),
         generation: None,
         quant_kernels: Vec::new(),
+        kernel_calls: super::kernels::KernelCalls::default(),
         moe: None,
     }
 }

@@ -100,7 +100,7 @@ pub(super) fn drop_leaves(
                 }
             }
         }
-        let bytes: u64 = sizes.values().sum();
+        let bytes = sizes.values().fold(0, |s: u64, &b| s.saturating_add(b));
         warnings.push(Warning::new(
             "gradient_of_a_leaf_activation",
             format!("{} tensor(s) of {bytes} bytes got a gradient in backward that died before the optimizer step, so they are leaves the forward made (an input set to require grad, as the Hugging Face Trainer does for frozen input embeddings under gradient checkpointing), not parameters: their gradients are counted as activations, and they get no optimizer state", leaves.len()),

@@ -37,6 +37,7 @@
 mod autocast;
 mod evidence;
 pub mod generation;
+pub mod kernels;
 mod leaves;
 mod lifecycle;
 pub mod moe;
@@ -49,7 +50,8 @@ mod spans;
 mod summary;
 mod zero_grad;
 
-pub use autocast::{AutocastRegion, GradMode};
+pub(crate) use autocast::inference_at;
+pub use autocast::{AutocastRegion, GradMode, InferenceSpan};
 pub use summary::{
     summarize, AnalysisSummary, BeforeTraceSummary, BufferSummary, IterationSummary, LayerSummary,
     ParameterSummary, PhaseBytes, PhaseTime, RoleTotals, SUMMARY_SCHEMA, SUMMARY_TOP_LAYERS,
@@ -446,6 +448,10 @@ pub struct Analysis {
     /// The `torch.autocast` regions, in time order.
     #[serde(default)]
     pub autocast: Vec<AutocastRegion>,
+    /// The `torch.inference_mode()` contexts, by thread and start: the
+    /// cast cache is decided at each cast from the mode in force then.
+    #[serde(default)]
+    pub inference_mode: Vec<InferenceSpan>,
     /// The ops' tensor arguments ([`OpSpan::inputs`]): kept when the trace
     /// has an autocast region or the config asks for them, empty otherwise.
     #[serde(default)]
@@ -460,6 +466,10 @@ pub struct Analysis {
     /// The bitsandbytes kernel calls of a quantized model ([`quantized`]).
     #[serde(default)]
     pub quant_kernels: Vec<quantized::QuantKernel>,
+    /// The calls whose CUDA kernels allocate otherwise than the CPU's
+    /// (attention, dropout: [`kernels`]).
+    #[serde(default)]
+    pub kernel_calls: kernels::KernelCalls,
     /// A mixture-of-experts model's layers, experts and routing ([`moe`]).
     #[serde(default)]
     pub moe: Option<moe::Moe>,
@@ -589,8 +599,9 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     );
 
     let generation = generation::find(trace, &mut life, &index, &iterations, &names);
-    let regions = autocast::find_regions(&index, &names, &trace.tensor_args);
+    let (regions, inference_mode) = autocast::find_regions(&index, &names, &trace.tensor_args);
     let quant_kernels = quantized::kernels(trace, &index, &names);
+    let kernel_calls = kernels::find(trace, &index, &names, &life);
     let mut moe = moe::find(trace, &index, &names, &life);
     if let Some(m) = moe.as_mut() {
         moe::set_expert_bytes(m, &state, &names);
@@ -604,10 +615,12 @@ pub fn analyze(trace: &Trace, config: &AnalyzerConfig) -> Result<Warned<Analysis
     let mut analysis = evidence::assemble(trace, life, index, iterations, found, names);
     analysis.recipe = recipe;
     analysis.autocast = regions;
+    analysis.inference_mode = inference_mode;
     analysis.op_inputs = op_inputs;
     analysis.state = state;
     analysis.generation = generation;
     analysis.quant_kernels = quant_kernels;
+    analysis.kernel_calls = kernel_calls;
     analysis.moe = moe;
     Ok(Warned {
         value: analysis,

@@ -31,6 +31,10 @@ use crate::diag::Warning;
 use crate::trace::{Dtype, Trace};
 use crate::units::{Bytes, Nanos};
 
+/// The most experts a layer is read with (DeepSeek-V3 routes among 256; a
+/// count past this comes from a corrupt shape).
+const MAX_EXPERTS: u64 = 1 << 16;
+
 /// The traced routing of one MoE layer (its first call).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerRouting {
@@ -106,7 +110,10 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
         if name == "aten::topk" && span.parent.is_none() {
             if let Some(d) = dims_at(idx, 0) {
                 let e = d.last().map_or(0, |&x| x.max(0) as u64);
-                let numel: u64 = d.iter().map(|&x| x.max(0) as u64).product();
+                let numel = d
+                    .iter()
+                    .map(|&x| x.max(0).unsigned_abs())
+                    .fold(1, u64::saturating_mul);
                 last_topk = numel.checked_div(e).map(|t| (t, e));
             }
             continue;
@@ -149,7 +156,13 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
                 .take_while(|(_, c)| c.tid == span.tid && c.layer == Some(layer))
                 .find(|(_, c)| matches!(names.get(c.name), "aten::mm" | "aten::linear"))
                 .and_then(|(j, _)| dims_at(j, 0))
-                .map(|d| d.iter().rev().skip(1).map(|&x| x.max(0) as u64).product());
+                .map(|d| {
+                    d.iter()
+                        .rev()
+                        .skip(1)
+                        .map(|&x| x.max(0).unsigned_abs())
+                        .fold(1, u64::saturating_mul)
+                });
             n.map(|n| vec![(e.max(0) as u64, n, span.start)])
         } else {
             None
@@ -189,7 +202,9 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
             }
         }
     }
-    if calls.is_empty() || experts < 2 {
+    // More experts than any model has is a corrupt shape, not a MoE: the
+    // per-expert tables below are as long as the count.
+    if calls.is_empty() || !(2..=MAX_EXPERTS).contains(&experts) {
         return None;
     }
     // A grouped_mm layer runs two or three grouped products (up, down):
@@ -220,7 +235,10 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
         }
     }
     let top_k = routing.iter().find_map(|r| {
-        let routed: u64 = r.tokens_per_expert.iter().sum();
+        let routed = r
+            .tokens_per_expert
+            .iter()
+            .fold(0_u64, |s, &n| s.saturating_add(n));
         let t = r.tokens.filter(|&t| t > 0)?;
         (routed % t == 0)
             .then(|| u32::try_from(routed / t).ok())
@@ -236,14 +254,14 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
                 let mut worst = 0_u64;
                 for (i, &(_, n, from)) in c.steps.iter().enumerate() {
                     let to = c.steps.get(i + 1).map_or(c.end, |s| s.2);
-                    let bytes: u64 = life
+                    let bytes = life
                         .blocks
                         .iter()
                         .filter(|b| b.alloc_ts >= from && b.alloc_ts < to)
                         .map(|b| b.size.get())
-                        .sum();
+                        .fold(0, u64::saturating_add);
                     if n > 0 && t > n {
-                        worst = worst.max(bytes / n * (t - n));
+                        worst = worst.max((bytes / n).saturating_mul(t - n));
                     }
                 }
                 Some(worst)
@@ -275,7 +293,7 @@ pub(crate) fn set_expert_bytes(moe: &mut Moe, state: &super::resident::ModelStat
                 .is_some_and(|l| moe.routing.iter().any(|r| r.layer == names.get(l)))
         })
         .map(|p| p.bytes.get())
-        .sum();
+        .fold(0, u64::saturating_add);
     let per = u64::from(moe.experts) * u64::from(moe.layers);
     moe.expert_parameter_bytes = Bytes(total.checked_div(per).unwrap_or(0));
 }

@@ -91,7 +91,10 @@ pub(crate) fn kernels(trace: &Trace, index: &SpanIndex, names: &Names) -> Vec<Qu
     };
     let rows_and_width = |dims: &[i64]| -> (u64, u64) {
         let k = dims.last().map_or(0, |&d| d.max(0) as u64);
-        let numel: u64 = dims.iter().map(|&d| d.max(0) as u64).product();
+        let numel = dims
+            .iter()
+            .map(|&d| d.max(0).unsigned_abs())
+            .fold(1, u64::saturating_mul);
         (numel.checked_div(k).unwrap_or(0), k)
     };
     let mut out = Vec::new();
@@ -108,8 +111,11 @@ pub(crate) fn kernels(trace: &Trace, index: &SpanIndex, names: &Names) -> Vec<Qu
                 }
                 // two 4-bit values per byte of the packed weight
                 if let Some((b, _)) = dims_at(idx, 1) {
-                    let bytes: u64 = b.iter().map(|&d| d.max(0) as u64).product();
-                    n = (bytes * 2).checked_div(k).unwrap_or(0);
+                    let bytes = b
+                        .iter()
+                        .map(|&d| d.max(0).unsigned_abs())
+                        .fold(1, u64::saturating_mul);
+                    n = bytes.saturating_mul(2).checked_div(k).unwrap_or(0);
                 }
             }
             QuantOp::Int8VectorwiseQuant => {
@@ -139,7 +145,10 @@ pub(crate) fn kernels(trace: &Trace, index: &SpanIndex, names: &Names) -> Vec<Qu
                     n = b.first().map_or(0, |&d| d.max(0) as u64);
                 }
                 if let Some((absmax, _)) = dims_at(idx, 3) {
-                    absmax_blocks = absmax.iter().map(|&d| d.max(0) as u64).product();
+                    absmax_blocks = absmax
+                        .iter()
+                        .map(|&d| d.max(0).unsigned_abs())
+                        .fold(1, u64::saturating_mul);
                 }
             }
             QuantOp::Dequantize4bit | QuantOp::DequantizeBlockwise => {}

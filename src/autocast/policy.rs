@@ -138,6 +138,10 @@ pub struct PolicyVersion {
     pub rms_norm_fp32: bool,
     /// Casts are cached under `torch.inference_mode` too.
     pub caches_in_inference_mode: bool,
+    /// CUDA's memory-efficient attention takes fewer key/value heads than
+    /// query heads (grouped-query attention); before, such an fp32 call
+    /// falls to the math backend ([`crate::kernels::attention`]).
+    pub efficient_attention_gqa: bool,
     /// How the entry was established.
     pub evidence: &'static str,
 }
@@ -149,20 +153,23 @@ pub const VERSIONS: &[PolicyVersion] = &[
         torch: "2.12 to 2.15",
         rms_norm_fp32: true,
         caches_in_inference_mode: false,
-        evidence: "source lists checked at run time on torch 2.15.0",
+        efficient_attention_gqa: true,
+        evidence: "source lists checked at run time on torch 2.15.0; grouped-query attention in the memory-efficient kernel from the 2.13 and 2.14 sources (2.12 assumed)",
     },
     PolicyVersion {
         name: "2.10",
         torch: "2.10 and 2.11",
         rms_norm_fp32: false,
         caches_in_inference_mode: false,
-        evidence: "the 2.12 lists without rms_norm (PR #174824); no inference_mode caching assumes PR #165068 (merged December 2025) is in 2.10, a guess",
+        efficient_attention_gqa: false,
+        evidence: "the 2.12 lists without rms_norm (PR #174824); no inference_mode caching (PR #165068) seen on torch 2.11 on an H200 (casts under inference_mode freed at once, under no_grad kept to the region's exit), its presence in 2.10 assumed; the memory-efficient attention kernel refuses grouped-query attention on 2.11 (_fused_sdp_choice on the H200)",
     },
     PolicyVersion {
         name: "2.9",
         torch: "2.6 to 2.9",
         rms_norm_fp32: false,
         caches_in_inference_mode: true,
+        efficient_attention_gqa: false,
         evidence: "the 2.12 lists without rms_norm; cached_cast before PR #165068",
     },
 ];

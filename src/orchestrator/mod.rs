@@ -120,6 +120,18 @@ pub struct OrchestrationFacts {
     /// The model's state as scheduled (the trace's, or the user's figures).
     #[serde(default)]
     pub state: StateFacts,
+    /// The CPU kernels' private scratch the `cpu_scratch` rule dropped, per
+    /// op that made and freed it, largest first (each traced block once).
+    #[serde(default)]
+    pub cpu_scratch: Vec<OpBytes>,
+}
+
+/// Blocks and bytes of one op.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpBytes {
+    pub op: String,
+    pub blocks: u32,
+    pub bytes: Bytes,
 }
 
 /// The parameters and buffers the schedule holds.

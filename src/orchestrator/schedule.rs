@@ -80,6 +80,30 @@ pub struct ScheduledBlock {
     pub op: Option<String>,
     /// The model layer (module path) that allocated it, when known.
     pub layer: Option<String>,
+    /// The GPU architectures whose run makes it: a block of one kernel's
+    /// (an attention backend's) is made only where that kernel runs.
+    #[serde(default, skip_serializing_if = "crate::kernels::ArchSet::is_all")]
+    pub on: crate::kernels::ArchSet,
+    /// A block sized per GPU (a CUDA reduction's buffer): `size` is then a
+    /// placeholder, as for workspaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_gpu: Option<crate::kernels::PerGpu>,
+}
+
+impl ScheduledBlock {
+    /// The bytes the block has on `target`: zero when the target's
+    /// architecture does not make it, the target's figure for a block sized
+    /// per GPU, else its size ([`Category::Workspace`] blocks are the
+    /// caller's: their size and number are the target's overheads).
+    pub fn size_on(&self, target: &crate::presets::GpuTarget) -> crate::units::Bytes {
+        if !self.on.contains(target.kernel_sm()) {
+            return crate::units::Bytes::ZERO;
+        }
+        match self.per_gpu {
+            Some(per_gpu) => crate::units::Bytes(per_gpu.bytes(target.device_limits())),
+            None => self.size,
+        }
+    }
 }
 
 /// Whether an event allocates or frees its block.
@@ -133,6 +157,10 @@ pub struct Schedule {
     /// The phases of every simulated iteration, in time order.
     #[serde(default)]
     pub phases: Vec<PhaseWindow>,
+    /// The kernels the schedule assumes, per architecture (an attention
+    /// backend): what the report names for each GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernels: Vec<crate::kernels::KernelNote>,
 }
 
 impl Schedule {

@@ -35,6 +35,21 @@ pub struct Config {
     /// instead of streaming it as a program: for comparing the two.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub materialize: bool,
+    /// The memory an estimate may take: a rebuilt job that would need more
+    /// is refused before it is built (`scale::work`). A setting of the
+    /// shell (the CLI's is generous, the page's below the wasm32 heap);
+    /// [`DEFAULT_MEMORY_BUDGET`] otherwise.
+    #[serde(default = "default_memory_budget")]
+    pub memory_budget: Bytes,
+}
+
+/// The memory budget of [`Config::standard`]: what a 32-bit WebAssembly
+/// heap (4 GiB) holds with room to spare, so that the library's default
+/// runs everywhere. The CLI and the page set their own.
+pub const DEFAULT_MEMORY_BUDGET: Bytes = Bytes(2 * Bytes::GIB);
+
+fn default_memory_budget() -> Bytes {
+    DEFAULT_MEMORY_BUDGET
 }
 
 impl Config {
@@ -53,6 +68,8 @@ impl Config {
                 name: "unlimited".to_owned(),
                 is_preset: false,
                 arch: None,
+                sm: None,
+                multiprocessors: None,
                 capacity: Bytes(u64::MAX),
                 overheads: presets::DeviceOverheads::for_unknown_arch(),
             });
@@ -65,6 +82,7 @@ impl Config {
             max_timeline_points: report::DEFAULT_MAX_POINTS,
             scale: crate::scale::Target::default(),
             materialize: false,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
         }
     }
 
@@ -92,6 +110,15 @@ impl Config {
             gpu.overheads.context_bytes = context;
         }
         self
+    }
+
+    /// What a rebuilt job may take: [`Config::memory_budget`], for a job
+    /// prepared with the mixed-precision what-if's or without.
+    pub fn work_budget(&self) -> crate::scale::work::Budget {
+        crate::scale::work::Budget {
+            bytes: self.memory_budget,
+            what_if: self.orchestrator.autocast.what_if,
+        }
     }
 
     /// The allocator settings of [`Config::alloc_conf`].

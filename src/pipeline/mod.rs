@@ -15,13 +15,15 @@
 //! way through a [`Parallel`]); the report does not depend on how the
 //! simulations were run.
 
+mod capture;
 mod config;
 mod runs;
 mod settings;
 mod simulate;
 mod stream;
 
-pub use config::{Config, DEFAULT_TARGET};
+pub use capture::{figures as capture_figures, CaptureFigures};
+pub use config::{Config, DEFAULT_MEMORY_BUDGET, DEFAULT_TARGET};
 pub use runs::{InTurn, Parallel, SimulationJob};
 pub use settings::Settings;
 pub use simulate::{schedule_ops, simulate_job};
@@ -42,6 +44,8 @@ use crate::units::Bytes;
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     Parsing,
+    /// Building the trace of the larger job ([`crate::scale`]).
+    Rebuilding,
     Analyzing,
     Orchestrating,
     Simulating,
@@ -54,6 +58,24 @@ pub struct Progress {
     pub stage: Stage,
     pub done: u64,
     pub total: u64,
+}
+
+impl Stage {
+    /// Every stage, in the order a run goes through them (a run of the
+    /// traced job skips [`Stage::Rebuilding`]).
+    pub const ALL: [Stage; 6] = [
+        Stage::Parsing,
+        Stage::Rebuilding,
+        Stage::Analyzing,
+        Stage::Orchestrating,
+        Stage::Simulating,
+        Stage::Reporting,
+    ];
+
+    /// The stage's place in [`Stage::ALL`] (0-based).
+    pub fn index(self) -> usize {
+        Stage::ALL.iter().position(|s| *s == self).unwrap_or(0)
+    }
 }
 
 impl Progress {
@@ -158,6 +180,14 @@ pub struct Prepared {
     /// iterations and phases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<Box<crate::program::Program>>,
+    /// What memcast's capture helper wrote into the (first) trace: the full
+    /// job it stands for, whose figures the estimate took where the
+    /// settings left them as traced.
+    #[serde(default)]
+    pub capture: Option<Box<crate::trace::Capture>>,
+    /// How quantized weights are stored ([`report::RunSummary::quantization`]).
+    #[serde(default)]
+    pub quantization: Option<String>,
 }
 
 impl Prepared {
@@ -243,6 +273,8 @@ pub fn prepare_many_from(
         warnings.extend(trace.warnings);
         traces.push(trace.value);
     }
+    let capture = traces.first().and_then(|t| t.header.capture.clone());
+    let config = &capture::apply(config, capture.as_deref());
     if traces.len() == 1 && config.scale.is_identity() {
         return prepare_parsed(&traces, warnings, config, progress);
     }
@@ -250,11 +282,13 @@ pub fn prepare_many_from(
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
+    progress(Progress::start(Stage::Rebuilding));
     if let Some(mut prepared) = stream::prepare(&traces, &warnings, config, progress)? {
         prepared.traced = traced;
+        prepared.capture = capture;
         return Ok(prepared);
     }
-    let scaled = crate::scale::scale_many(&traces, &config.scale)?;
+    let scaled = rebuild(&traces, config)?;
     warnings.extend(scaled.warnings);
     // The traces read can go before the rebuilt one is analyzed (the
     // browser holds both otherwise).
@@ -262,6 +296,7 @@ pub fn prepare_many_from(
     let (trace, facts) = scaled.value;
     let mut prepared = prepare_trace(&trace, facts, warnings, config, progress)?;
     prepared.traced = traced;
+    prepared.capture = capture;
     Ok(prepared)
 }
 
@@ -278,6 +313,8 @@ pub fn prepare_parsed(
         .first()
         .map(crate::scale::inspect)
         .unwrap_or_default();
+    let capture = traces.first().and_then(|t| t.header.capture.clone());
+    let config = &capture::apply(config, capture.as_deref());
     let mut prepared = match traces {
         [one] if config.scale.is_identity() => prepare_trace(
             one,
@@ -286,18 +323,36 @@ pub fn prepare_parsed(
             config,
             progress,
         )?,
-        _ => match stream::prepare(traces, &warnings, config, progress)? {
-            Some(prepared) => prepared,
-            None => {
-                let scaled = crate::scale::scale_many(traces, &config.scale)?;
-                warnings.extend(scaled.warnings);
-                let (trace, facts) = scaled.value;
-                prepare_trace(&trace, facts, warnings, config, progress)?
+        _ => {
+            progress(Progress::start(Stage::Rebuilding));
+            match stream::prepare(traces, &warnings, config, progress)? {
+                Some(prepared) => prepared,
+                None => {
+                    let scaled = rebuild(traces, config)?;
+                    warnings.extend(scaled.warnings);
+                    let (trace, facts) = scaled.value;
+                    prepare_trace(&trace, facts, warnings, config, progress)?
+                }
             }
-        },
+        }
     };
     prepared.traced = traced;
+    prepared.capture = capture;
     Ok(prepared)
+}
+
+/// The trace of the job `config.scale` asks for, rebuilt from `traces`
+/// once its work is known to fit `config.memory_budget` (a request too
+/// large is refused before anything is built, with the largest that fits).
+fn rebuild(
+    traces: &[trace::Trace],
+    config: &Config,
+) -> Result<Warned<(trace::Trace, crate::scale::ScaleFacts)>, Error> {
+    Ok(crate::scale::scale_within(
+        traces,
+        &config.scale,
+        config.work_budget(),
+    )?)
 }
 
 /// Analyzes and orchestrates a parsed (and possibly rebuilt) trace.
@@ -348,7 +403,32 @@ fn prepare_trace(
         generation: analysis.generation.clone(),
         moe: analysis.moe.clone(),
         program: None,
+        capture: None,
+        quantization: quantization_of(&analysis.quant_kernels),
     })
+}
+
+/// How the trace's quantized weights are stored, from the bitsandbytes
+/// kernels it runs (4-bit when any is a 4-bit kernel).
+fn quantization_of(kernels: &[analyzer::quantized::QuantKernel]) -> Option<String> {
+    use analyzer::quantized::QuantOp;
+    let four_bit = kernels.iter().any(|k| {
+        matches!(
+            k.kind,
+            QuantOp::Gemm4bit | QuantOp::Dequantize4bit | QuantOp::Gemv4bitCpuPacked
+        )
+    });
+    let eight_bit = kernels.iter().any(|k| {
+        matches!(
+            k.kind,
+            QuantOp::Int8VectorwiseQuant | QuantOp::Int8LinearMatmul | QuantOp::Int8MmDequant
+        )
+    });
+    match (four_bit, eight_bit) {
+        (true, _) => Some("bitsandbytes 4-bit".to_owned()),
+        (false, true) => Some("bitsandbytes 8-bit (LLM.int8())".to_owned()),
+        (false, false) => None,
+    }
 }
 
 /// Simulates a prepared schedule on the reference GPU (without a capacity
@@ -418,9 +498,10 @@ mod tests {
             .filter(|p| p.stage == Stage::Simulating)
             .map(|p| (p.done, p.total))
             .collect();
-        // Counted in events: one unlimited run (the GPUs share their
-        // workspace size) and one run at capacity per GPU, of every event;
-        // from none to all, never back, the end only once all ran.
+        // Counted in events: one unlimited run per architecture (the T4's
+        // sm75 and the L4's sm89 run other kernels) and one run at capacity
+        // per GPU, of every event; from none to all, never back, the end
+        // only once all ran.
         let events = u64::from(
             run(TINY, &config, &mut |_| {})
                 .unwrap()
@@ -429,7 +510,7 @@ mod tests {
                 .n_events,
         );
         let total = simulating[0].1;
-        assert_eq!(total, 3 * events, "{simulating:?}");
+        assert_eq!(total, 4 * events, "{simulating:?}");
         assert_eq!(simulating.first(), Some(&(0, total)));
         assert_eq!(simulating.last(), Some(&(total, total)));
         assert!(simulating

@@ -3,7 +3,8 @@
 //! An estimate needs, for the target and for each compared GPU, a run
 //! without a capacity limit (the peak) and, for each compared GPU, a run at
 //! its capacity (the verdict). Unlimited runs depend only on the cuBLAS
-//! workspace configuration, so GPUs that share one share that run. A run at
+//! workspace configuration and the architecture whose kernels the schedule
+//! holds blocks of, so GPUs that share both share that run. A run at
 //! a capacity the unlimited run never came near is that run: the device
 //! refuses a segment only past its capacity, so every allocator decision is
 //! the same (without a memory fraction, which makes the allocator collect
@@ -63,12 +64,13 @@ impl Parallel for InTurn {
 }
 
 /// What an unlimited run depends on: the cuBLAS workspace size and count.
-type WorkspaceKey = (Bytes, u32);
+type WorkspaceKey = (Bytes, u32, crate::kernels::Sm);
 
 fn workspace_key(target: &GpuTarget) -> WorkspaceKey {
     (
         target.overheads.cublas_workspace_bytes,
         target.overheads.cublas_workspaces,
+        target.kernel_sm(),
     )
 }
 
@@ -260,10 +262,13 @@ pub(super) fn summary(prepared: &Prepared, config: &Config) -> RunSummary {
         n_events: u32::try_from(job.n_events()).unwrap_or(u32::MAX),
         alloc_conf: config.alloc_conf.clone(),
         rules: facts.rule_counts.clone(),
+        cpu_scratch: facts.cpu_scratch.clone(),
         recipe: prepared.recipe.clone(),
         scaled: prepared.scaled.clone(),
         traced: prepared.traced.clone(),
         generation: prepared.generation.clone(),
         moe: prepared.moe.clone(),
+        capture: prepared.capture.clone(),
+        quantization: prepared.quantization.clone(),
     }
 }

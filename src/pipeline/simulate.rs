@@ -14,8 +14,9 @@ use crate::units::Bytes;
 
 /// The simulator ops of a schedule on `target`: workspace blocks at the
 /// target's cuBLAS workspace size (the first `cublas_workspaces` of them
-/// only), zero-byte blocks skipped with their frees. Also returns, for each
-/// schedule event, the number of ops issued up to and including it.
+/// only), blocks another architecture's kernels make and zero-byte blocks
+/// skipped with their frees. Also returns, for each schedule event, the
+/// number of ops issued up to and including it.
 pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> (Vec<SimOp>, Vec<usize>) {
     let workspace = target.overheads.cublas_workspace_bytes;
     let mut workspaces_left = target.overheads.cublas_workspaces;
@@ -27,6 +28,7 @@ pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> (Vec<SimOp>, Vec
         match event.kind {
             EventKind::Alloc => {
                 let size = match schedule.blocks.get(id) {
+                    Some(block) if !block.on.contains(target.kernel_sm()) => Bytes::ZERO,
                     Some(block) if block.category == Category::Workspace => {
                         if workspaces_left > 0 {
                             workspaces_left -= 1;
@@ -35,7 +37,7 @@ pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> (Vec<SimOp>, Vec
                             Bytes::ZERO
                         }
                     }
-                    Some(block) => block.size,
+                    Some(block) => block.size_on(target),
                     None => Bytes::ZERO,
                 };
                 if size > Bytes::ZERO {
@@ -88,7 +90,9 @@ pub fn simulate_job(
     job.for_each(&mut |e| {
         let op = match e.kind {
             EventKind::Alloc => {
-                let size = if e.category == Category::Workspace {
+                let size = if !e.on.contains(target.kernel_sm()) {
+                    Bytes::ZERO
+                } else if e.category == Category::Workspace {
                     if workspaces_left > 0 {
                         workspaces_left -= 1;
                         workspace
@@ -96,7 +100,7 @@ pub fn simulate_job(
                         Bytes::ZERO
                     }
                 } else {
-                    e.size
+                    e.size_on(target)
                 };
                 if size > Bytes::ZERO {
                     Some(SimOp::Alloc {

@@ -20,7 +20,7 @@ use crate::trace::Trace;
 /// Copies of a dimension in the smallest rebuild a program is derived from.
 const FIRST: u32 = 1;
 
-/// The rebuilds of a program: four counts per dimension grown.
+/// The rebuilds of a program: four counts of decode steps.
 const COUNTS: u32 = 4;
 
 /// The job `config.scale` asks for of `traces` as a program, when it adds
@@ -45,51 +45,47 @@ pub(super) fn prepare(
     let Some(first) = traces.first() else {
         return Ok(None);
     };
-    // The copies each dimension adds, when past the rebuilds'.
-    let grows = |asked: Option<u32>, traced: Option<u32>| -> Option<(u32, u32)> {
-        let (asked, traced) = (asked?, traced?);
-        let copies = asked.checked_sub(traced)?;
-        (copies >= FIRST + COUNTS).then_some((traced, copies))
+    // The decode steps a generation adds, when past the rebuilds'. Each
+    // rebuild is at the depth asked for: a decode step holds one call of
+    // every block, so the steps' growth is found on the job's own blocks.
+    let Some(traced) = scale::traced_new_tokens(first) else {
+        return Ok(None);
     };
-    let depth = target
-        .layers
-        .and_then(|l| grows(Some(l), scale::inspect(first).layers));
-    let tokens = target
+    let Some(copies) = target
         .new_tokens
-        .and_then(|n| grows(Some(n), scale::traced_new_tokens(first)));
-    #[allow(clippy::print_stderr)]
-    { eprintln!("DEBUG dims {depth:?} {tokens:?}"); }
-    if depth.is_none() && tokens.is_none() {
+        .and_then(|n| n.checked_sub(traced))
+        .filter(|&k| k >= FIRST + COUNTS)
+    else {
+        return Ok(None);
+    };
+    let budget = config.work_budget();
+    let cells: Vec<Target> = (0..COUNTS)
+        .map(|t| Target {
+            new_tokens: Some(traced + FIRST + t),
+            ..target
+        })
+        .collect();
+    // Only where building the job whole is the larger work: the rebuilds
+    // take about as long per event as the whole job would.
+    let counts = scale::work::Counts::of(first);
+    let events = |t: &Target| {
+        let layers = t.layers.unwrap_or(counts.layers);
+        let tokens = t.new_tokens.unwrap_or(counts.tokens);
+        scale::work::estimate(&counts, layers, tokens, budget).events
+    };
+    let rebuilds = cells.iter().map(events).fold(0u64, u64::saturating_add);
+    if events(&target) <= rebuilds {
         return Ok(None);
     }
-    // The target at the d-th and t-th small counts.
-    let at = |d: u32, t: u32| Target {
-        layers: match depth {
-            Some((traced, _)) => Some(traced + FIRST + d),
-            None => target.layers,
-        },
-        new_tokens: match tokens {
-            Some((traced, _)) => Some(traced + FIRST + t),
-            None => target.new_tokens,
-        },
-        ..target
-    };
-    let cells: Vec<(u32, u32)> = match (depth, tokens) {
-        (Some(_), Some(_)) => (0..COUNTS)
-            .flat_map(|d| (0..COUNTS).map(move |t| (d, t)))
-            .collect(),
-        (Some(_), None) => (0..COUNTS).map(|d| (d, 0)).collect(),
-        _ => (0..COUNTS).map(|t| (0, t)).collect(),
-    };
     let total = cells.len() as u64;
     let mut rebuilt = Vec::with_capacity(cells.len());
-    for (done, &(d, t)) in cells.iter().enumerate() {
+    for (done, cell) in cells.iter().enumerate() {
         progress(Progress {
-            stage: Stage::Analyzing,
+            stage: Stage::Rebuilding,
             done: done as u64,
             total,
         });
-        let scaled = scale::scale_many(traces, &at(d, t))?;
+        let scaled = scale::scale_within(traces, cell, budget)?;
         let mut w = warnings.to_vec();
         w.extend(scaled.warnings);
         let (trace, facts) = scaled.value;
@@ -100,13 +96,11 @@ pub(super) fn prepare(
         done: 0,
         total: 1,
     });
-    let Some(grid) = grid_of(&rebuilt, depth.is_some(), tokens.is_some()) else {
+    let Ok(four) = <[&Prepared; 4]>::try_from(rebuilt.iter().collect::<Vec<_>>()) else {
         return Ok(None);
     };
-    let extra = [
-        depth.map_or(0, |(_, k)| i64::from(k - FIRST)),
-        tokens.map_or(0, |(_, k)| i64::from(k - FIRST)),
-    ];
+    let grid = Grid::One(Dim::Tokens, four);
+    let extra = [0, i64::from(copies - FIRST)];
     // The facts: every field but the events, grown to the job.
     let texts = grid.map(|p| {
         let mut facts = Prepared::clone(p);
@@ -116,46 +110,16 @@ pub(super) fn prepare(
         serde_json::to_string(&facts).unwrap_or_default()
     });
     let Some(text) = grown_text(&texts, extra) else {
-        #[allow(clippy::print_stderr)]
-        { eprintln!("DEBUG facts failed"); }
         return Ok(None);
     };
     let Ok(mut prepared) = serde_json::from_str::<Prepared>(&text) else {
-        #[allow(clippy::print_stderr)]
-        { eprintln!("DEBUG json failed"); }
         return Ok(None);
     };
     let schedules = grid.map(|p| &p.orchestrated.schedule);
     let schedule = &prepared.orchestrated.schedule;
-    let Some(program) = Program::derive(
-        &schedules,
-        extra,
-        schedule.iterations.clone(),
-        schedule.phases.clone(),
-    ) else {
-        #[allow(clippy::print_stderr)]
-        { eprintln!("DEBUG program failed"); }
+    let Some(program) = Program::derive(&schedules, extra, schedule) else {
         return Ok(None);
     };
     prepared.program = Some(Box::new(program));
     Ok(Some(prepared))
-}
-
-/// The rebuilds as a grid: four by four (depth by tokens), or four of the
-/// dimension grown.
-fn grid_of(cells: &[Prepared], depth: bool, tokens: bool) -> Option<Grid<&Prepared>> {
-    fn four(cells: &[Prepared]) -> Option<[&Prepared; 4]> {
-        cells.iter().collect::<Vec<_>>().try_into().ok()
-    }
-    Some(match (depth, tokens) {
-        (true, true) => {
-            let rows = cells
-                .chunks(COUNTS as usize)
-                .map(four)
-                .collect::<Option<Vec<_>>>()?;
-            Grid::Two(rows.try_into().ok()?)
-        }
-        (true, false) => Grid::One(Dim::Depth, four(cells)?),
-        _ => Grid::One(Dim::Tokens, four(cells)?),
-    })
 }

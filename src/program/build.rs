@@ -76,6 +76,8 @@ impl Atoms {
                 op: block.op.as_deref().map(|op| self.name(op)),
                 layer: template,
                 numbers: u32::try_from(numbers.len()).unwrap_or(u32::MAX),
+                on: block.on,
+                per_gpu: block.per_gpu,
             };
             let key = self.key(key);
             let second = match e.kind {
@@ -154,14 +156,12 @@ pub(crate) fn join_numbers(template: &str, numbers: &[i64]) -> String {
 #[derive(Debug, Clone)]
 pub(crate) enum Grid<T> {
     One(Dim, [T; 4]),
-    Two([[T; 4]; 4]),
 }
 
 impl<T> Grid<T> {
     pub(crate) fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> Grid<U> {
         match self {
             Grid::One(dim, xs) => Grid::One(*dim, xs.each_ref().map(&mut f)),
-            Grid::Two(rows) => Grid::Two(rows.each_ref().map(|row| row.each_ref().map(&mut f))),
         }
     }
 }
@@ -170,13 +170,8 @@ impl<T> Grid<T> {
 pub(crate) fn program_of(grid: &Grid<Vec<Atom>>) -> Option<(Vec<Node>, Vec<Leaf>)> {
     match grid {
         Grid::One(dim, seqs) => one(seqs, *dim),
-        Grid::Two(rows) => two(rows),
     }
 }
-
-/// The marker of a token run in a depth derivation's sequence: past every
-/// event key.
-const MARKER: u32 = 1 << 31;
 
 /// The program of one dimension: `seqs` at four consecutive counts.
 pub(crate) fn one(seqs: &[Vec<Atom>; 4], dim: Dim) -> Option<(Vec<Node>, Vec<Leaf>)> {
@@ -194,7 +189,7 @@ pub(crate) fn one(seqs: &[Vec<Atom>; 4], dim: Dim) -> Option<(Vec<Node>, Vec<Lea
         key: g.key,
         attrs: g.attrs.iter().map(|p| plane(0, c, j, p)).collect(),
     };
-    let nodes = nodes_of(&derived, dim, &mut leaves, base, run, &mut |_| None)?;
+    let nodes = nodes_of(&derived, dim, &mut leaves, base, run)?;
     Some((nodes, leaves))
 }
 
@@ -217,28 +212,23 @@ fn plane(times: usize, c: usize, j: usize, q: &Plane) -> Poly {
 }
 
 /// The nodes of a derivation: its base items as leaves (`base`), each run
-/// of `dim` before its place with its items as leaves (`run`); an item
-/// `marker` turns into a node of its own is that node.
+/// of `dim` before its place with its items as leaves (`run`).
 fn nodes_of(
     derived: &Derived,
     dim: Dim,
     leaves: &mut Vec<Leaf>,
     base: impl Fn(&Grown<Line>) -> Leaf,
     run: impl Fn(&Grown<Plane>) -> Leaf,
-    marker: &mut dyn FnMut(u32) -> Option<Option<Node>>,
 ) -> Option<Vec<Node>> {
-    let mut push = |leaf: Leaf, leaves: &mut Vec<Leaf>| -> Option<Node> {
+    let push = |leaf: Leaf, leaves: &mut Vec<Leaf>| -> Option<Node> {
         leaves.push(leaf);
         Some(Node::Leaf(u32::try_from(leaves.len() - 1).ok()?))
     };
     let mut nodes = Vec::new();
     let mut runs = derived.runs.iter().peekable();
-    let mut run_node = |body: &[Grown<Plane>], leaves: &mut Vec<Leaf>| -> Option<Node> {
+    let run_node = |body: &[Grown<Plane>], leaves: &mut Vec<Leaf>| -> Option<Node> {
         let mut out = Vec::with_capacity(body.len());
         for g in body {
-            if g.key >= MARKER {
-                return None;
-            }
             out.push(push(run(g), leaves)?);
         }
         Some(Node::Run { dim, body: out })
@@ -247,171 +237,10 @@ fn nodes_of(
         while let Some((_, body)) = runs.next_if(|(pos, _)| *pos == i) {
             nodes.push(run_node(body, leaves)?);
         }
-        match g.key >= MARKER {
-            true => nodes.push(marker(g.key - MARKER)??),
-            false => nodes.push(push(base(g), leaves)?),
-        }
+        nodes.push(push(base(g), leaves)?);
     }
     for (_, body) in runs {
         nodes.push(run_node(body, leaves)?);
     }
     Some(nodes)
-}
-
-/// The program of both dimensions: `grid[d][t]` is the schedule at the
-/// `d`-th count of block copies and the `t`-th count of decode-step copies.
-/// The decode steps are derived at each depth; then how their items (each
-/// number's line or plane in the steps flattened to its coefficients), the
-/// runs and their places grow with the depth, every coefficient a line or
-/// plane in the depth.
-pub(crate) fn two(grid: &[[Vec<Atom>; 4]; 4]) -> Option<(Vec<Node>, Vec<Leaf>)> {
-    let per_depth: Vec<Derived> = grid.iter().map(derive).collect::<Option<Vec<_>>>()?;
-    let runs = per_depth.first()?.runs.len();
-    if per_depth.iter().any(|d| d.runs.len() != runs) {
-        return None;
-    }
-    let flat_line = |g: &Grown<Line>| Atom {
-        key: g.key,
-        attrs: g.attrs.iter().flat_map(|l| [l.base, l.slope]).collect(),
-    };
-    let flat_plane = |g: &Grown<Plane>| Atom {
-        key: g.key,
-        attrs: g.attrs.iter().flat_map(|p| [p.a, p.b, p.d, p.e]).collect(),
-    };
-    // Each depth's base with its token runs as markers; each run's body.
-    let bases: Vec<Vec<Atom>> = per_depth
-        .iter()
-        .map(|d| {
-            let mut out = Vec::new();
-            let mut r = 0usize;
-            for (i, g) in d.base.iter().enumerate() {
-                while d.runs.get(r).is_some_and(|(pos, _)| *pos == i) {
-                    out.push(marker(r));
-                    r += 1;
-                }
-                out.push(flat_line(g));
-            }
-            while r < d.runs.len() {
-                out.push(marker(r));
-                r += 1;
-            }
-            out
-        })
-        .collect();
-    // A token line's coefficients are on the terms 1 and J_TOKENS; a token
-    // plane's on 1, C_TOKENS, J_TOKENS and both.
-    let line_terms = [0, J_TOKENS];
-    let plane_terms = [0, C_TOKENS, J_TOKENS, C_TOKENS | J_TOKENS];
-    let compose = |numbers: &[Line], terms: &[usize]| -> Vec<Poly> {
-        numbers
-            .chunks(terms.len())
-            .map(|chunk| {
-                let mut p = Poly::default();
-                for (l, &t) in chunk.iter().zip(terms) {
-                    p.add(t, l.base);
-                    p.add(t | J_DEPTH, l.slope);
-                }
-                p
-            })
-            .collect()
-    };
-    let compose_plane = |numbers: &[Plane], terms: &[usize]| -> Vec<Poly> {
-        numbers
-            .chunks(terms.len())
-            .map(|chunk| {
-                let mut p = Poly::default();
-                for (q, &t) in chunk.iter().zip(terms) {
-                    p.add(t, q.a);
-                    p.add(t | C_DEPTH, q.b);
-                    p.add(t | J_DEPTH, q.d);
-                    p.add(t | C_DEPTH | J_DEPTH, q.e);
-                }
-                p
-            })
-            .collect()
-    };
-    let mut leaves = Vec::new();
-    let mut bodies = Vec::with_capacity(runs);
-    for r in 0..runs {
-        let seqs: Vec<Vec<Atom>> = per_depth
-            .iter()
-            .map(|d| d.runs.get(r).map(|(_, b)| b.iter().map(flat_plane).collect()))
-            .collect::<Option<Vec<_>>>()?;
-        let body = derive(&four(seqs)?)?;
-        let nodes = nodes_of(
-            &body,
-            Dim::Depth,
-            &mut leaves,
-            |g| Leaf {
-                key: g.key,
-                attrs: compose(&g.attrs, &plane_terms),
-            },
-            |g| Leaf {
-                key: g.key,
-                attrs: compose_plane(&g.attrs, &plane_terms),
-            },
-            &mut |_| None,
-        )?;
-        bodies.push(nodes);
-    }
-    let base = derive(&four(bases)?)?;
-    let nodes = nodes_of(
-        &base,
-        Dim::Depth,
-        &mut leaves,
-        |g| Leaf {
-            key: g.key,
-            attrs: compose(&g.attrs, &line_terms),
-        },
-        |g| Leaf {
-            key: g.key,
-            attrs: compose_plane(&g.attrs, &line_terms),
-        },
-        &mut |r| {
-            let body = bodies.get(usize::try_from(r).ok()?)?.clone();
-            Some(Some(Node::Run {
-                dim: Dim::Tokens,
-                body,
-            }))
-        },
-    )?;
-    Some((nodes, leaves))
-}
-
-fn four(v: Vec<Vec<Atom>>) -> Option<[Vec<Atom>; 4]> {
-    v.try_into().ok()
-}
-
-fn marker(r: usize) -> Atom {
-    Atom {
-        key: MARKER.saturating_add(u32::try_from(r).unwrap_or(u32::MAX)),
-        attrs: Vec::new(),
-    }
-}
-
-/// Whether `nodes` at `at` added copies are `seq`, item for item.
-pub(crate) fn reproduces(nodes: &[Node], leaves: &[Leaf], at: [i64; 2], seq: &[Atom]) -> bool {
-    let mut i = 0usize;
-    let mut ok = true;
-    super::walk_nodes(nodes, leaves, at, &mut |_, leaf, terms| {
-        let Some(want) = seq.get(i) else {
-            ok = false;
-            return std::ops::ControlFlow::Break(());
-        };
-        i += 1;
-        let same = leaf.key == want.key
-            && leaf.attrs.len() == want.attrs.len()
-            && leaf
-                .attrs
-                .iter()
-                .zip(&want.attrs)
-                .all(|(p, &v)| p.at(terms) == v);
-        if same {
-            std::ops::ControlFlow::Continue(())
-        } else {
-            ok = false;
-            std::ops::ControlFlow::Break(())
-        }
-    });
-    ok && i == seq.len()
 }

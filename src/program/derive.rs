@@ -124,13 +124,19 @@ pub(crate) fn derive(seqs: &[Vec<Atom>; 4]) -> Option<Derived> {
     // Each sequence parsed as the first with j copies of every run.
     let mut base_vals: Vec<Vec<Vec<i64>>> = x0.iter().map(|a| vec![a.attrs.clone()]).collect();
     // Per run, per item: (copy, copies, numbers).
-    let mut run_vals: Vec<Vec<Vec<(i64, i64, Vec<i64>)>>> =
-        runs.iter().map(|(_, body)| vec![Vec::new(); body.len()]).collect();
+    let mut run_vals: Vec<Vec<Vec<CopyNumbers>>> = runs
+        .iter()
+        .map(|(_, body)| vec![Vec::new(); body.len()])
+        .collect();
     for (j, x) in [x1, x2, x3].into_iter().enumerate() {
         let j = j + 1;
         let mut at = x.iter();
         let mut r = 0;
-        for (i, item) in x0.iter().enumerate().chain(std::iter::once((x0.len(), &END))) {
+        for (i, item) in x0
+            .iter()
+            .enumerate()
+            .chain(std::iter::once((x0.len(), &END)))
+        {
             while let Some(&(pos, ref body)) = runs.get(r).filter(|(pos, _)| *pos == i) {
                 let _ = pos;
                 for c in 0..j {
@@ -181,6 +187,9 @@ pub(crate) fn derive(seqs: &[Vec<Atom>; 4]) -> Option<Derived> {
     })
 }
 
+/// A run item's numbers in one copy: (copy, copies, numbers).
+type CopyNumbers = (i64, i64, Vec<i64>);
+
 /// The end of a sequence, for the parse loop.
 static END: Atom = Atom {
     key: u32::MAX,
@@ -227,8 +236,8 @@ fn insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<(usize, Vec<Atom>)>> {
         return (a.iter().zip(b).all(|(x, y)| x.key == y.key)).then(Vec::new);
     }
     let w = d + 1;
-    if (n + 1).checked_mul(w)? > MAX_CELLS {
-        return None;
+    if let Some(inserted) = greedy_insertions(a, b) {
+        return Some(runs_of(b, inserted));
     }
     // Common prefix and suffix need no table.
     let key = |s: &[Atom], i: usize| s.get(i).map(|x| x.key);
@@ -239,6 +248,9 @@ fn insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<(usize, Vec<Atom>)>> {
     let mut hi = 0;
     while hi < n - lo && key(a, n - 1 - hi) == key(b, b.len() - 1 - hi) {
         hi += 1;
+    }
+    if (n - lo - hi + 1).checked_mul(w)? > MAX_CELLS {
+        return None;
     }
     // Inside: cost[i][o] = fewest runs to embed a[lo..lo+i] in
     // b[lo..lo+i+o], ending on a match (m) or an insertion (g).
@@ -310,8 +322,52 @@ fn insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<(usize, Vec<Atom>)>> {
             i = i.checked_sub(1)?;
         }
     }
+    Some(runs_of(b, inserted))
+}
+
+/// The items of `b` to window-match after a mismatch: an insertion is
+/// taken where the next this many items of both sequences agree.
+const WINDOW: usize = 256;
+
+/// The insertions that make `b` from `a` found in one pass, where the
+/// inserted runs are few and each is followed by items that tell where it
+/// ends (a decode step before the rest of a generation, a block's copy):
+/// at each mismatch, the shortest run after which the next [`WINDOW`]
+/// items of both agree. `None` when that does not embed `a` in `b`; the
+/// exact alignment is then tried.
+fn greedy_insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<bool>> {
+    let mut inserted = vec![false; b.len()];
+    let (mut i, mut k) = (0usize, 0usize);
+    let agree = |i: usize, k: usize, len: usize| {
+        (0..len).all(|t| match (a.get(i + t), b.get(k + t)) {
+            (Some(x), Some(y)) => x.key == y.key,
+            _ => false,
+        })
+    };
+    while i < a.len() {
+        if a.get(i)?.key == b.get(k)?.key {
+            i += 1;
+            k += 1;
+            continue;
+        }
+        let left = (b.len() - k).checked_sub(a.len() - i)?;
+        let window = WINDOW.min(a.len() - i);
+        let run = (1..=left).find(|&len| agree(i, k + len, window))?;
+        for slot in inserted.get_mut(k..k + run)? {
+            *slot = true;
+        }
+        k += run;
+    }
+    for slot in inserted.get_mut(k..)? {
+        *slot = true;
+    }
+    Some(inserted)
+}
+
+/// The runs `inserted` marks in `b`, slid right ([`slide_right`]), by the
+/// position in `a` before which each goes.
+fn runs_of(b: &[Atom], mut inserted: Vec<bool>) -> Vec<(usize, Vec<Atom>)> {
     slide_right(b, &mut inserted);
-    // The runs, by the position in a before which each goes.
     let mut runs: Vec<(usize, Vec<Atom>)> = Vec::new();
     let mut pos = 0;
     let mut open = false;
@@ -327,7 +383,7 @@ fn insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<(usize, Vec<Atom>)>> {
             open = false;
         }
     }
-    Some(runs)
+    runs
 }
 
 /// Slides each run of inserted items right while the item after it is a

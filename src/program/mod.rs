@@ -24,9 +24,11 @@ use std::ops::ControlFlow;
 
 use serde::{Deserialize, Serialize};
 
+use crate::kernels::{ArchSet, KernelNote, PerGpu};
 use crate::orchestrator::{
     Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduledBlock,
 };
+use crate::presets::GpuTarget;
 use crate::units::{Bytes, Nanos};
 
 /// One event of a job.
@@ -41,8 +43,31 @@ pub struct JobEvent {
     /// placeholder the simulation replaces).
     pub size: Bytes,
     pub category: Category,
+    /// The architectures whose kernels make the block.
+    pub on: ArchSet,
+    /// Its size where that depends on the GPU.
+    pub per_gpu: Option<PerGpu>,
     /// Where the block's other facts are ([`JobRef::block_facts`]).
     pub facts: FactsRef,
+}
+
+impl JobEvent {
+    /// The block's bytes on `target`: zero where its architecture's kernels
+    /// do not make it, the target's cuBLAS workspace for a workspace block,
+    /// the target's figure for a block sized per GPU, else its size (as
+    /// [`ScheduledBlock::size_on`]).
+    pub fn size_on(&self, target: &GpuTarget) -> Bytes {
+        if !self.on.contains(target.kernel_sm()) {
+            Bytes::ZERO
+        } else if self.category == Category::Workspace {
+            target.overheads.cublas_workspace_bytes
+        } else {
+            match self.per_gpu {
+                Some(per_gpu) => Bytes(per_gpu.bytes(target.device_limits())),
+                None => self.size,
+            }
+        }
+    }
 }
 
 /// A handle on a block's facts (its op, layer, phase, iteration), read
@@ -111,6 +136,14 @@ impl<'a> JobRef<'a> {
         }
     }
 
+    /// The kernels the job assumes, per architecture.
+    pub fn kernels(&self) -> Cow<'a, [KernelNote]> {
+        match self {
+            JobRef::Schedule(s) => Cow::Borrowed(&s.kernels),
+            JobRef::Program(p) => Cow::Borrowed(&p.kernels),
+        }
+    }
+
     /// Calls `f` with each event in order until it breaks.
     pub fn for_each(&self, f: &mut dyn FnMut(&JobEvent) -> ControlFlow<()>) {
         match self {
@@ -125,6 +158,8 @@ impl<'a> JobRef<'a> {
                         block: u64::from(e.block.0),
                         size: block.size,
                         category: block.category,
+                        on: block.on,
+                        per_gpu: block.per_gpu,
                         facts: FactsRef {
                             item: e.block.0,
                             copy: [0, 0],
@@ -321,6 +356,8 @@ pub(crate) struct EventKey {
     pub op: Option<u32>,
     pub layer: Option<u32>,
     pub numbers: u32,
+    pub on: ArchSet,
+    pub per_gpu: Option<PerGpu>,
 }
 
 /// One event of a program: its key and numbers ([`build::TIME`] …).
@@ -356,18 +393,19 @@ pub struct Program {
     time_range: Option<(Nanos, Nanos)>,
     iterations: Vec<IterationSpan>,
     phases: Vec<PhaseWindow>,
+    kernels: Vec<KernelNote>,
 }
 
 impl Program {
     /// The program of a job whose schedules at four consecutive counts of
     /// copies per dimension grown are `grid`, for `extra` copies past the
-    /// first count; the job's iterations and phases as given. `None` when
+    /// first count; the job's iterations, phases and kernels those of
+    /// `frame` (its schedule without events). `None` when
     /// the schedules do not grow copy by copy ([`derive`]).
     pub(crate) fn derive(
         grid: &Grid<&Schedule>,
         extra: [i64; 2],
-        iterations: Vec<IterationSpan>,
-        phases: Vec<PhaseWindow>,
+        frame: &Schedule,
     ) -> Option<Program> {
         let mut atoms = build::Atoms::default();
         let seqs = grid.map(|s| atoms.of(s));
@@ -381,8 +419,9 @@ impl Program {
             n_events: 0,
             n_blocks: 0,
             time_range: None,
-            iterations,
-            phases,
+            iterations: frame.iterations.clone(),
+            phases: frame.phases.clone(),
+            kernels: frame.kernels.clone(),
         };
         let nodes = &program.nodes;
         (program.n_events, program.n_blocks) = program.count(nodes, extra);
@@ -399,11 +438,7 @@ impl Program {
 
     /// Calls `f` with each event's leaf and its variables, for a job with
     /// `extra` added copies, until it breaks.
-    fn walk_at(
-        &self,
-        extra: [i64; 2],
-        f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>,
-    ) {
+    fn walk_at(&self, extra: [i64; 2], f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>) {
         walk_nodes(&self.nodes, &self.leaves, extra, f);
     }
 
@@ -478,6 +513,8 @@ impl Program {
             block,
             size,
             category: key.category,
+            on: key.on,
+            per_gpu: key.per_gpu,
             facts: FactsRef {
                 item,
                 copy: [copy(terms.vars[0]), copy(terms.vars[2])],
@@ -516,14 +553,12 @@ impl Program {
                             aside.insert(old.block, old);
                         }
                     }
-                    EventKind::Free => {
-                        match ring.get_mut(slot(e.block)) {
-                            Some(s) if s.is_some_and(|l| l.block == e.block) => *s = None,
-                            _ => {
-                                aside.remove(&e.block);
-                            }
+                    EventKind::Free => match ring.get_mut(slot(e.block)) {
+                        Some(s) if s.is_some_and(|l| l.block == e.block) => *s = None,
+                        _ => {
+                            aside.remove(&e.block);
                         }
-                    }
+                    },
                 }
             }
             if position == index {
@@ -533,7 +568,10 @@ impl Program {
             position += 1;
             ControlFlow::Continue(())
         });
-        let mut live: Vec<JobEvent> = aside.into_values().chain(ring.into_iter().flatten()).collect();
+        let mut live: Vec<JobEvent> = aside
+            .into_values()
+            .chain(ring.into_iter().flatten())
+            .collect();
         live.sort_unstable_by_key(|e| e.block);
         (live, at)
     }

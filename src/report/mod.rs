@@ -11,15 +11,20 @@
 //! Invariants: plain serde data with deterministic field and element order; the
 //! breakdown categories sum exactly to the peak total.
 
+pub mod accuracy;
 mod recorder;
 mod timeline;
+mod verdict;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use accuracy::{ErrorBand, JobKind, Margin};
 pub use recorder::{Recorder, RunDetail, SimulatedRun};
 pub use timeline::{downsample, Downsampler, TimelinePoint, DEFAULT_MAX_POINTS};
+use verdict::verdict;
+pub use verdict::{kernels_on, GpuVerdict};
 
 use crate::diag::Warning;
 use crate::orchestrator::{Category, IterationSpan, Phase, PhaseWindow};
@@ -76,6 +81,10 @@ pub struct RunSummary {
     pub alloc_conf: String,
     /// What each orchestration rule did.
     pub rules: Vec<crate::orchestrator::RuleCount>,
+    /// The CPU kernels' private scratch left out of the CUDA run, per op
+    /// (rule `cpu_scratch`), largest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_scratch: Vec<crate::orchestrator::OpBytes>,
     /// The run's structure and training recipe: micro-batches per optimizer
     /// step, checkpointing, clipping, torch.compile, distributed, the loop.
     #[serde(default)]
@@ -97,6 +106,16 @@ pub struct RunSummary {
     /// absent for a dense model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<crate::analyzer::moe::Moe>,
+    /// What memcast's capture helper wrote into the trace: the model, the
+    /// job and the full job's figures the estimate took where the settings
+    /// left them as traced; absent for other traces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Box<crate::trace::Capture>>,
+    /// How quantized weights are stored, from the bitsandbytes kernels the
+    /// trace runs: `bitsandbytes 4-bit` or `bitsandbytes 8-bit (LLM.int8())`;
+    /// absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
 }
 
 /// When and where the peak happens.
@@ -220,27 +239,6 @@ pub struct LayerBytes {
     pub bytes: Bytes,
 }
 
-/// The verdict for one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuVerdict {
-    /// The preset slug, or the capacity as given.
-    pub preset: String,
-    pub capacity_bytes: Bytes,
-    /// Whether the run completes at this capacity (the simulated allocator
-    /// releases its cache and retries before it gives up).
-    pub fits: bool,
-    /// Peak reserved plus context in the capacity-limited simulation (up to the
-    /// failure when it does not fit).
-    pub peak_total_bytes: Bytes,
-    /// Capacity left at the peak, when it fits.
-    pub headroom_bytes: Option<Bytes>,
-    /// How much more the run needs (unlimited peak total minus capacity), when
-    /// it does not fit.
-    pub shortfall_bytes: Option<Bytes>,
-    pub context_bytes: Bytes,
-    pub cublas_workspace_bytes: Bytes,
-}
-
 /// The estimate: one plain-data value for the CLI, the worker and the tests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {
@@ -265,6 +263,18 @@ pub struct Report {
     pub timeline: Vec<TimelinePoint>,
     pub gpus: Vec<GpuVerdict>,
     pub warnings: Vec<Warning>,
+    /// The kind of job, as the measured errors are grouped.
+    #[serde(default = "default_kind")]
+    pub job_kind: JobKind,
+    /// The error measured against real GPU runs of this kind of job, and
+    /// the margin a fit needs to be more than thin ([`accuracy`]); absent
+    /// when none was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_band: Option<ErrorBand>,
+}
+
+fn default_kind() -> JobKind {
+    JobKind::Training
 }
 
 /// One GPU's simulations: at its capacity, and without a limit (needed for the
@@ -356,11 +366,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
     let mut ops: BTreeMap<String, Bytes> = BTreeMap::new();
     let mut requested = Bytes::ZERO;
     for event in &live {
-        let size = if event.category == Category::Workspace {
-            overheads.cublas_workspace_bytes
-        } else {
-            event.size
-        };
+        let size = event.size_on(input.reference);
         breakdown.add(event.category, size);
         requested += size;
         let Some(facts) = job.block_facts(event.facts) else {
@@ -419,7 +425,19 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         g.prefill_peak_allocated_bytes = window_peaks.next().flatten().map(|s| s.allocated);
         g.decode_peak_allocated_bytes = window_peaks.next().flatten().map(|s| s.allocated);
     }
-    let gpus = input.gpus.iter().map(verdict).collect();
+    let job_kind = JobKind::of(&summary);
+    let error_band =
+        accuracy::Accuracy::shipped().and_then(|a| ErrorBand::new(&a, job_kind, peak_reserved));
+    let kernels = job.kernels();
+    let gpus = input
+        .gpus
+        .iter()
+        .map(|runs| {
+            let mut gpu = verdict(runs, &kernels);
+            gpu.margin = Margin::of(gpu.headroom_bytes, error_band.as_ref());
+            gpu
+        })
+        .collect();
     Ok(Report {
         schema: SCHEMA.to_owned(),
         reference_gpu: input.reference.name.clone(),
@@ -439,6 +457,8 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
         timeline: detail.timeline,
         gpus,
         warnings: input.warnings.clone(),
+        job_kind,
+        error_band,
     })
 }
 
@@ -466,24 +486,6 @@ fn place(
     }
 }
 
-fn verdict(runs: &GpuRuns<'_>) -> GpuVerdict {
-    let overheads = runs.target.overheads;
-    let capacity = runs.target.capacity;
-    let peak_total = runs.at_capacity.max_reserved + overheads.context_bytes;
-    let fits = runs.at_capacity.oom_at.is_none() && peak_total <= capacity;
-    let needed = runs.unlimited.max_reserved + overheads.context_bytes;
-    GpuVerdict {
-        preset: runs.target.name.clone(),
-        capacity_bytes: capacity,
-        fits,
-        peak_total_bytes: peak_total,
-        headroom_bytes: fits.then(|| capacity.saturating_sub(peak_total)),
-        shortfall_bytes: (!fits).then(|| needed.saturating_sub(capacity)),
-        context_bytes: overheads.context_bytes,
-        cublas_workspace_bytes: overheads.cublas_workspace_bytes,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,6 +503,8 @@ mod tests {
             phase: Phase::Forward,
             op: Some("aten::op".into()),
             layer: (!layer.is_empty()).then(|| layer.to_owned()),
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         }
     }
 
@@ -557,6 +561,7 @@ mod tests {
                 end: Nanos(5),
             }],
             phases: Vec::new(),
+            kernels: Vec::new(),
         }
     }
 
@@ -638,7 +643,7 @@ mod tests {
             at_capacity: &failed,
             unlimited: &unlimited,
         };
-        let verdict = verdict(&runs);
+        let verdict = verdict(&runs, &[]);
         assert!(!verdict.fits);
         assert_eq!(verdict.headroom_bytes, None);
         assert_eq!(

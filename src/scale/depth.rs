@@ -138,7 +138,7 @@ pub(super) fn deepen(
 
 /// The template's forward and backward parts in every call, with the
 /// predecessor's, aligned.
-fn stack_parts(
+pub(super) fn stack_parts(
     trace: &Trace,
     frames: &[ModuleFrame],
     stack: &Stack,

@@ -324,10 +324,9 @@ impl<'a> Shapes<'a> {
             Some(strides) if strides.len() == dims.len() => dims
                 .iter()
                 .zip(strides)
-                .map(|(&d, &s)| (d - 1).max(0).saturating_mul(s.max(0)))
-                .sum::<i64>()
-                .saturating_add(1),
-            _ => dims.iter().product::<i64>(),
+                .map(|(&d, &s)| d.saturating_sub(1).max(0).saturating_mul(s.max(0)))
+                .fold(1_i64, i64::saturating_add),
+            _ => dims.iter().fold(1_i64, |n, &d| n.saturating_mul(d)),
         };
         u64::try_from(elems.max(0))
             .unwrap_or(0)

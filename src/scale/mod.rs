@@ -29,6 +29,7 @@ mod parts;
 mod shape;
 mod step;
 mod tokens;
+pub mod work;
 
 pub use tokens::TokenFacts;
 
@@ -168,6 +169,7 @@ impl ScaleError {
     pub fn setting(&self) -> Option<crate::diag::Setting> {
         match self {
             ScaleError::SeveralWithoutLength => Some(crate::diag::Setting::SequenceLength),
+            ScaleError::OverBudget { .. } => Some(crate::diag::Setting::MemoryBudget),
             _ => None,
         }
     }
@@ -227,6 +229,53 @@ pub enum ScaleError {
     GenerationLength { traced: u32, asked: u32 },
     #[error("several traces were given, which estimate their job at another sequence length: set the sequence length to estimate")]
     SeveralWithoutLength,
+    #[error("the trace's times or ids are too large to make {0}: the copies would carry them past the largest number a trace holds (2^63); the file is not a trace as torch.profiler writes it, or its ts values are not microseconds")]
+    OutOfRange(String),
+    #[error("{asked} would need about {} of memory to rebuild and simulate, more than this estimate may use ({}): {fits} in that budget", work::size(*needed), work::size(*budget))]
+    OverBudget {
+        /// The request in words ("32 layers and 8,192 new tokens").
+        asked: String,
+        /// The memory it would need.
+        needed: Bytes,
+        /// The memory budget.
+        budget: Bytes,
+        /// The largest request that fits, in words.
+        fits: String,
+    },
+}
+
+/// The work `target` implies on `traces` (counted on the first), or the
+/// error that refuses it: a target out of range, more memory than
+/// `budget`, or times the copies would carry past the range of a time
+/// ([`work::check`]). [`scale_within`] calls it before it builds anything.
+pub fn check_work(
+    traces: &[Trace],
+    target: &Target,
+    budget: work::Budget,
+) -> Result<work::Work, ScaleError> {
+    validate(target)?;
+    let Some(first) = traces.first() else {
+        return Err(ScaleError::SeveralWithoutLength);
+    };
+    let counts = if target.layers.is_some() || target.new_tokens.is_some() {
+        work::Counts::of(first)
+    } else {
+        work::Counts {
+            traced: work::Counts::traced_of(first),
+            ..work::Counts::default()
+        }
+    };
+    work::check(&counts, target, budget)
+}
+
+/// The most new tokens the job `target` asks for (its layers; its new
+/// tokens left aside) can generate within `budget`, counted on the first of
+/// `traces`: what a search over generation lengths may simulate. `None`
+/// when the trace is no generation or not even its traced length fits.
+pub fn most_new_tokens(traces: &[Trace], target: &Target, budget: work::Budget) -> Option<u32> {
+    let counts = work::Counts::of(traces.first()?);
+    let layers = target.layers.unwrap_or(counts.layers);
+    work::most_tokens(&counts, layers, budget)
 }
 
 /// Refuses a target out of range before any work: zero or too many
@@ -271,9 +320,20 @@ pub fn scale_many(
     traces: &[Trace],
     target: &Target,
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
+    scale_within(traces, target, work::Budget::UNLIMITED)
+}
+
+/// Like [`scale_many`], refusing at once a target whose rebuild would need
+/// more memory than `budget` ([`check_work`]: the one place the work is
+/// checked, before anything is built). What the pipeline calls.
+pub fn scale_within(
+    traces: &[Trace],
+    target: &Target,
+    budget: work::Budget,
+) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
+    check_work(traces, target, budget)?;
     let mut warnings = Vec::new();
     let mut facts = ScaleFacts::default();
-    validate(target)?;
     let Some((first, rest)) = traces.split_first() else {
         return Err(ScaleError::SeveralWithoutLength);
     };

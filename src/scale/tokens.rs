@@ -52,8 +52,8 @@ pub struct TokenFacts {
 }
 
 /// One generation's last call and the call before it.
-struct Gen {
-    template: (i64, i64),
+pub(super) struct Gen {
+    pub(super) template: (i64, i64),
     pred: (i64, i64),
     /// The first call (the prompt's).
     prefill: (i64, i64),
@@ -314,7 +314,8 @@ fn plan(
                 && s <= b
                 && trace.tensor_args(o).iter().any(|t| {
                     let d = trace.numbers(t.dims);
-                    d.len() == 4 && (d.get(2) == Some(&p) || d.get(2) == Some(&prompt))
+                    let positions = d.len().checked_sub(2).and_then(|i| d.get(i));
+                    d.len() >= 4 && (positions == Some(&p) || positions == Some(&prompt))
                 })
         });
         if in_template(s) || reads_cache {
@@ -394,7 +395,7 @@ pub(super) fn is_generation(trace: &Trace) -> bool {
 /// The generations of the trace: per profiled iteration, the outermost
 /// module's calls (at least three), as (last call, call before) and the
 /// number of calls; all of one length.
-fn generations(trace: &Trace) -> Result<Vec<(Gen, u32)>, ScaleError> {
+pub(super) fn generations(trace: &Trace) -> Result<Vec<(Gen, u32)>, ScaleError> {
     let mut calls: Vec<(i64, i64)> = module_frames(trace)
         .into_iter()
         .filter(|f| f.ancestors.is_empty())

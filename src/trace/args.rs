@@ -302,8 +302,10 @@ fn types(raw: &[u8], out: &mut Vec<(usize, usize)>) {
     }
 }
 
-/// Parses `Concrete Inputs`: the integer and integer-list values.
-fn concrete(raw: &[u8], numbers: &mut Vec<i64>, out: &mut Vec<ConcreteArg>) {
+/// Parses `Concrete Inputs`: the integer and integer-list values; with
+/// `flags`, also `True`/`False` (1/0) and floating values in millionths
+/// (see [`super::FLAG_OPS`]).
+fn concrete(raw: &[u8], flags: bool, numbers: &mut Vec<i64>, out: &mut Vec<ConcreteArg>) {
     let mut c = Cursor::new(raw);
     if !c.eat(b'[') {
         return;
@@ -320,7 +322,8 @@ fn concrete(raw: &[u8], numbers: &mut Vec<i64>, out: &mut Vec<ConcreteArg>) {
         };
         let text = text.trim();
         let start = numbers.len();
-        if let Ok(v) = text.parse::<i64>() {
+        let flag = if flags { flag_value(text) } else { None };
+        if let Some(v) = text.parse::<i64>().ok().or(flag) {
             numbers.push(v);
             if let Some(values) = span(start, numbers.len()) {
                 out.push(ConcreteArg {
@@ -342,6 +345,19 @@ fn concrete(raw: &[u8], numbers: &mut Vec<i64>, out: &mut Vec<ConcreteArg>) {
     }
 }
 
+/// A boolean as 1/0, or a finite floating value in millionths (rounded,
+/// within ±1e12): how [`super::FLAG_OPS`] keep theirs.
+fn flag_value(text: &str) -> Option<i64> {
+    match text {
+        "True" | "true" => return Some(1),
+        "False" | "false" => return Some(0),
+        _ => {}
+    }
+    let v: f64 = text.parse().ok()?;
+    let micro = (v * 1e6).round();
+    (micro.is_finite() && micro.abs() <= 1e12).then_some(micro as i64)
+}
+
 /// The raw JSON text of an op's argument fields.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub(super) struct RawOpArgs<'de> {
@@ -361,10 +377,12 @@ pub(super) struct ReadArgs {
 }
 
 /// Reads an op's tensor arguments into `args`, interning dtype names with
-/// `intern`; `keep_concrete` also keeps its integer concrete values.
+/// `intern`; `keep_concrete` also keeps its integer concrete values, and
+/// `keep_flags` its boolean and floating ones.
 pub(super) fn read_op_args(
     raw: RawOpArgs<'_>,
     keep_concrete: bool,
+    keep_flags: bool,
     args: &mut OpArgs,
     scratch: &mut Scratch,
     intern: &mut dyn FnMut(&str) -> NameId,
@@ -426,7 +444,7 @@ pub(super) fn read_op_args(
     if keep_concrete {
         if let Some(raw) = raw.concrete {
             let start = args.concrete.len();
-            concrete(raw, &mut args.numbers, &mut args.concrete);
+            concrete(raw, keep_flags, &mut args.numbers, &mut args.concrete);
             read.concrete = span(start, args.concrete.len()).unwrap_or_default();
         }
     }
@@ -473,8 +491,58 @@ mod tests {
             strides: Some(strides.as_bytes()),
             concrete: Some(concrete.as_bytes()),
         };
-        let r = read_op_args(raw, true, &mut args, &mut Scratch::default(), &mut intern);
+        let r = read_op_args(
+            raw,
+            true,
+            false,
+            &mut args,
+            &mut Scratch::default(),
+            &mut intern,
+        );
         (args, r, names)
+    }
+
+    #[test]
+    fn attention_keeps_its_flags_as_integers() {
+        let raw = RawOpArgs {
+            dims: Some(b"[[2, 12, 8, 64], [2, 4, 8, 64], [2, 4, 8, 64], [], [], [], [], []]"),
+            types: Some(
+                br#"["float", "float", "float", "", "Scalar", "Scalar", "Scalar", "Scalar"]"#,
+            ),
+            strides: None,
+            concrete: Some(br#"["", "", "", "", "0.10000000000000001", "True", "0.125", "False"]"#),
+        };
+        let mut names: Vec<String> = Vec::new();
+        let mut intern = |s: &str| {
+            names.push(s.to_owned());
+            NameId(u32::try_from(names.len() - 1).unwrap())
+        };
+        let mut values = |flags: bool| {
+            let mut args = OpArgs::default();
+            read_op_args(
+                raw,
+                true,
+                flags,
+                &mut args,
+                &mut Scratch::default(),
+                &mut intern,
+            );
+            args.concrete
+                .iter()
+                .map(|c| (c.position, args.slice(c.values).to_vec()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            values(true),
+            vec![
+                (4, vec![100_000]),
+                (5, vec![1]),
+                (6, vec![125_000]),
+                (7, vec![0])
+            ]
+        );
+        // Other ops keep integers only.
+        assert_eq!(values(false), vec![]);
     }
 
     #[test]

@@ -327,7 +327,13 @@ impl Builder {
             }
         };
         let start = Nanos::from_micros_f64(ts);
-        let dur = Nanos::from_micros_f64(dur);
+        // A span ends within the range of a time: `start + dur` never
+        // overflows downstream.
+        let dur = Nanos(
+            Nanos::from_micros_f64(dur)
+                .get()
+                .min(i64::MAX.saturating_sub(start.get())),
+        );
         let op_name = ev.name.as_deref().unwrap_or("");
         let name = self.intern(op_name);
         let tid = self.tid(ev.tid);
@@ -335,11 +341,13 @@ impl Builder {
         match ev.cat {
             Cat::CpuOp => {
                 let keep_concrete = ARGS_KEPT.keeps_concrete(op_name);
+                let keep_flags = ARGS_KEPT.keeps_flags(op_name);
                 let mut scratch = std::mem::take(&mut self.scratch);
                 let mut op_args = std::mem::take(&mut self.trace.op_args);
                 let read = read_op_args(
                     args.op_args,
                     keep_concrete,
+                    keep_flags,
                     &mut op_args,
                     &mut scratch,
                     &mut |dtype| self.intern(dtype),
@@ -470,5 +478,32 @@ mod tests {
         );
         let parsed = crate::trace::parse(json.as_bytes());
         assert!(parsed.is_ok(), "{parsed:?}");
+    }
+
+    /// A span ends within the range of a time, however far the file puts
+    /// it: every stage adds `dur` to `start` (issue 33).
+    #[test]
+    fn a_span_ends_within_the_range_of_a_time() {
+        let json = r#"{"traceEvents": [
+            {"ph": "i", "name": "[memory]", "ts": 1, "args": {"Addr": 1, "Bytes": 8}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 9e15, "dur": 9e15},
+            {"ph": "X", "cat": "python_function", "name": "f", "ts": 1e300, "dur": 5},
+            {"ph": "X", "cat": "user_annotation", "name": "a", "ts": -9e15, "dur": 1e300}
+        ]}"#;
+        let trace = crate::trace::parse(json.as_bytes()).unwrap().value;
+        let ends = trace
+            .ops
+            .iter()
+            .map(|o| (o.start, o.dur))
+            .chain(trace.python.iter().map(|p| (p.start, p.dur)))
+            .chain(trace.annotations.iter().map(|a| (a.start, a.dur)));
+        for (start, dur) in ends {
+            assert!(
+                start.get().checked_add(dur.get()).is_some(),
+                "{start:?} + {dur:?}"
+            );
+            assert!(dur.get() >= 0);
+        }
+        assert_eq!(trace.ops[0].dur, Nanos(i64::MAX - trace.ops[0].start.get()));
     }
 }

@@ -21,6 +21,8 @@ pub use args::dtype_size;
 mod build;
 mod checkpoint;
 pub use checkpoint::{reentrant_checkpoint_inputs, CHECKPOINT_BACKWARD};
+mod capture;
+pub use capture::{Capture, CAPTURE_SCHEMA};
 mod loose;
 mod signatures;
 pub use signatures::{quant_state_args, weight_args, ACCUMULATE_GRAD};
@@ -281,6 +283,10 @@ pub struct TraceHeader {
     /// initialised `torch.distributed` process group.
     #[serde(default)]
     pub distributed: Option<DistributedInfo>,
+    /// `memcast`: what memcast's capture helper recorded and the full job
+    /// the trace stands for ([`Capture`]).
+    #[serde(default)]
+    pub capture: Option<Box<Capture>>,
 }
 
 /// The process group a trace's process belonged to (`distributedInfo`).
@@ -402,7 +408,8 @@ impl Trace {
             .unwrap_or_default()
     }
 
-    /// The integer concrete values of an op (view ops only).
+    /// The integer concrete values of an op (view ops, and the flags of
+    /// [`FLAG_OPS`]).
     pub fn concrete_args(&self, op: &OpEvent) -> &[ConcreteArg] {
         self.op_args
             .concrete
@@ -441,6 +448,9 @@ pub struct ArgsKept {
     pub no_shapes_of_ops_ending: &'static [&'static str],
     /// Ops with one of these names keep their integer concrete values.
     pub concrete_of_ops: &'static [&'static str],
+    /// Ops with one of these names also keep their boolean and floating
+    /// concrete values ([`FLAG_OPS`]).
+    pub flags_of_ops: &'static [&'static str],
 }
 
 /// The ops whose arguments the reader keeps (see [`ArgsKept`]).
@@ -448,7 +458,21 @@ pub const ARGS_KEPT: ArgsKept = ArgsKept {
     no_shapes_of_ops: &[],
     no_shapes_of_ops_ending: &[],
     concrete_of_ops: VIEW_OPS,
+    flags_of_ops: FLAG_OPS,
 };
+
+/// Ops whose `Concrete Inputs` decide which CUDA kernel runs and what it
+/// allocates, kept as integers: integers and integer lists as they are,
+/// `True`/`False` as 1/0, a floating value in millionths (`0.1` → 100000).
+/// `scaled_dot_product_attention` (query, key, value, attn_mask, dropout_p,
+/// is_causal, scale, enable_gqa): its dropout probability and causal flag
+/// choose the CUDA attention backend; `sum` and `mean` (self, dim, keepdim,
+/// dtype): the dims reduced size a CUDA reduction's global buffer.
+pub const FLAG_OPS: &[&str] = &[
+    "aten::scaled_dot_product_attention",
+    "aten::sum",
+    "aten::mean",
+];
 
 /// The op names that return a view of (or the very tensor of) their first
 /// argument, at least when they do not copy. The reader keeps their integer
@@ -503,7 +527,13 @@ impl ArgsKept {
 
     /// Whether an op of this name keeps its integer concrete values.
     pub fn keeps_concrete(&self, op: &str) -> bool {
-        self.concrete_of_ops.contains(&op)
+        self.concrete_of_ops.contains(&op) || self.flags_of_ops.contains(&op)
+    }
+
+    /// Whether an op of this name also keeps its boolean and floating
+    /// concrete values (as [`FLAG_OPS`] says).
+    pub fn keeps_flags(&self, op: &str) -> bool {
+        self.flags_of_ops.contains(&op)
     }
 }
 
@@ -528,7 +558,7 @@ pub enum TraceError {
     Read(String),
     #[error("the file is empty: export the trace again with prof.export_chrome_trace(path) after the profiler has stopped")]
     Empty,
-    #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0:?}")]
+    #[error("the file is neither JSON nor gzip-compressed JSON: pass the file written by prof.export_chrome_trace (.json or .json.gz), not {0}")]
     NotJson(String),
     #[error("the gzip data is truncated: the file was cut off while copying or writing; copy it again (gzip -t checks it)")]
     TruncatedGzip,

@@ -178,6 +178,50 @@ impl Gunzip {
 // ---------------------------------------------------------------------------
 // JSON
 
+/// What a file that is not JSON starts with, for its error: printable text
+/// quoted, else "binary data" with its first bytes in hex and, for a few
+/// common formats, their name (never the raw bytes, which show as garbage).
+fn describe_start(bytes: &[u8]) -> String {
+    let head = bytes.get(..24).unwrap_or(bytes);
+    if let Ok(text) = std::str::from_utf8(head) {
+        if text
+            .chars()
+            .all(|c| !c.is_control() || c == '\n' || c == '\t' || c == '\r')
+        {
+            return format!("a file starting {:?}", text.trim_end());
+        }
+    }
+    let known = [
+        (&b"\x89PNG"[..], "a PNG image"),
+        (
+            b"PK\x03\x04",
+            "a ZIP archive (a torch.save checkpoint is one)",
+        ),
+        (b"%PDF", "a PDF document"),
+        (b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
+        (b"BZh", "bzip2-compressed data"),
+        (b"\xfd7zXZ", "xz-compressed data"),
+        (
+            b"\x80\x02",
+            "a Python pickle, such as a CUDA memory snapshot (not a profiler trace)",
+        ),
+        (
+            b"\x80\x04",
+            "a Python pickle, such as a CUDA memory snapshot (not a profiler trace)",
+        ),
+        (
+            b"\x80\x05",
+            "a Python pickle, such as a CUDA memory snapshot (not a profiler trace)",
+        ),
+    ];
+    let kind = known
+        .iter()
+        .find(|(magic, _)| bytes.starts_with(magic))
+        .map_or("binary data", |(_, name)| name);
+    let hex: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{kind} (its first bytes: {} …)", hex.join(" "))
+}
+
 /// A top-level key of the trace object the reader acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TopKey {
@@ -190,6 +234,7 @@ enum TopKey {
     TraceName,
     DeviceProperties,
     DistributedInfo,
+    Capture,
     Other,
 }
 
@@ -204,6 +249,7 @@ fn classify_top_key(key: &str) -> TopKey {
         "traceName" => TopKey::TraceName,
         "deviceProperties" => TopKey::DeviceProperties,
         "distributedInfo" => TopKey::DistributedInfo,
+        "memcast" => TopKey::Capture,
         _ => TopKey::Other,
     }
 }
@@ -447,10 +493,7 @@ impl JsonStream {
                     1
                 }
                 _ => {
-                    let preview = rest.get(..24).unwrap_or(rest);
-                    return Err(StepError::Trace(TraceError::NotJson(
-                        String::from_utf8_lossy(preview).into_owned(),
-                    )));
+                    return Err(StepError::Trace(TraceError::NotJson(describe_start(rest))));
                 }
             },
             State::Key { first } => {
@@ -618,6 +661,8 @@ impl JsonStream {
             TopKey::DistributedInfo => {
                 parse_value::<LooseDistributed>(item, at_end)?.map(|v| header.distributed = v.0)
             }
+            TopKey::Capture => parse_value::<super::capture::LooseCapture>(item, at_end)?
+                .map(|v| header.capture = v.0.map(Box::new)),
             TopKey::TraceEvents | TopKey::Other => {
                 parse_value::<IgnoredAny>(item, at_end)?.map(|_| ())
             }

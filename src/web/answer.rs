@@ -5,38 +5,14 @@
 use leptos::prelude::*;
 
 use super::format::{exact, gib, short};
-use crate::report::{GpuVerdict, Report};
+use crate::present::{margin_note, target_verdict};
+use crate::report::{GpuVerdict, Margin, Report};
 
 /// How many fitting GPUs the answer names before "and N more".
 const FITS_SHOWN: usize = 6;
 
-/// The verdict sentence for the target GPU.
-fn verdict(target: Option<&GpuVerdict>, reference: &str) -> (String, &'static str) {
-    match target {
-        Some(gpu) if gpu.fits => (
-            format!(
-                "Fits on {} — {} free of {}",
-                gpu.preset,
-                short(gpu.headroom_bytes.unwrap_or_default()),
-                short(gpu.capacity_bytes)
-            ),
-            "fits",
-        ),
-        Some(gpu) => (
-            format!(
-                "Out of memory on {} — needs {} more than its {}",
-                gpu.preset,
-                short(gpu.shortfall_bytes.unwrap_or_default()),
-                short(gpu.capacity_bytes)
-            ),
-            "oom",
-        ),
-        None => (format!("Peak on {reference}"), ""),
-    }
-}
-
 /// The GPUs the job fits on, smallest capacity first, by name (their
-/// capacities are in the GPU table).
+/// capacities are in the GPU table); a thin fit is marked.
 fn fits_on(report: &Report) -> String {
     let mut fitting: Vec<&GpuVerdict> = report.gpus.iter().filter(|g| g.fits).collect();
     if fitting.is_empty() {
@@ -46,7 +22,13 @@ fn fits_on(report: &Report) -> String {
     let mut names: Vec<String> = fitting
         .iter()
         .take(FITS_SHOWN)
-        .map(|g| g.preset.clone())
+        .map(|g| {
+            if g.margin == Margin::Thin {
+                format!("{} (thin margin)", g.preset)
+            } else {
+                g.preset.clone()
+            }
+        })
         .collect();
     if fitting.len() > FITS_SHOWN {
         names.push(format!("and {} more", fitting.len() - FITS_SHOWN));
@@ -60,11 +42,10 @@ pub fn Answer(
     /// The estimate shown.
     report: Report,
 ) -> impl IntoView {
-    let target = report
-        .gpus
-        .iter()
-        .find(|g| g.preset == report.reference_gpu);
-    let (sentence, class) = verdict(target, &report.reference_gpu);
+    let (sentence, class) = target_verdict(&report)
+        .unwrap_or_else(|| (format!("Peak on {}", report.reference_gpu), ""));
+    let thin = report.gpus.iter().any(|g| g.margin == Margin::Thin);
+    let note = report.error_band.as_ref().map(margin_note);
     let peak = report.peak.clone();
     let out_of_memory: Vec<String> = report
         .gpus
@@ -82,6 +63,7 @@ pub fn Answer(
                 <span class="parts">{format!(" = reserved {} + CUDA context {}", short(peak.reserved_bytes), short(peak.context_bytes))}</span>
             </p>
             <p class="where"><span class="label">"Fits on: "</span><span id="fits-on">{fits_on(&report)}</span></p>
+            {note.map(|note| view! { <p id="margin-note" class="margin-note" class:thin=thin>{note}</p> })}
             {(!out_of_memory.is_empty()).then(|| view! {
                 <p class="where"><span class="label">"Out of memory on: "</span><span id="oom-on">{out_of_memory.join(", ")}</span></p>
             })}

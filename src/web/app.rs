@@ -6,6 +6,13 @@
 //! Nothing the user gives is lost while the worker starts (or restarts after
 //! a Cancel): a request made before the worker has said "ready" waits in a
 //! one-place queue and is sent when it does; the status line says so.
+//!
+//! The verdict never passes for an answer to settings it was not computed
+//! with: whenever the fields ask for something else (an edit not yet
+//! applied, a Cancel, a refusal, a crashed worker, a shared link edited),
+//! the verdict is greyed and says which settings it answers, with the fields'
+//! values beside them. A worker that dies (WebAssembly out of memory, a bug)
+//! is replaced by a fresh one, and the error says so.
 
 use leptos::prelude::*;
 use wasm_bindgen::JsCast;
@@ -16,12 +23,13 @@ use super::autocast::{AutocastChoice, AutocastForm};
 use super::bridge;
 use super::controls::{Status, StatusLine, TraceInput, WhatIfSection};
 use super::gpus::{Choice, GpuChooser};
-use super::params::{ParamFigures, ParamsForm};
+use super::guide::CaptureGuide;
+use super::params::{ParamFigures, ParamsForm, RunOptions, RunOptionsForm};
 use super::results::{Results, Shown, Verdict};
 use super::scale::{ScaleChoice, ScaleForm, TraceFacts};
 use crate::permalink::{self, Shared};
 use crate::pipeline::{Config, Settings};
-use crate::protocol::{Request, Response};
+use crate::protocol::{Request, Response, WorkStage};
 use crate::whatif::{WhatIfKind, WhatIfResult};
 
 /// The demo trace, a real fixture shipped with the site (`www/demo/`).
@@ -124,7 +132,13 @@ fn orchestrated_as(settings: &mut Settings, last: &Settings) {
     settings.layers = last.layers;
     settings.seq_len = last.seq_len;
     settings.new_tokens = last.new_tokens;
+    settings.iterations = last.iterations;
+    settings.captured_optimizer = last.captured_optimizer;
 }
+
+/// Crashes in a row (no "ready" between them) after which the page stops
+/// starting workers: a worker that cannot start would crash forever.
+const MAX_CRASHES: u32 = 3;
 
 /// The root component.
 #[component]
@@ -136,6 +150,9 @@ fn App() -> impl IntoView {
     let figures = ParamFigures::new();
     let autocast = AutocastChoice::new();
     let scale = ScaleChoice::new();
+    let options = RunOptions::new();
+    // Crashes since the last worker said "ready".
+    let crashes = StoredValue::new(0u32);
     // Files dropped together that wait for a sequence length (their names).
     let pending = RwSignal::new(None::<String>);
     // Settings the page has no control for (from a permalink made with
@@ -164,6 +181,7 @@ fn App() -> impl IntoView {
                 );
                 autocast.restore(&shared.settings);
                 scale.restore(&shared.settings);
+                options.restore(&shared.settings);
                 base.set_value(shared.settings.clone());
                 whatif_result.set(shared.whatif.clone());
                 link.set(href.clone());
@@ -189,8 +207,46 @@ fn App() -> impl IntoView {
         };
         autocast.apply_to(&mut settings);
         scale.apply_to(&mut settings)?;
+        options.apply_to(&mut settings)?;
         Ok(settings)
     };
+    // What the fields ask for, following every field.
+    let asked = Memo::new(move |_| {
+        choice.track();
+        figures.track();
+        autocast.track();
+        scale.track();
+        options.track();
+        settings()
+    });
+    // The choices the estimate shown was not made with (empty: it answers
+    // the fields).
+    let mismatch = Signal::derive(move || {
+        shown.with(|s| {
+            let Some(s) = s else {
+                return Ok(Vec::new());
+            };
+            asked.with(|a| match a {
+                Ok(a) => Ok(crate::present::changed(&s.settings, a)),
+                Err(message) => Err(message.clone()),
+            })
+        })
+    });
+    let restore_fields = Callback::new(move |()| {
+        let Some(current) = shown.get_untracked() else {
+            return;
+        };
+        let settings = &current.settings;
+        choice.restore(&settings.gpu_specs(), &settings.alloc_conf);
+        figures.restore(
+            settings.params.as_deref(),
+            settings.frozen_params.as_deref(),
+        );
+        autocast.restore(settings);
+        scale.restore(settings);
+        options.restore(settings);
+        error.set(None);
+    });
     let next_job = move || {
         let next = job.get_value().wrapping_add(1);
         job.set_value(next);
@@ -199,6 +255,7 @@ fn App() -> impl IntoView {
     let working = move |label: &str| {
         status.set(Status::Working {
             label: label.into(),
+            step: None,
             done: 0,
             total: 0,
         })
@@ -312,6 +369,7 @@ fn App() -> impl IntoView {
         match response {
             Response::Ready => {
                 ready.set_value(true);
+                crashes.set_value(0);
                 match queued.get_value() {
                     Some(request) => {
                         queued.set_value(None);
@@ -331,6 +389,9 @@ fn App() -> impl IntoView {
                 total,
             } if of == current => status.set(Status::Working {
                 label: stage.label().into(),
+                step: match stage {
+                    WorkStage::Pipeline(stage) => Some(stage.index()),
+                },
                 done,
                 total,
             }),
@@ -342,9 +403,21 @@ fn App() -> impl IntoView {
                 status.set(Status::Idle);
                 error.set(None);
                 whatif_result.set(None);
+                // A trace made by the capture helper answers for the full
+                // job it names: the settings (and the fields left blank)
+                // take the figures the estimate took.
+                let mut answered = job_settings.get_value();
+                answered.adopt_capture(report.summary.capture.as_deref());
+                scale.fill_blank(&answered);
+                if answered.autocast_dtype != job_settings.with_value(|s| s.autocast_dtype.clone())
+                    || answered.grad_scaler != job_settings.with_value(|s| s.grad_scaler)
+                {
+                    autocast.restore(&answered);
+                }
+                job_settings.set_value(answered.clone());
                 shown.set(Some(Shown {
                     trace,
-                    settings: job_settings.get_value(),
+                    settings: answered,
                     report: *report,
                     shared: false,
                 }));
@@ -376,17 +449,71 @@ fn App() -> impl IntoView {
             _ => {}
         }
     };
+    // Set once the crash handler below exists (it starts workers itself).
+    let on_crash_slot = StoredValue::new_local(None::<std::rc::Rc<dyn Fn(String)>>);
     let start_worker = move || {
         ready.set_value(false);
-        match bridge::spawn(on_response) {
+        let on_crash = move |message: String| {
+            on_crash_slot.with_value(|slot| {
+                if let Some(handler) = slot {
+                    handler(message);
+                }
+            });
+        };
+        match bridge::spawn(on_response, on_crash) {
             Ok(started) => worker.set_value(Some(started)),
             Err(message) => error.set(Some(message)),
         }
     };
+    // A worker that died: say what was running, keep the estimate shown
+    // (the banner says which settings it answers) and start a fresh one.
+    let crashed = move |message: String| {
+        let during = match status.get_untracked() {
+            Status::Working { label, .. } => format!(" while {}", label.to_lowercase()),
+            Status::Starting {
+                waiting: Some(name),
+            } => format!(" before {name} could run"),
+            _ => String::new(),
+        };
+        worker.update_value(|worker| {
+            if let Some(worker) = worker.take() {
+                worker.terminate();
+            }
+        });
+        queued.set_value(None);
+        next_job();
+        let count = crashes.get_value() + 1;
+        crashes.set_value(count);
+        let kept = if shown.with_untracked(Option::is_some) {
+            "The estimate shown is the previous one."
+        } else {
+            "Nothing was estimated."
+        };
+        if count >= MAX_CRASHES {
+            status.set(Status::Idle);
+            error.set(Some(format!(
+                "The worker stopped{during} ({message}) {count} times in a row: reload the page. {kept}"
+            )));
+            return;
+        }
+        error.set(Some(format!(
+            "The worker stopped{during} ({message}): the browser most likely ran out of memory for this job. A fresh worker has started. {kept} Try fewer layers, a shorter length or fewer new tokens, or the CLI (memcast estimate), which has no such limit."
+        )));
+        status.set(Status::Starting { waiting: None });
+        start_worker();
+    };
+    on_crash_slot.set_value(Some(std::rc::Rc::new(crashed)));
     start_worker();
 
     let cancel = move |()| {
-        error.set(Some("cancelled; the previous estimate is kept".into()));
+        error.set(Some(
+            if shown.with_untracked(Option::is_some) {
+                "Cancelled: nothing new was estimated, and the estimate shown is the previous one."
+            } else {
+                "Cancelled: nothing was estimated."
+            }
+            .into(),
+        ));
         if !ready.get_value() {
             // Nothing runs yet: forget what waits, let the worker start.
             queued.set_value(None);
@@ -485,19 +612,20 @@ fn App() -> impl IntoView {
                 <TraceInput on_files=Callback::new(submit_files) />
                 <div class="actions">
                     <button id="demo" type="button" on:click=demo>"Try the demo"</button>
-                    <CapturePanel />
+                    <CaptureGuide />
                 </div>
                 <StatusLine status=status on_cancel=Callback::new(cancel) />
                 {move || error.get().map(|message| view! { <p id="error" class="error" role="alert">{message}</p> })}
             </section>
 
-            {move || shown.get().map(|shown| view! { <Verdict shown=shown /> })}
+            {move || shown.get().map(|shown| view! { <Verdict shown=shown mismatch=mismatch apply=rerun restore=restore_fields /> })}
 
             <ScaleForm choice=scale facts=trace_facts pending=pending apply=rerun />
 
             <GpuChooser choice=choice changed=changed failed=failed />
             <ParamsForm figures=figures apply=rerun />
             <AutocastForm choice=autocast apply=rerun />
+            <RunOptionsForm options=options apply=rerun />
 
             {move || shown.get().map(|shown| view! { <Results shown=shown link=link /> })}
 
@@ -537,38 +665,3 @@ async fn fetch_blob(url: &str) -> Result<Blob, String> {
         .dyn_into::<Blob>()
         .map_err(|_| "cannot load the demo trace: not a file".to_string())
 }
-
-/// The copy-paste snippet that records a compatible trace.
-#[component]
-fn CapturePanel() -> impl IntoView {
-    view! {
-        <details id="capture" class="capture">
-            <summary>"How to capture a trace"</summary>
-            <pre><code>{CAPTURE_SNIPPET}</code></pre>
-            <ul>
-                <li><code>"profile_memory=True"</code>" records every allocation and free — the blocks memcast replays."</li>
-                <li><code>"record_shapes=True"</code>" records tensor shapes — parameters are inferred from the gradient shapes."</li>
-                <li><code>"with_stack=True"</code>" records Python frames — the layers, forward and backward."</li>
-                <li>"Three iterations ("<code>"active=3"</code>") let optimizers create their state and reach a steady state."</li>
-                <li>"Run it on the CPU: no GPU is needed. Drop the exported "<code>".json"</code>" (or its "<code>".json.gz"</code>") here."</li>
-            </ul>
-        </details>
-    }
-}
-
-const CAPTURE_SNIPPET: &str = r#"import torch
-from torch.profiler import profile, schedule, ProfilerActivity
-
-model, optimizer, loader = ...  # your training setup, on the CPU
-
-with profile(activities=[ProfilerActivity.CPU],
-             profile_memory=True, record_shapes=True, with_stack=True,
-             schedule=schedule(wait=0, warmup=0, active=3)) as prof:
-    for step, (inputs, targets) in zip(range(3), loader):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        prof.step()
-
-prof.export_chrome_trace("trace.json")"#;

@@ -52,6 +52,14 @@ impl AutocastChoice {
         settings.grad_scaler = self.grad_scaler.get_untracked();
     }
 
+    /// Subscribes the running effect or memo to every choice.
+    pub fn track(&self) {
+        self.keep_cpu_dtypes.track();
+        self.dtype.track();
+        self.policy.track();
+        self.grad_scaler.track();
+    }
+
     /// Whether any choice differs from the default.
     fn any(&self) -> bool {
         self.keep_cpu_dtypes.get_untracked()

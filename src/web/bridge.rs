@@ -4,7 +4,7 @@
 use js_sys::{Array, Object, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{Blob, MessageEvent, Worker};
+use web_sys::{Blob, ErrorEvent, MessageEvent, Worker};
 
 use crate::protocol::{Request, Response};
 
@@ -15,8 +15,15 @@ const WORKER_URL: &str = "./worker_loader.js";
 /// Starts the worker and routes every decoded [`Response`] to `on_response`.
 ///
 /// Messages that are not valid responses are reported as `Failed` with job 0,
-/// so a broken worker shows up as an error instead of a silent spinner.
-pub fn spawn(on_response: impl Fn(Response) + 'static) -> Result<Worker, String> {
+/// so a broken worker shows up as an error instead of a silent spinner. An
+/// error the worker did not handle (WebAssembly trapping on a bug or when the
+/// browser gives it no more memory: `RuntimeError: unreachable`, a script that
+/// failed to load) goes to `on_crash` with the browser's words: such a worker
+/// may hold a half-done job and is never used again.
+pub fn spawn(
+    on_response: impl Fn(Response) + 'static,
+    on_crash: impl Fn(String) + 'static,
+) -> Result<Worker, String> {
     let worker =
         Worker::new(WORKER_URL).map_err(|err| format!("cannot start the worker: {err:?}"))?;
     let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
@@ -34,6 +41,16 @@ pub fn spawn(on_response: impl Fn(Response) + 'static) -> Result<Worker, String>
     });
     worker.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
+    let on_error = Closure::<dyn Fn(JsValue)>::new(move |event: JsValue| {
+        let message = event
+            .dyn_ref::<ErrorEvent>()
+            .map(ErrorEvent::message)
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| "the worker could not run".to_owned());
+        on_crash(message);
+    });
+    worker.set_onerror(Some(on_error.as_ref().unchecked_ref()));
+    on_error.forget();
     Ok(worker)
 }
 

@@ -115,7 +115,41 @@ fn label_count(end: f64, step: f64) -> usize {
     (end / step).round() as usize + 1
 }
 
+/// Sizes a canvas to the width it is shown at (its container's, at most the
+/// width it was designed for), its height scaled with it but never under
+/// 60 % of the design's, so that a chart on a phone is drawn at the phone's
+/// size with readable labels instead of a shrunk desktop picture. The design
+/// size is kept in `data-width`/`data-height` the first time.
+pub fn fit(canvas: &HtmlCanvasElement) {
+    let design = |name: &str, now: u32| -> u32 {
+        match canvas.get_attribute(name).and_then(|v| v.parse().ok()) {
+            Some(v) => v,
+            None => {
+                let _ = canvas.set_attribute(name, &now.to_string());
+                now
+            }
+        }
+    };
+    let width = design("data-width", canvas.width());
+    let height = design("data-height", canvas.height());
+    if width == 0 {
+        return;
+    }
+    // At its design width the canvas is shown at most as wide as its box
+    // (CSS max-width: 100%): that is the width to draw at.
+    canvas.set_width(width);
+    let shown = u32::try_from(canvas.client_width()).unwrap_or(0);
+    if shown == 0 {
+        return;
+    }
+    let w = shown.clamp(280.min(width), width);
+    let h = (u64::from(height) * u64::from(w) / u64::from(width)).max(u64::from(height) * 6 / 10);
+    canvas.set_width(w);
+    canvas.set_height(u32::try_from(h).unwrap_or(height));
+}
+
 fn area(canvas: &HtmlCanvasElement) -> Result<DrawingArea<CanvasBackend, Shift>, String> {
+    fit(canvas);
     let backend = CanvasBackend::with_canvas_object(canvas.clone())
         .ok_or_else(|| "this browser gave no 2D canvas to draw on".to_string())?;
     let root = backend.into_drawing_area();
@@ -152,7 +186,7 @@ pub fn timeline(canvas: &HtmlCanvasElement, report: &Report, bands: &[Band]) -> 
     chart
         .configure_mesh()
         .light_line_style(GRID.mix(0.15))
-        .x_desc("trace time (s)")
+        .x_desc("CPU trace time (s) — event order, not GPU step time")
         .y_desc("GiB")
         .x_labels(label_count(x_end, x_step))
         .y_labels(label_count(y_max, y_step))

@@ -9,6 +9,7 @@ use wasm_bindgen::JsCast;
 use web_sys::{File, HtmlInputElement};
 
 use super::whatif::WhatIfPanel;
+use crate::pipeline::Stage;
 use crate::whatif::{WhatIfKind, WhatIfResult};
 
 /// What the worker is doing, as the status line shows it.
@@ -19,12 +20,31 @@ pub(super) enum Status {
     Starting { waiting: Option<String> },
     /// Waiting for input.
     Idle,
-    /// The worker is busy.
+    /// The worker is busy: on `step` of the pipeline's stages
+    /// ([`Stage::ALL`]; `None` for work outside them), `done` of `total`
+    /// units of it (a `total` of 0 or 1: no finer measure).
     Working {
         label: String,
+        step: Option<usize>,
         done: u64,
         total: u64,
     },
+}
+
+impl Status {
+    /// The whole run's progress in percent: each stage an equal share of the
+    /// bar, a stage's measured part of its share; never 100 while the worker
+    /// works (the last stage starts at 83 %). `None`: no measure at all.
+    pub(super) fn overall_percent(step: Option<usize>, done: u64, total: u64) -> Option<u64> {
+        let step = u64::try_from(step?).ok()?;
+        let stages = Stage::ALL.len() as u64;
+        let part = if total > 1 {
+            done.min(total).saturating_mul(100) / total
+        } else {
+            0
+        };
+        Some(((step * 100 + part) / stages).min(99))
+    }
 }
 
 /// The files of a `FileList`, in order.
@@ -96,20 +116,34 @@ pub(super) fn StatusLine(
     let cancel = move |_| on_cancel.run(());
     view! {
         <div class="progress-line">
+            // Outside the status's view, which is made again at every
+            // progress message, and first on the line: the button stays the
+            // same element, in the same place, while a job runs (the status
+            // text beside it changes width), so a click lands on it.
+            <Show when=move || matches!(status.get(), Status::Starting { waiting: Some(_) } | Status::Working { .. })>
+                <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
+            </Show>
             {move || match status.get() {
                 Status::Starting { waiting: None } => view! { <p id="status" class="status">"Starting the worker…"</p> }.into_any(),
                 Status::Starting { waiting: Some(name) } => view! {
                     <p id="status" class="status">{format!("Starting the worker… {name} runs as soon as it is ready.")}</p>
                     <progress id="progress"></progress>
-                    <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
                 }.into_any(),
                 Status::Idle => view! { <p id="status" class="status">"Ready."</p> }.into_any(),
-                Status::Working { label, done, total } => {
-                    let percent = done.saturating_mul(100).checked_div(total).unwrap_or(0);
+                Status::Working { label, step, done, total } => {
+                    let overall = Status::overall_percent(step, done, total);
+                    let of_stage = (total > 1 && done < total).then(|| done.saturating_mul(100) / total);
+                    let text = match (step, of_stage) {
+                        (Some(i), Some(p)) => format!("{label}… {p} % (step {} of {})", i + 1, Stage::ALL.len()),
+                        (Some(i), None) => format!("{label}… (step {} of {})", i + 1, Stage::ALL.len()),
+                        (None, _) => format!("{label}…"),
+                    };
                     view! {
-                        <p id="status" class="status">{format!("{label}… {percent}%")}</p>
-                        <progress id="progress" max="100" value=percent.to_string()></progress>
-                        <button id="cancel" type="button" on:click=cancel>"Cancel"</button>
+                        <p id="status" class="status">{text}</p>
+                        {match overall {
+                            Some(percent) => view! { <progress id="progress" max="100" value=percent.to_string()></progress> }.into_any(),
+                            None => view! { <progress id="progress"></progress> }.into_any(),
+                        }}
                     }.into_any()
                 }
             }}

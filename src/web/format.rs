@@ -1,10 +1,9 @@
-//! Number formatting for the page (display only: the report keeps exact
-//! bytes), and the open state of the page's lazily built `<details>`.
+//! Number formatting for the page — the core's ([`crate::present`]), so the
+//! page and the CLI print the same figures — and the open state of the
+//! page's lazily built `<details>`.
 
 use leptos::html::Details;
 use leptos::prelude::*;
-
-use crate::Bytes;
 
 /// Whether a `<details>` is open, following the element itself: a new
 /// estimate may be drawn into the same element, left open, so the state is
@@ -23,37 +22,7 @@ pub fn open_state(
     (open, on_toggle)
 }
 
-/// `1234567` → `"1,234,567"`.
-pub fn thousands(value: u64) -> String {
-    let digits = value.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (idx, ch) in digits.chars().enumerate() {
-        if idx > 0 && (digits.len() - idx) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
-
-/// Bytes as GiB with two decimals.
-pub fn gib(bytes: Bytes) -> String {
-    format!("{:.2} GiB", bytes.get() as f64 / Bytes::GIB as f64)
-}
-
-/// Bytes as GiB or MiB, whichever reads better.
-pub fn short(bytes: Bytes) -> String {
-    if bytes.get() >= Bytes::GIB {
-        gib(bytes)
-    } else {
-        format!("{:.1} MiB", bytes.get() as f64 / Bytes::MIB as f64)
-    }
-}
-
-/// Exact bytes with thousands separators.
-pub fn exact(bytes: Bytes) -> String {
-    format!("{} B", thousands(bytes.get()))
-}
+pub use crate::present::{exact, gib, short, thousands};
 
 /// Nanoseconds as seconds with three decimals.
 pub fn seconds(nanos: i64) -> String {

@@ -81,6 +81,14 @@ impl Choice {
         self.alloc_conf.set(alloc_conf.to_owned());
     }
 
+    /// Subscribes the running effect or memo to every choice.
+    pub fn track(&self) {
+        self.target.track();
+        self.compared.track();
+        self.customs.track();
+        self.alloc_conf.track();
+    }
+
     fn toggle(&self, spec: &str, on: bool) {
         self.compared.update(|list| {
             list.retain(|s| s != spec);
@@ -92,7 +100,16 @@ impl Choice {
 }
 
 fn capacity(bytes: Bytes) -> String {
-    format!("{:.1} GiB", bytes.get() as f64 / Bytes::GIB as f64)
+    crate::present::gib(bytes)
+}
+
+/// The presets of a segment as the lists show them: smallest capacity
+/// first, then by name (the settings keep the presets' own order).
+fn by_capacity(segment: Segment) -> Vec<&'static presets::GpuPreset> {
+    let mut list: Vec<&presets::GpuPreset> =
+        PRESETS.iter().filter(|p| p.segment == segment).collect();
+    list.sort_by_key(|p| (p.cuda_visible, p.slug));
+    list
 }
 
 /// The chooser. `changed` runs after every change that alters the estimate.
@@ -161,7 +178,7 @@ pub fn GpuChooser(
                 <select id="target-gpu" on:change=move |ev| { choice.target.set(event_target_value(&ev)); changed.run(()); }>
                     {Segment::ALL.iter().map(|segment| view! {
                         <optgroup label=segment.label()>
-                            {PRESETS.iter().filter(|p| p.segment == *segment).map(|preset| {
+                            {by_capacity(*segment).into_iter().map(|preset| {
                                 let slug = preset.slug;
                                 view! {
                                     <option value=slug prop:selected=move || choice.target.with(|t| t == slug)>
@@ -190,7 +207,7 @@ pub fn GpuChooser(
                     {Segment::ALL.iter().map(|segment| view! {
                         <fieldset>
                             <legend>{segment.label()}</legend>
-                            {PRESETS.iter().filter(|p| p.segment == *segment).map(|preset| {
+                            {by_capacity(*segment).into_iter().map(|preset| {
                                 checkbox(preset.slug.to_owned(), format!("{} ({})", preset.slug, capacity(preset.cuda_visible)))
                             }).collect_view()}
                         </fieldset>

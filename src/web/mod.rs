@@ -13,6 +13,7 @@ mod charts;
 mod controls;
 mod format;
 mod gpus;
+mod guide;
 mod params;
 mod results;
 mod scale;

@@ -37,6 +37,93 @@ impl ParamFigures {
         };
         (text(self.total), text(self.frozen))
     }
+
+    /// Subscribes the running effect or memo to every figure.
+    pub fn track(&self) {
+        self.total.track();
+        self.frozen.track();
+    }
+}
+
+/// The run options a warning may ask for: the CUDA context to assume on
+/// every GPU (the CLI's `--context`) and the iterations to simulate
+/// (`--iterations`), as typed (empty: the default).
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    pub context: RwSignal<String>,
+    pub iterations: RwSignal<String>,
+}
+
+impl RunOptions {
+    pub fn new() -> RunOptions {
+        RunOptions {
+            context: RwSignal::new(String::new()),
+            iterations: RwSignal::new(String::new()),
+        }
+    }
+
+    /// Restores the options of a permalink's settings.
+    pub fn restore(&self, settings: &crate::pipeline::Settings) {
+        self.context
+            .set(settings.context.clone().unwrap_or_default());
+        let default = crate::pipeline::Settings::default().iterations;
+        self.iterations.set(if settings.iterations == default {
+            String::new()
+        } else {
+            settings.iterations.to_string()
+        });
+    }
+
+    /// Writes the options into `settings` (blank: the defaults).
+    pub fn apply_to(&self, settings: &mut crate::pipeline::Settings) -> Result<(), String> {
+        let context = self.context.get_untracked().trim().to_owned();
+        settings.context = (!context.is_empty()).then_some(context);
+        let iterations = self.iterations.get_untracked().trim().to_owned();
+        settings.iterations = if iterations.is_empty() {
+            crate::pipeline::Settings::default().iterations
+        } else {
+            match iterations.parse::<u32>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(
+                        "the number of iterations must be a whole number of at least 1".into(),
+                    )
+                }
+            }
+        };
+        Ok(())
+    }
+
+    /// Subscribes the running effect or memo to both options.
+    pub fn track(&self) {
+        self.context.track();
+        self.iterations.track();
+    }
+}
+
+/// The run options' form. `apply` runs the last trace again with them.
+#[component]
+pub fn RunOptionsForm(options: RunOptions, apply: Callback<()>) -> impl IntoView {
+    let open = !options.context.get_untracked().is_empty()
+        || !options.iterations.get_untracked().is_empty();
+    view! {
+        <details id="run-options" class="params-override" prop:open=open>
+            <summary>"Run options (CUDA context, iterations)"</summary>
+            <form class="params" on:submit=move |ev| { ev.prevent_default(); apply.run(()); }>
+                <label>"CUDA context on every GPU "
+                    <input id="cuda-context" type="text" placeholder="per GPU, e.g. 600MiB"
+                        prop:value=move || options.context.get()
+                        on:input=move |ev| options.context.set(event_target_value(&ev)) />
+                </label>
+                <label>" iterations simulated "
+                    <input id="iterations" type="number" min="1" step="1" placeholder="3"
+                        prop:value=move || options.iterations.get()
+                        on:input=move |ev| options.iterations.set(event_target_value(&ev)) />
+                </label>
+                <button type="submit">"Apply"</button>
+            </form>
+        </details>
+    }
 }
 
 /// The form. `apply` runs the last trace again with the figures.

@@ -14,7 +14,7 @@ use super::scale::{scaled_note, ScaledTable};
 use crate::orchestrator::Phase;
 use crate::permalink::TraceIdentity;
 use crate::pipeline::Settings;
-use crate::report::{Breakdown, LayerKey, Report};
+use crate::report::{Breakdown, GpuVerdict, LayerKey, Margin, Report};
 
 /// An estimate on screen.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +51,20 @@ fn breakdown_parts(breakdown: &Breakdown) -> Vec<charts::Part> {
     .collect()
 }
 
+/// The GPU table's rows: the target first, then the others by capacity,
+/// smallest first (the report keeps the order the GPUs were chosen in).
+fn gpu_rows(report: &Report) -> Vec<GpuVerdict> {
+    let mut rows = report.gpus.clone();
+    rows.sort_by_key(|g| {
+        (
+            g.preset != report.reference_gpu,
+            g.capacity_bytes,
+            g.preset.clone(),
+        )
+    });
+    rows
+}
+
 /// The shaded phases of the timeline, and their names for the legend.
 const BAND_PHASES: [(Phase, &str); 6] = [
     (Phase::DataLoading, "data loading"),
@@ -79,6 +93,37 @@ fn phase_bands(report: &Report) -> Vec<Band> {
         .collect()
 }
 
+/// The page's control for a setting a warning asks for: the element's id and
+/// the button's words (`None`: the page has none, e.g. the batch sizes of a
+/// batch sweep, which is the CLI's `memcast batch`, or the memory budget,
+/// which on the page is the worker's own, below the wasm heap).
+fn control_of(setting: crate::diag::Setting) -> Option<(&'static str, &'static str)> {
+    use crate::diag::Setting;
+    match setting {
+        Setting::CudaContext => Some(("cuda-context", "Set the CUDA context")),
+        Setting::Iterations => Some(("iterations", "Set the iterations")),
+        Setting::ParameterBytes => Some(("params", "Give the parameter bytes")),
+        Setting::SequenceLength => Some(("seq-len", "Set the sequence length")),
+        Setting::WorldSize => Some(("world-size", "Set the number of GPUs")),
+        Setting::BatchSizes | Setting::TargetBatch | Setting::MemoryBudget => None,
+    }
+}
+
+/// Opens the form that holds the control `id`, scrolls to it and focuses it.
+fn focus_control(id: &str) {
+    use wasm_bindgen::JsCast;
+    let Some(element) = document().get_element_by_id(id) else {
+        return;
+    };
+    if let Some(details) = element.closest("details").ok().flatten() {
+        let _ = details.set_attribute("open", "");
+    }
+    element.scroll_into_view();
+    if let Ok(input) = element.dyn_into::<web_sys::HtmlElement>() {
+        let _ = input.focus();
+    }
+}
+
 /// Draws a chart once its canvas is in the page.
 fn draw_on(
     canvas: NodeRef<leptos::html::Canvas>,
@@ -93,14 +138,41 @@ fn draw_on(
     });
 }
 
-/// The first screen's answer, marked when it was opened from a permalink.
+/// The first screen's answer, marked when it was opened from a permalink,
+/// and greyed with the settings it answers when the fields ask for others.
 #[component]
 pub(super) fn Verdict(
     /// The estimate to answer for.
     shown: Shown,
+    /// The choices the fields ask for that the estimate was not made with
+    /// (an error: a field the page cannot read).
+    mismatch: Signal<Result<Vec<crate::present::Changed>, String>>,
+    /// Estimates what the fields ask for.
+    apply: Callback<()>,
+    /// Puts the estimate's own settings back in the fields.
+    restore: Callback<()>,
 ) -> impl IntoView {
+    let stale = move || mismatch.with(|m| m.as_ref().map_or(true, |m| !m.is_empty()));
     view! {
-        <section class="result first">
+        <section class="result first" class:stale=stale>
+            {move || mismatch.get().map_or_else(
+                |message| Some(view! {
+                    <div id="stale-banner" class="stale-banner" role="status">
+                        <p>"This estimate answers its own settings, not the fields: "{message}"."</p>
+                        <button id="stale-restore" type="button" on:click=move |_| restore.run(())>"Put its settings back"</button>
+                    </div>
+                }.into_any()),
+                |changed| (!changed.is_empty()).then(|| view! {
+                    <div id="stale-banner" class="stale-banner" role="status">
+                        <p>"Not yet estimated — this answer is for "
+                            {changed.iter().map(|c| format!("{} {}", c.what, c.shown)).collect::<Vec<_>>().join(", ")}
+                            ", while the fields ask for "
+                            <strong id="stale-asked">{changed.iter().map(|c| format!("{} {}", c.what, c.asked)).collect::<Vec<_>>().join(", ")}</strong>"."</p>
+                        <button id="stale-apply" type="button" on:click=move |_| apply.run(())>"Estimate what the fields ask"</button>
+                        " "<button id="stale-restore" type="button" on:click=move |_| restore.run(())>"Put the estimate's settings back"</button>
+                    </div>
+                }.into_any()),
+            )}
             {shown.shared.then(|| view! {
                 <p id="shared-banner" class="shared-banner">
                     "Shared estimate — computed elsewhere from "<strong>{shown.trace.name.clone()}</strong>
@@ -188,19 +260,11 @@ pub(super) fn Results(
                 <dt>"Allocated (live tensors)"</dt><dd id="peak-allocated">{format!("{} — {}", gib(peak.allocated_bytes), exact(peak.allocated_bytes))}</dd>
                 <dt>"CUDA context"</dt><dd>{format!("{} — {}", gib(peak.context_bytes), exact(peak.context_bytes))}</dd>
                 <dt>"Where"</dt><dd id="peak-where">{where_peak}</dd>
-                <dt>"Run"</dt><dd id="run-facts">{format!("{}: {} iterations simulated ({} captured), optimizer {}{}, target GPU {}",
-                    report.summary.run_kind.label().replace('_', " "),
-                    report.summary.iterations_simulated, report.summary.iterations_captured,
-                    report.summary.optimizer.clone().unwrap_or_else(|| "unknown".into()),
-                    if report.summary.foreach_modelled { " (foreach)" } else { "" },
-                    report.reference_gpu)}</dd>
-                <dt>"Model"</dt><dd id="model-facts">{format!("{} parameter tensors, {} ({} trainable, {} frozen{}), buffers {}",
-                    thousands(u64::from(report.summary.n_parameters)), short(report.summary.parameter_bytes),
-                    short(report.summary.trainable_parameter_bytes), short(report.summary.frozen_parameter_bytes),
-                    if report.summary.quantized_parameter_bytes.is_zero() && report.summary.quant_state_bytes.is_zero() { String::new() } else {
-                        format!(", of which {} quantized, plus {} quantisation state", short(report.summary.quantized_parameter_bytes), exact(report.summary.quant_state_bytes))
-                    },
-                    short(report.summary.buffer_bytes))}</dd>
+                <dt>"Run"</dt><dd id="run-facts">{crate::present::run_line(&report)}</dd>
+                <dt>"Model"</dt><dd id="model-facts">{crate::present::model_line(&report.summary)}</dd>
+                {report.summary.capture.clone().map(|c| view! {
+                    <dt>"Captured"</dt><dd id="capture-facts">{crate::present::captured(&c, &report.summary.scaled)}</dd>
+                })}
                 {report.summary.moe.clone().map(|m| view! {
                     <dt>"Experts"</dt><dd id="moe-facts">{format!("{} layers of {} experts ({}){}, {} of weights per expert per layer; rows per expert in the first layer: {}; {}",
                         m.layers, m.experts, m.implementation,
@@ -227,6 +291,7 @@ pub(super) fn Results(
 
             <h3>"Timeline"</h3>
             <canvas id="timeline-chart" node_ref=timeline_canvas width="1040" height="320"></canvas>
+            <p class="hint">"The horizontal axis is the CPU trace's clock: it orders the allocations as the job made them; it is not how long a step takes on a GPU."</p>
             <p class="legend">
                 {BAND_PHASES.iter().enumerate().map(|(idx, (_, name))| {
                     let c = charts::BAND_COLORS[idx];
@@ -234,7 +299,7 @@ pub(super) fn Results(
                 }).collect_view()}
             </p>
             <table id="iterations-table">
-                <thead><tr><th>"iteration"</th><th>"from captured"</th><th>"start"</th><th>"end"</th><th>"peak allocated (B)"</th><th>"peak reserved (B)"</th></tr></thead>
+                <thead><tr><th>"iteration"</th><th>"from captured"</th><th>"start (CPU trace s)"</th><th>"end (CPU trace s)"</th><th>"peak allocated (B)"</th><th>"peak reserved (B)"</th></tr></thead>
                 <tbody>
                     {report.iterations.iter().map(|it| {
                         let t0 = report.timeline.first().map_or(0, |f| f.time_ns.get());
@@ -248,7 +313,7 @@ pub(super) fn Results(
             <details class="numbers" node_ref=timeline_details on:toggle=timeline_toggled>
                 <summary>"Timeline numbers ("{report.timeline.len()}" points)"</summary>
                 <table id="timeline-table">
-                    <thead><tr><th>"time"</th><th>"allocated (B)"</th><th>"reserved (B)"</th></tr></thead>
+                    <thead><tr><th>"CPU trace time"</th><th>"allocated (B)"</th><th>"reserved (B)"</th></tr></thead>
                     <tbody>
                         // Built when first opened: thousands of rows cost more than the charts.
                         {move || timeline_open.get().then(|| {
@@ -268,11 +333,12 @@ pub(super) fn Results(
                 <table id="gpu-table">
                     <thead><tr><th>"GPU"</th><th>"capacity"</th><th>"verdict"</th><th>"headroom / shortfall"</th></tr></thead>
                     <tbody>
-                        {report.gpus.iter().map(|gpu| view! {
-                            <tr class=if gpu.fits { "fits" } else { "oom" }>
-                                <td>{gpu.preset.clone()}</td>
+                        {gpu_rows(&report).into_iter().map(|gpu| view! {
+                            <tr class=match gpu.margin { Margin::Fits => "fits", Margin::Thin => "thin", Margin::DoesNotFit => "oom" }
+                                class:target=gpu.preset == report.reference_gpu>
+                                <td>{gpu.preset.clone()}{(gpu.preset == report.reference_gpu).then_some(" (target)")}</td>
                                 <td title=exact(gpu.capacity_bytes)>{gib(gpu.capacity_bytes)}</td>
-                                <td class="verdict">{if gpu.fits { "fits" } else { "out of memory" }}</td>
+                                <td class="verdict">{if gpu.fits { gpu.margin.label() } else { Margin::DoesNotFit.label() }}</td>
                                 <td>{match (gpu.headroom_bytes, gpu.shortfall_bytes) {
                                     (Some(headroom), _) => format!("+{} free", short(headroom)),
                                     (_, Some(shortfall)) => format!("needs {} more", short(shortfall)),
@@ -316,8 +382,16 @@ pub(super) fn Results(
 
             <h3>"Warnings"</h3>
             <ul id="warnings" class="warnings">
-                {report.warnings.iter().map(|warning| view! {
-                    <li><code>{warning.code.clone()}</code>" "{warning.message.clone()}</li>
+                {report.warnings.iter().map(|warning| {
+                    let control = warning.setting.and_then(control_of);
+                    view! {
+                        <li><code>{warning.code.clone()}</code>" "{warning.message.clone()}
+                            {control.map(|(id, label)| view! {
+                                " "<button type="button" class="set-control" data-control=id
+                                    on:click=move |_| focus_control(id)>{label}</button>
+                            })}
+                        </li>
+                    }
                 }).collect_view()}
             </ul>
 

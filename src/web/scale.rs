@@ -58,6 +58,28 @@ impl ScaleChoice {
         Ok(())
     }
 
+    /// Fills the blank figures with those of `settings` (a capture's
+    /// figures the estimate took), leaving what the user typed.
+    pub fn fill_blank(&self, settings: &Settings) {
+        let fill = |field: RwSignal<String>, value: Option<u32>| {
+            if let Some(v) = value {
+                if field.get_untracked().trim().is_empty() {
+                    field.set(v.to_string());
+                }
+            }
+        };
+        fill(self.layers, settings.layers);
+        fill(self.seq_len, settings.seq_len);
+        fill(self.new_tokens, settings.new_tokens);
+    }
+
+    /// Subscribes the running effect or memo to every figure.
+    pub fn track(&self) {
+        self.layers.track();
+        self.seq_len.track();
+        self.new_tokens.track();
+    }
+
     /// Whether a sequence length is typed (several traces need one).
     pub fn has_length(&self) -> bool {
         !self.seq_len.get_untracked().trim().is_empty()
@@ -110,10 +132,11 @@ fn traced_line(facts: &TraceFacts) -> impl IntoView {
         }
         _ => "no repeated block (layer) that could be copied".into_any(),
     };
+    // A model without token ids (a CNN) has no sequence: nothing to say.
     let length = match (several.is_empty(), traced.seq_len) {
         (false, _) => format!(" at sequence lengths {}", lengths(&several)),
         (true, Some(len)) => format!(" at sequence length {len}"),
-        (true, None) => ", its sequence length not found".to_owned(),
+        (true, None) => String::new(),
     };
     let batch = traced
         .batch
@@ -139,7 +162,7 @@ pub fn ScaleForm(
         facts.with(|f| {
             f.as_ref()
                 .and_then(|f| of(&f.traced))
-                .map_or_else(|| "as traced".to_owned(), |v| format!("as traced ({v})"))
+                .map_or_else(|| "as traced".to_owned(), |v| format!("traced: {v}"))
         })
     };
     view! {

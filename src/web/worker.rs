@@ -36,6 +36,18 @@ const WARM_UP_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
 /// Bytes read per slice of the blob.
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 
+/// The memory an estimate may take here (`Config::memory_budget`): the
+/// wasm32 heap stops at 4 GiB, and the worker still holds the previous
+/// job's prepared trace while it builds the next. A rebuilt job that needs
+/// more is refused before it is built, naming the largest that fits.
+const MEMORY_BUDGET: crate::units::Bytes = crate::units::Bytes(1536 * crate::units::Bytes::MIB);
+
+/// `config` with the worker's memory budget.
+fn within_heap(mut config: Config) -> Config {
+    config.memory_budget = MEMORY_BUDGET;
+    config
+}
+
 /// This worker's own loader, to start the hasher from (relative to the
 /// worker's script, so the site works from any sub-path).
 const WORKER_URL: &str = "./worker_loader.js";
@@ -308,6 +320,7 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
     };
     match request {
         Request::Run { job, names, config } => {
+            let config = within_heap(config);
             let blobs = attached_blobs(data).filter(|blobs| blobs.len() == names.len());
             let Some(blobs) = blobs else {
                 post(Response::Failed {
@@ -331,8 +344,8 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
                 Err(message) => post(Response::Failed { job, message }),
             }
         }
-        Request::Resimulate { job, config } => resimulate(job, &config, post),
-        Request::WhatIf { job, what, config } => whatif(job, what, &config, post),
+        Request::Resimulate { job, config } => resimulate(job, &within_heap(config), post),
+        Request::WhatIf { job, what, config } => whatif(job, what, &within_heap(config), post),
     }
 }
 

@@ -7,14 +7,15 @@
 //! a position a step, every block through the caching allocator), so the
 //! fragmentation that growing caches cause is simulated, not assumed. The
 //! search doubles the new tokens from the traced count while some GPU still
-//! fits and the count stays within the simulation budget, then bisects
-//! each GPU's limit between the last point that fits and the first that
-//! does not. A GPU that still fits at the budget gets its limit
-//! *extrapolated* past the largest point (see [`extrapolate`]; the result
-//! says so): simulating far past the budget would copy that many decode
-//! steps. Growing caches fragment the allocator more at longer lengths, so
-//! an extrapolated limit can be optimistic: raise the budget to simulate
-//! up to it.
+//! fits, then bisects each GPU's limit between the last point that fits and
+//! the first that does not: every answer is simulated, none extrapolated.
+//!
+//! The search stops at the model's **position limit** when the trace shows
+//! one ([`position_limit`]: the capture helper's `max_positions`, or the rows
+//! of a learned position table the model reads, as GPT-2's `wpe`): a GPU that
+//! still fits there gets the limit, marked so. Without one it stops at the
+//! simulation budget (`--budget` new tokens), and a GPU that still fits
+//! there is marked "no limit in the trace": it fits at least that many.
 
 use std::collections::BTreeMap;
 
@@ -51,12 +52,34 @@ pub struct ContextPoint {
 pub enum Found {
     /// Between two simulated lengths a token apart.
     Simulated,
-    /// Beyond the simulation budget, along the last two points' line.
-    Extrapolated,
+    /// It still fits at the model's position limit, simulated.
+    PositionLimit,
+    /// It still fits at the most new tokens simulated (the budget), and the
+    /// trace shows no position limit: at least that many fit.
+    NoLimitInTrace,
+    /// It still fits at the most new tokens the memory budget lets memcast
+    /// rebuild and simulate (below the position limit or the budget asked
+    /// for): at least that many fit.
+    MemoryBudget,
     /// Not even the traced generation fits.
     DoesNotFit,
-    /// The peak did not grow between the two largest points: no limit.
-    NoGrowth,
+}
+
+impl Found {
+    /// How the limit was found, in words (the page's and the CLI's).
+    pub fn label(self) -> &'static str {
+        match self {
+            Found::Simulated => "simulated",
+            Found::PositionLimit => "fits up to the model's position limit (simulated)",
+            Found::NoLimitInTrace => {
+                "fits at the most new tokens simulated; no position limit in the trace"
+            }
+            Found::MemoryBudget => {
+                "fits at the most new tokens the memory budget lets memcast simulate"
+            }
+            Found::DoesNotFit => "the traced generation does not fit",
+        }
+    }
 }
 
 /// One GPU's longest generation.
@@ -79,6 +102,12 @@ pub struct ContextSweep {
     pub traced_new_tokens: u32,
     /// The most new tokens simulated (the budget asked for, or less).
     pub budget_new_tokens: u32,
+    /// The model's position limit (prompt + new tokens), when the trace
+    /// shows one, and where it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_limit_from: Option<String>,
     /// Every simulated length, ascending.
     pub points: Vec<ContextPoint>,
     pub gpus: Vec<GpuContext>,
@@ -162,40 +191,42 @@ impl Search<'_> {
     }
 }
 
-/// New tokens past the largest point until GPU `gpu`'s margin is spent,
-/// at the steeper of two rates per token: the total's (reserved + context)
-/// from the first point to the largest (reserved memory grows in segment
-/// steps, so nearby points can show none), and the live bytes' (allocated)
-/// from the point at half the largest to it, which reserved memory cannot
-/// grow slower than for long; and never below the KV cache's bytes per
-/// token, which every new position keeps. `None` when nothing grows.
-fn extrapolate(points: &BTreeMap<u32, ContextPoint>, gpu: usize, kv_per_token: u64) -> Option<u64> {
-    let (&last_n, last) = points.iter().next_back()?;
-    let (&first_n, first) = points.iter().next()?;
-    let (&half_n, half) = points
-        .range(..=last_n / 2)
-        .next_back()
-        .or(Some((&first_n, first)))?;
-    let rate = |from: u64, to: u64, span: u32| -> f64 {
-        if span == 0 {
-            0.0
-        } else {
-            to.saturating_sub(from) as f64 / f64::from(span)
+/// The model's position limit the traces show, and where it was read:
+/// the capture helper's `max_positions` (the config's
+/// `max_position_embeddings`), else the rows of a learned position table —
+/// an `aten::embedding` weight other than the first call's (the token
+/// table) with at least as many rows as the positions the trace already
+/// used (a relative-position or token-type table has fewer).
+pub fn position_limit(traces: &[Trace], used: u64) -> Option<(u64, String)> {
+    let first = traces.first()?;
+    if let Some(n) = first.header.capture.as_ref().and_then(|c| c.max_positions) {
+        return Some((
+            u64::from(n),
+            "max_position_embeddings in the capture".to_owned(),
+        ));
+    }
+    let mut tables: Vec<u64> = Vec::new();
+    for op in &first.ops {
+        if first.name(op.name) != "aten::embedding" {
+            continue;
         }
-    };
-    let total = rate(
-        first.peak.total_bytes.get(),
-        last.peak.total_bytes.get(),
-        last_n - first_n,
-    );
-    let live = rate(
-        half.peak.allocated_bytes.get(),
-        last.peak.allocated_bytes.get(),
-        last_n - half_n,
-    );
-    let per_token = total.max(live).max(kv_per_token as f64);
-    let margin = last.margins.get(gpu).copied().unwrap_or(-1);
-    (per_token > 0.0 && margin >= 0).then(|| (margin as f64 / per_token).floor() as u64)
+        let Some(weight) = first.tensor_args(op).iter().find(|a| a.position == 0) else {
+            continue;
+        };
+        let rows = first
+            .numbers(weight.dims)
+            .first()
+            .and_then(|&r| u64::try_from(r).ok());
+        if let Some(rows) = rows {
+            if !tables.contains(&rows) {
+                tables.push(rows);
+            }
+        }
+    }
+    // The first table is the tokens'; the first later one that holds every
+    // position used is the positions'.
+    let rows = tables.iter().skip(1).copied().find(|&r| r >= used)?;
+    Some((rows, format!("the {rows}-row learned position table")))
 }
 
 /// Finds each GPU's longest generation for the job `traces` record (one
@@ -224,8 +255,29 @@ pub fn longest(
     };
     let traced = generation.calls;
     search.traced = traced;
-    let kv_per_token = generation.bytes_per_token.map_or(0, |b| b.get());
-    let budget = budget.clamp(traced, crate::scale::MAX_NEW_TOKENS);
+    let prompt = generation.prompt_tokens.unwrap_or(0);
+    let limit = position_limit(traces, prompt + u64::from(traced));
+    // With a limit the search goes to it (however far the budget); without
+    // one, to the budget; never past what the memory budget lets memcast
+    // rebuild and simulate (issue 33: a request is sized before it is built).
+    let wanted = match &limit {
+        Some((positions, _)) => u32::try_from(positions.saturating_sub(prompt)).unwrap_or(u32::MAX),
+        None => budget,
+    }
+    .clamp(traced, crate::scale::MAX_NEW_TOKENS);
+    let fits = crate::scale::most_new_tokens(traces, &config.scale, config.work_budget())
+        .unwrap_or(traced);
+    let budget = wanted.min(fits).max(traced);
+    let memory_bound = budget < wanted;
+    if memory_bound {
+        search.warnings.push(Warning::asking(
+            "context_memory_budget",
+            &format!(
+                "{wanted} new tokens were to be simulated, and at most {budget} fit the memory budget: a GPU that still fits at {budget} fits at least that many; to simulate further, "
+            ),
+            crate::diag::Setting::MemoryBudget,
+        ));
+    }
     // Doubling while some GPU fits, within the budget.
     let mut n = traced;
     loop {
@@ -264,13 +316,9 @@ pub fn longest(
                 }
                 (Some(u64::from(lo)), Found::Simulated)
             }
-            (Some(lo), None) => match extrapolate(&search.points, gi, kv_per_token) {
-                Some(more) => (
-                    Some(u64::from(lo).saturating_add(more)),
-                    Found::Extrapolated,
-                ),
-                None => (None, Found::NoGrowth),
-            },
+            (Some(lo), None) if memory_bound => (Some(u64::from(lo)), Found::MemoryBudget),
+            (Some(lo), None) if limit.is_some() => (Some(u64::from(lo)), Found::PositionLimit),
+            (Some(lo), None) => (Some(u64::from(lo)), Found::NoLimitInTrace),
         };
         gpus.push(GpuContext {
             preset,
@@ -285,6 +333,8 @@ pub fn longest(
         prompt_tokens: generation.prompt_tokens,
         traced_new_tokens: traced,
         budget_new_tokens: budget,
+        position_limit: limit.as_ref().map(|(n, _)| *n),
+        position_limit_from: limit.map(|(_, from)| from),
         points: search.points.into_values().collect(),
         gpus,
         warnings: search.warnings,

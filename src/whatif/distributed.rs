@@ -158,6 +158,8 @@ impl<'a> Edit<'a> {
                 phase,
                 op: Some(label.to_owned()),
                 layer: None,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
             },
             alloc,
             free,
@@ -249,6 +251,7 @@ impl<'a> Edit<'a> {
                 .collect(),
             iterations: self.schedule.iterations.clone(),
             phases: self.schedule.phases.clone(),
+            kernels: self.schedule.kernels.clone(),
         };
         schedule.check().map_err(WhatIfError::Inconsistent)?;
         Ok(schedule)
@@ -313,7 +316,7 @@ fn parameter_bytes(schedule: &Schedule) -> u64 {
         .iter()
         .filter(|b| b.category == Category::Parameter)
         .map(|b| b.size.get())
-        .sum()
+        .fold(0, u64::saturating_add)
 }
 
 /// The op name of DDP gradient-bucket blocks, in this what-if and in the
@@ -353,6 +356,7 @@ fn without_buckets(schedule: &Schedule) -> Schedule {
         events,
         iterations: schedule.iterations.clone(),
         phases: schedule.phases.clone(),
+        kernels: schedule.kernels.clone(),
     }
 }
 
@@ -452,7 +456,7 @@ fn add_tp_buffers(edit: &mut Edit<'_>, marks: &Landmarks, n: u32) -> u64 {
             }
         }
     }
-    let total: u64 = outputs.values().sum();
+    let total = outputs.values().fold(0, |s: u64, &b| s.saturating_add(b));
     let n = u64::from(n.max(1));
     let buffer =
         u64::try_from(u128::from(total) * u128::from(n - 1) / u128::from(n)).unwrap_or(u64::MAX);
@@ -595,6 +599,8 @@ mod tests {
             phase,
             op: None,
             layer: Some(layer.to_owned()),
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         }
     }
 
@@ -645,6 +651,7 @@ mod tests {
             events,
             iterations: vec![span(0, 5, 40), span(1, 40, 60)],
             phases: Vec::new(),
+            kernels: Vec::new(),
         }
     }
 

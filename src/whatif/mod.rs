@@ -171,6 +171,8 @@ pub fn estimate_schedule(
         generation: prepared.generation.clone(),
         moe: prepared.moe.clone(),
         program: None,
+        capture: prepared.capture.clone(),
+        quantization: prepared.quantization.clone(),
     };
     Ok(crate::pipeline::estimate(&variant, config, &mut |_| {})?.value)
 }
@@ -241,6 +243,7 @@ pub(crate) fn retime(
         events: keyed.into_iter().map(|(_, _, event)| event).collect(),
         iterations: schedule.iterations.clone(),
         phases: schedule.phases.clone(),
+        kernels: schedule.kernels.clone(),
     };
     schedule.check().map_err(WhatIfError::Inconsistent)?;
     Ok(schedule)

@@ -469,6 +469,8 @@ mod tests {
             phase,
             op: None,
             layer: None,
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         }
     }
 
@@ -514,6 +516,7 @@ mod tests {
             events,
             iterations,
             phases: Vec::new(),
+            kernels: Vec::new(),
         }
     }
 

@@ -155,7 +155,7 @@ test("changing the GPUs re-simulates without reading the trace again", async () 
   await page.fill("#custom-gpu", "300MiB");
   await page.press("#custom-gpu", "Enter");
   await page.locator("#gpu-table tr.oom").waitFor({ timeout: 30_000 });
-  assert.match(await page.textContent("#gpu-table"), /300MiB.*out of memory/s);
+  assert.match(await page.textContent("#gpu-table"), /300MiB.*does not fit/s);
   await screenshot(page, "custom-gpu");
   await page.close();
 });
@@ -198,7 +198,7 @@ test("every what-if answers in the page with a chart and a table", async () => {
     ["#whatif-alloc", /Allocator settings/, /expandable_segments:True/],
     ["#whatif-zero-grad", /zero_grad/, /before backward \(pos0\)/],
     ["#whatif-batch", /Batch size/, /a100-80gb/],
-    ["#whatif-plan", /Planned allocation/, /live tensors/],
+    ["#whatif-plan", /Planned allocation/, /live lower bound/],
     ["#whatif-precision", /Mixed precision/, /autocast/],
     ["#whatif-distributed", /8 GPUs/, /Zero3/],
   ];

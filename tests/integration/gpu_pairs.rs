@@ -34,6 +34,7 @@ fn settings(args: &[String]) -> Settings {
             "--new-tokens" => s.new_tokens = it.next().and_then(|v| v.parse().ok()),
             "--autocast-dtype" => s.autocast_dtype = it.next().cloned(),
             "--grad-scaler" => s.grad_scaler = true,
+            "--autocast-policy" => s.autocast_policy = it.next().cloned(),
             other => panic!("pairs.json: no setting for {other}"),
         }
     }
@@ -96,10 +97,18 @@ fn checkpointed_jobs_rebuilt_from_two_blocks_are_the_four_block_traces() {
         "bert-base-cls_adamw_bf16_ckptre",
         "bertL_ga4_ckptre_bs1_seq512",
     ] {
-        let deep = estimate(&format!("{dir}/{job}_L4.json.gz"), &settings(&[]));
+        let deep = estimate(
+            &format!("{dir}/{job}_L4.json.gz"),
+            &settings(&["--autocast-policy".to_owned(), "2.10".to_owned()]),
+        );
         let scaled = estimate(
             &format!("{dir}/{job}_L2.json.gz"),
-            &settings(&["--layers".to_owned(), "4".to_owned()]),
+            &settings(&[
+                "--layers".to_owned(),
+                "4".to_owned(),
+                "--autocast-policy".to_owned(),
+                "2.10".to_owned(),
+            ]),
         );
         let (a, b) = (
             scaled.peak.reserved_bytes.get() as f64,

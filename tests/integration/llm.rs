@@ -18,6 +18,18 @@ fn prepared(name: &str) -> memcast::Prepared {
     common::prepare_parsed(trace, &Config::standard())
 }
 
+/// A trace of this repository's `tests/data/traces-llm` and its sidecar,
+/// prepared with the standard settings.
+fn prepared_data(name: &str) -> (serde_json::Value, memcast::Prepared) {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces-llm");
+    let meta =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.meta.json"))).unwrap())
+            .unwrap();
+    let bytes = std::fs::read(dir.join(format!("{name}.json.gz"))).unwrap();
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    (meta, common::prepare_parsed(trace, &Config::standard()))
+}
+
 /// Every generate trace is seen as one: its calls (prefill + decode
 /// steps), its cache kind, and the KV cache at the end of the first
 /// generation, positions and bytes per token exactly as the sidecar
@@ -319,14 +331,7 @@ fn a_quantized_model_is_split_and_runs_bitsandbytes_cuda_kernels() {
 #[test]
 fn quantized_generation_traced_on_an_avx512_bf16_cpu() {
     for name in ["llama_gen4_nf4", "llama_gen4_int8"] {
-        let dir =
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/traces-llm");
-        let meta: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.meta.json"))).unwrap())
-                .unwrap();
-        let bytes = std::fs::read(dir.join(format!("{name}.json.gz"))).unwrap();
-        let trace = memcast::trace::parse(&bytes).unwrap().value;
-        let p = common::prepare_parsed(trace, &Config::standard());
+        let (meta, p) = prepared_data(name);
         let quant = &meta["quantization"];
         let field = |k: &str| quant[k].as_u64().unwrap();
         assert_eq!(
@@ -444,8 +449,10 @@ fn facts_total(meta: &serde_json::Value) -> u64 {
 
 /// The longest generation per GPU: each length a full `--new-tokens`
 /// estimate; a limit inside the budget is bisected to the token (the
-/// estimate at it fits and one token more does not), one past the budget
-/// is extrapolated and says so; a trace that does not generate is refused.
+/// estimate at it fits and one token more does not); a GPU that still fits
+/// at the budget of a model without a position limit in its trace (Llama's
+/// rotary positions) fits at least the budget, never an extrapolation; a
+/// trace that does not generate is refused.
 #[test]
 fn the_longest_generation_each_gpu_fits() {
     use memcast::whatif::context::{longest, Found};
@@ -476,10 +483,10 @@ fn the_longest_generation_each_gpu_fits() {
         assert_eq!(report.gpus[0].fits, fits, "{n} new tokens");
     }
     let big = &sweep.gpus[1];
-    assert_eq!(big.found, Found::Extrapolated);
-    // at least the KV cache's 8,192 bytes a token more, from the margin
-    assert!(big.max_new_tokens.unwrap() > 512);
-    assert!(big.max_new_tokens.unwrap() < 80 * (1 << 30) / 8192);
+    assert_eq!(sweep.position_limit, None);
+    assert_eq!(big.found, Found::NoLimitInTrace);
+    assert_eq!(big.max_new_tokens, Some(512));
+    assert_eq!(sweep.points.last().map(|p| p.new_tokens), Some(512));
 
     let dense = memcast::trace::parse(&common::read_shared(
         "fixtures/traces-llm/llama_nograd_fp32.json.gz",
@@ -488,4 +495,100 @@ fn the_longest_generation_each_gpu_fits() {
     .value;
     let err = longest(&[dense], &config, 64).unwrap_err().to_string();
     assert!(err.contains("no generate() run"), "{err}");
+}
+
+/// A learned position table is the model's position limit (GPT-2's `wpe`,
+/// 1,024 rows; the token table and tables smaller than the positions used
+/// are not); a capture's `max_positions` says it outright.
+#[test]
+fn the_position_limit_is_the_learned_position_table() {
+    use memcast::whatif::context::position_limit;
+    let gpt2 = memcast::trace::parse(&common::read_shared(
+        "fixtures/traces-llm/distilgpt2_gen8.json.gz",
+    ))
+    .unwrap()
+    .value;
+    let (rows, from) = position_limit(std::slice::from_ref(&gpt2), 40).unwrap();
+    assert_eq!(rows, 1024, "{from}");
+    assert!(position_limit(std::slice::from_ref(&gpt2), 2000).is_none());
+    let llama = memcast::trace::parse(&common::read_shared(
+        "fixtures/traces-llm/llama_gen16_dynamic.json.gz",
+    ))
+    .unwrap()
+    .value;
+    assert!(position_limit(&[llama], 48).is_none());
+    let captured = memcast::trace::parse(
+        &std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/data/traces-capture/tiny-llama_generate_L2.json.gz"),
+        )
+        .unwrap(),
+    )
+    .unwrap()
+    .value;
+    assert_eq!(position_limit(&[captured], 44).map(|(n, _)| n), Some(512));
+}
+
+/// With a position limit the sweep goes up to it, simulated: a GPU that
+/// fits the whole of it gets the limit, marked so.
+#[test]
+fn the_sweep_stops_at_the_position_limit() {
+    use memcast::whatif::context::{longest, Found};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/traces-capture/tiny-llama_generate_L2.json.gz");
+    let trace = memcast::trace::parse(&std::fs::read(path).unwrap())
+        .unwrap()
+        .value;
+    let settings = memcast::Settings {
+        gpus: vec!["a100-80gb".to_owned()],
+        ..memcast::Settings::default()
+    };
+    let sweep = longest(
+        std::slice::from_ref(&trace),
+        &settings.config().unwrap(),
+        64,
+    )
+    .unwrap();
+    assert_eq!(sweep.position_limit, Some(512));
+    assert_eq!(sweep.prompt_tokens, Some(40));
+    assert_eq!(sweep.budget_new_tokens, 512 - 40);
+    let gpu = &sweep.gpus[0];
+    assert_eq!(gpu.found, Found::PositionLimit);
+    assert_eq!(gpu.max_context_tokens, Some(512));
+    assert_eq!(sweep.points.last().map(|p| p.new_tokens), Some(512 - 40));
+}
+
+/// State whose byte size an activation shares (issue 31) is found once and
+/// as what it is (`tests/data/traces-llm`, sidecars): Llama's `[2, 16, 1]`
+/// float position copy is no parameter beside the 128-byte rotary
+/// `inv_freq`, and a packed 4-bit weight is a parameter even where a live
+/// `[1, 96, 768]` float activation has its 294,912 bytes (its `view`, read
+/// first, is not a second, buffer copy). Only `inv_freq` is a buffer the
+/// forward reads (Llama's `original_inv_freq` is never read).
+#[test]
+fn state_the_size_of_an_activation_is_counted_once() {
+    for name in ["llama_gen8_b2_p16", "llama_qlora_ckpt_s96"] {
+        let (meta, p) = prepared_data(name);
+        assert_eq!(
+            p.state.parameter_bytes.get(),
+            meta["param_bytes"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(p.state.buffer_bytes, Bytes(128), "{name}");
+    }
+}
+
+/// A StaticCache grown by `--new-tokens` is read at its new length by
+/// every step: the traced steps' reads of the traced length are not state
+/// made before the trace (they were buffers of the traced cache's size).
+#[test]
+fn a_grown_static_cache_leaves_no_state_behind() {
+    let bytes = common::read_shared("fixtures/traces-llm/llama_gen16_static.json.gz");
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    let traced = common::prepare_parsed(trace.clone(), &Config::standard());
+    let mut config = Config::standard();
+    config.scale.new_tokens = Some(256);
+    let grown = common::prepare_parsed(trace, &config);
+    assert_eq!(grown.state.buffer_bytes, traced.state.buffer_bytes);
+    assert_eq!(grown.state.parameter_bytes, traced.state.parameter_bytes);
 }

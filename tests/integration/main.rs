@@ -17,8 +17,12 @@ mod cli_terms;
 
 // CPU-autocast traces estimated as CUDA autocast runs them (issue 16).
 mod autocast;
+// The work budget of a rebuilt job: predicted events, early refusals (issue 33).
+mod budget;
 // Analyzer: fixture goldens against .meta.json and one hand-written trace per rule.
 mod analyzer;
+// Traces made by the capture helper: the full job's figures they carry.
+mod capture;
 // The memcast binary: estimate and presets output, JSON contract, error exits.
 mod cli;
 // Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong
@@ -44,8 +48,12 @@ mod llm;
 // The model's resident state: parameters with and without gradients, buffers,
 // run kind, state made before the trace, DDP buckets, traces without shapes.
 mod state;
+// The README's accuracy table against the measured errors it is made from.
+mod readme;
 // Trace small, run big: --layers and --seq-len against traces made that way.
 mod scale;
+// A generation streamed as a program against the job built whole.
+mod stream;
 // Source-text checks of the architecture invariants.
 mod tidy;
 // Trace reader: fixtures, tolerant parsing, bad-input errors.

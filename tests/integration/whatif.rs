@@ -469,9 +469,12 @@ fn planned_allocation_lies_between_the_live_bound_and_pytorch() {
     }
 }
 
-/// On every fixture: `live lower bound ≤ each plan ≤ PyTorch reserved`, both
-/// plans pass the validity checker, the kept plan is the smaller one, and
-/// planning twice gives the same result.
+/// On every fixture: `live lower bound ≤ each plan`, the kept (smaller) plan
+/// `≤ PyTorch reserved`, both plans pass the validity checker, the kept plan
+/// is the smaller one, and planning twice gives the same result. (A single
+/// heuristic planner is not bound by the caching allocator: STWeaver's plan
+/// of mobilenet_v2 once the CPU kernels' scratch is dropped is 1 % above it,
+/// and best fit is below.)
 #[test]
 fn both_plans_are_valid_and_bounded_on_every_fixture() {
     use memcast::whatif::planned::{self, check, Planner};
@@ -502,11 +505,12 @@ fn both_plans_are_valid_and_bounded_on_every_fixture() {
                 lower <= bytes,
                 "{name}: {planner} {bytes:?} below the bound {lower:?}"
             );
-            assert!(
-                bytes <= reserved,
-                "{name}: {planner} {bytes:?} above PyTorch reserved {reserved:?}"
-            );
         }
+        assert!(
+            result.planned_bytes <= reserved,
+            "{name}: the kept plan {:?} above PyTorch reserved {reserved:?}",
+            result.planned_bytes
+        );
         assert_eq!(
             result.stweaver_bytes.get(),
             plans.stweaver.plan.top,

@@ -95,8 +95,8 @@ pub(super) fn buckets(
             let size = dims
                 .iter()
                 .map(|&d| u64::try_from(d).unwrap_or(0))
-                .product::<u64>()
-                * elem;
+                .fold(1, u64::saturating_mul)
+                .saturating_mul(elem);
             let holder = life.blocks.iter().position(|b| {
                 b.size.get() == size
                     && b.alloc_ts <= span.start
@@ -122,9 +122,13 @@ pub(super) fn buckets(
     // The pass that read the most: each bucket is all-reduced once per pass.
     let pre_trace: Vec<u64> = per_pass
         .into_values()
-        .max_by_key(|v| (v.iter().sum::<u64>(), v.len()))
+        .max_by_key(|v| (v.iter().fold(0_u64, |s, &x| s.saturating_add(x)), v.len()))
         .unwrap_or_default();
-    let trainable: u64 = input.parameters.iter().map(|p| p.bytes.get()).sum();
+    let trainable = input
+        .parameters
+        .iter()
+        .map(|p| p.bytes.get())
+        .fold(0, u64::saturating_add);
     let (sizes, source) = if saw_sizes {
         (pre_trace, StateSource::Collective)
     } else {

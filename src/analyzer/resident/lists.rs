@@ -39,7 +39,7 @@ pub(super) fn list_dtypes_from_children(
                     continue;
                 };
                 let dims = trace.numbers(a.dims).to_vec();
-                let numel = dims.iter().product::<i64>();
+                let numel = dims.iter().fold(1_i64, |n, &d| n.saturating_mul(d));
                 typed.push((
                     dims,
                     numel,
@@ -58,7 +58,11 @@ pub(super) fn list_dtypes_from_children(
         .iter_mut()
         .filter(|a| a.list.is_some() && a.dtype.is_none())
     {
-        let numel = a.layout.dims.iter().product::<i64>();
+        let numel = a
+            .layout
+            .dims
+            .iter()
+            .fold(1_i64, |n, &d| n.saturating_mul(d));
         let pick = (0..typed.len())
             .find(|&k| !used[k] && typed[k].0 == a.layout.dims)
             .or_else(|| (0..typed.len()).find(|&k| !used[k] && typed[k].1 == numel && numel > 0));

@@ -84,6 +84,7 @@
 //! Everything is a function of the trace alone, in time order, so the same
 //! trace always gives the same state.
 
+mod bindings;
 mod buckets;
 mod findings;
 mod lists;
@@ -713,7 +714,8 @@ fn copies(input: &Inputs<'_>, op: usize) -> bool {
 
 /// The blocks as the engine sees them: gradients and optimizer state are
 /// never forward inputs; a persistent block made outside the forward may be
-/// a model built in the trace; a batch block is bound to its collated shape.
+/// a model built in the trace; some blocks are bound to a shape from their
+/// allocation ([`bindings`]).
 fn engine_blocks(
     input: &Inputs<'_>,
     life: &Life,
@@ -744,35 +746,11 @@ fn engine_blocks(
                 } else {
                     BlockUse::Live
                 },
-                batch_dims: (b.role == BlockRole::Batch)
-                    .then(|| collated_dims(input, b.alloc_op))
-                    .flatten(),
+                bound_dims: bindings::bound_dims(input, b.role, b.alloc_op),
                 source: Some(b.id),
             }
         })
         .collect()
-}
-
-/// The shape a collate op stacked: the number of samples, then a sample's dims.
-fn collated_dims(input: &Inputs<'_>, op: Option<usize>) -> Option<Vec<i64>> {
-    let ops = &input.index.ops;
-    let stack = ops.chain(op?).find(|&i| {
-        ops.spans
-            .get(i)
-            .is_some_and(|o| input.names.get(o.name) == "aten::stack")
-    })?;
-    let source = ops.source_in(stack, &input.trace.ops)?;
-    let args = input.trace.tensor_args(source);
-    let first = args
-        .iter()
-        .find(|a| a.position == 0 && a.list_index == Some(0))?;
-    let n = args
-        .iter()
-        .filter(|a| a.position == 0 && a.list_index.is_some())
-        .count();
-    let mut dims = vec![i64::try_from(n).ok()?];
-    dims.extend_from_slice(input.trace.numbers(first.dims));
-    Some(dims)
 }
 
 /// The Hugging Face model type (`gpt2`, `llama`, ...) of the most frequent

@@ -46,7 +46,7 @@ pub fn adafactor_state_elements(dims: &[i64]) -> u64 {
         [] => 0,
         [n] => d(*n),
         [lead @ .., rows, cols] => {
-            let batch: u64 = lead.iter().map(|&x| d(x)).product();
+            let batch = lead.iter().map(|&x| d(x)).fold(1, u64::saturating_mul);
             batch.saturating_mul(d(*rows).saturating_add(d(*cols)))
         }
     }
@@ -169,6 +169,16 @@ pub(super) fn state_before_trace(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn factored_state_of_a_hostile_shape_saturates() {
+        assert_eq!(
+            adafactor_state_elements(&[i64::MAX, i64::MAX, 2, 3]),
+            u64::MAX
+        );
+        assert_eq!(adafactor_state_elements(&[-4, 2, 3]), 0);
+        assert_eq!(adafactor_state_elements(&[4, 2, 3]), 4 * (2 + 3));
+    }
 
     #[test]
     fn state_follows_the_optimizer_and_its_step() {

@@ -82,8 +82,8 @@ pub struct Blk {
     pub free: Option<i64>,
     pub size: u64,
     pub usage: BlockUse,
-    /// The layout a batch block was stacked to by the loader's collate.
-    pub batch_dims: Option<Vec<i64>>,
+    /// The layout a block holds from its allocation ([`super::bindings`]).
+    pub bound_dims: Option<Vec<i64>>,
     /// The analysis block it stands for.
     pub source: Option<usize>,
 }
@@ -208,7 +208,7 @@ impl<'a> LiveBlocks<'a> {
                     }
                 }
                 (_, true) => {
-                    let bound = b.batch_dims.clone().map(|d| (d, None));
+                    let bound = b.bound_dims.clone().map(|d| (d, None));
                     self.by_size.entry(b.size).or_default().push((i, bound));
                 }
                 (_, false) => {
@@ -418,23 +418,45 @@ pub fn pre_trace_reads(
             let hit = derived
                 .get(&layout)
                 .filter(|x| x.3.is_none_or(|call| call == call_key));
-            if let Some(&(is_state, d, source, _)) = hit {
+            if let Some(&(was_state, d, source, _)) = hit {
                 if dtype.is_none() || d.is_none() || d == dtype {
+                    let mut is_state = was_state;
+                    // What a layer op takes as its weight through a view
+                    // (bitsandbytes' `Params4bit` viewed before `gemm_4bit`)
+                    // is a parameter, whatever the view's read said, and
+                    // follows the weight rule: stored unless the call made
+                    // a block of its size. The view's read alone could be
+                    // explained by any live block of the packed weight's
+                    // bytes (an activation of the same size: a collision).
+                    if a.list.is_none() && weights.contains(&a.pos) {
+                        if let Some(r) = source.and_then(|i| reads.get_mut(i)) {
+                            r.kind = ReadKind::Parameter;
+                            r.known_role = true;
+                            if !r.state {
+                                let size = extent(&r.dims, &contiguous_strides(&r.dims))
+                                    .saturating_mul(r.elem);
+                                if size > 0
+                                    && !(call.is_some() && live.allocated_since(size, call_start))
+                                {
+                                    r.state = true;
+                                    r.block = live.construction_block(size);
+                                    r.in_trace = r.block.is_some();
+                                    is_state = true;
+                                }
+                            }
+                        }
+                        if is_state != was_state {
+                            if let Some(entry) = derived.get_mut(&layout) {
+                                entry.0 = true;
+                            }
+                        }
+                    }
                     if !is_state {
                         activations.push(layout.dims.clone());
                     }
                     if a.pos == 0 && a.list.is_none() {
                         arg0_state = Some(is_state);
                         arg0_read = source;
-                    }
-                    // State a layer op takes as its weight through a view
-                    // (bitsandbytes' `Params4bit` viewed before `gemm_4bit`)
-                    // is a parameter, whatever the view's read said.
-                    if is_state && a.list.is_none() && weights.contains(&a.pos) {
-                        if let Some(r) = source.and_then(|i| reads.get_mut(i)) {
-                            r.kind = ReadKind::Parameter;
-                            r.known_role = true;
-                        }
                     }
                     continue;
                 }
@@ -536,15 +558,17 @@ pub fn pre_trace_reads(
             };
             if let Some(outs) = view_outputs(&op.name, &input, &op.concrete, other, op.copied) {
                 for out in outs {
-                    // An identity (a no-copy `to`, `contiguous`) makes no new layout:
-                    // an activation read through it is read through its own block.
-                    if is_state || out != input {
-                        let identity = (out == input).then_some(call_key);
-                        derived.insert(
-                            out,
-                            (is_state, first.dtype.map(|d| d.name), arg0_read, identity),
-                        );
-                    }
+                    // An identity (a no-copy `to`, `contiguous`, a `view` to
+                    // the same shape) makes no new layout. Within its call a
+                    // later read of it is the same tensor: a layer op taking
+                    // it as its weight settles what it is (a packed 4-bit
+                    // weight whose view a live block of its bytes explained
+                    // is still a weight, counted once).
+                    let identity = (out == input).then_some(call_key);
+                    derived.insert(
+                        out,
+                        (is_state, first.dtype.map(|d| d.name), arg0_read, identity),
+                    );
                 }
             }
         }
@@ -624,7 +648,10 @@ fn classify(mut reads: Vec<Read>) -> Vec<Found> {
         for ((dims, dtype, kind, in_trace), idx) in keys {
             for &i in &idx {
                 let Some(r) = reads.get(i) else { continue };
-                let numel: u64 = dims.iter().map(|&d| d.max(0) as u64).product();
+                let numel = dims
+                    .iter()
+                    .map(|&d| d.max(0).unsigned_abs())
+                    .fold(1, u64::saturating_mul);
                 let last = last_state_read.get(&r.place).copied().unwrap_or(r.time);
                 found.push(Found {
                     instance: (instance != u32::MAX).then_some(instance),
@@ -679,103 +706,5 @@ pub fn is_bookkeeping(op: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const F32: Dtype = Dtype {
-        size: 4,
-        name: 1,
-        floating: true,
-    };
-
-    fn arg(pos: u16, dims: &[i64], strides: Option<&[i64]>) -> Arg {
-        Arg {
-            pos,
-            list: None,
-            dtype: Some(F32),
-            layout: Layout {
-                dims: dims.to_vec(),
-                strides: strides.map_or_else(|| contiguous_strides(dims), <[i64]>::to_vec),
-            },
-        }
-    }
-
-    fn op(name: &str, start: i64, call: usize, iteration: usize, args: Vec<Arg>) -> Op {
-        Op {
-            name: name.to_owned(),
-            start,
-            call: Some(call),
-            iteration,
-            pass: iteration,
-            args,
-            concrete: Vec::new(),
-            copied: false,
-        }
-    }
-
-    fn call(instance: u32, class: u32, start: i64) -> Call {
-        Call {
-            instance,
-            class,
-            start,
-            wrapper: false,
-            conv1d: false,
-        }
-    }
-
-    /// A batch `x` [2, 8] allocated in the trace goes through a Linear (weight
-    /// [4, 8], bias [4]) in two iterations, then a custom module multiplies it
-    /// by the transpose of its own [4, 8] weight.
-    #[test]
-    fn each_pre_trace_tensor_counts_once_and_views_are_not_new() {
-        let calls = vec![
-            call(0, 0, 5),
-            call(0, 0, 105),
-            call(1, 1, 40),
-            call(1, 1, 140),
-        ];
-        let mut ops = Vec::new();
-        for (it, base) in [(0_usize, 0_i64), (1, 100)] {
-            let linear = vec![
-                arg(0, &[2, 8], None),
-                arg(1, &[4, 8], None),
-                arg(2, &[4], None),
-            ];
-            ops.push(op("aten::linear", base + 10, it, it, linear));
-            ops.push(op(
-                "aten::t",
-                base + 41,
-                2 + it,
-                it,
-                vec![arg(0, &[4, 8], None)],
-            ));
-            let mm = vec![arg(0, &[2, 8], None), arg(1, &[8, 4], Some(&[1, 8]))];
-            ops.push(op("aten::mm", base + 42, 2 + it, it, mm));
-        }
-        let x = |alloc: i64| Blk {
-            alloc,
-            free: Some(alloc + 90),
-            size: 64,
-            usage: BlockUse::Live,
-            batch_dims: None,
-            source: None,
-        };
-        let found = pre_trace_reads(&ops, &calls, &[x(1), x(101)], 4, Some(1));
-        let mut got: Vec<(Option<u32>, Vec<i64>, ReadKind)> = found
-            .iter()
-            .map(|f| (f.instance, f.dims.clone(), f.kind))
-            .collect();
-        got.sort();
-        assert_eq!(
-            got,
-            vec![
-                (Some(0), vec![4], ReadKind::Parameter),
-                (Some(0), vec![4, 8], ReadKind::Parameter),
-                (Some(1), vec![4, 8], ReadKind::Parameter),
-            ]
-        );
-        assert!(found
-            .iter()
-            .all(|f| !f.in_trace && f.bytes == f.dims.iter().product::<i64>() as u64 * 4));
-    }
-}
+#[path = "reads_tests.rs"]
+mod tests;

@@ -100,7 +100,10 @@ pub fn extent(dims: &[i64], strides: &[i64]) -> u64 {
         return 0;
     }
     if strides.len() != dims.len() {
-        return dims.iter().map(|&d| d as u64).product();
+        return dims
+            .iter()
+            .map(|&d| d.unsigned_abs())
+            .fold(1, u64::saturating_mul);
     }
     dims.iter()
         .zip(strides)
@@ -120,7 +123,7 @@ pub fn view_strides(dims: &[i64], strides: &[i64], new: &[i64]) -> Option<Vec<i6
     if dims.is_empty() {
         return Some(vec![1; new.len()]);
     }
-    if dims.iter().product::<i64>() == 0 {
+    if dims.contains(&0) {
         return Some(contiguous_strides(new));
     }
     let mut out = vec![0_i64; new.len()];
@@ -167,8 +170,8 @@ fn infer_size(numel: i64, size: &[i64]) -> Option<Vec<i64>> {
             .enumerate()
             .filter(|&(i, _)| i != k)
             .map(|(_, &s)| s)
-            .product();
-        *size.get_mut(k)? = if rest == 0 { 0 } else { numel / rest };
+            .fold(1_i64, i64::saturating_mul);
+        *size.get_mut(k)? = numel.checked_div(rest).unwrap_or(0);
     }
     Some(size)
 }
@@ -262,7 +265,7 @@ pub fn view_outputs(
                 "aten::view_as" | "aten::reshape_as" => other?.to_vec(),
                 _ => arg(1)?.ints()?,
             };
-            let size = infer_size(dims.iter().product(), &size)?;
+            let size = infer_size(dims.iter().fold(1, |n, &d| n.saturating_mul(d)), &size)?;
             let st = view_strides(dims, strides, &size)?;
             one(size, st)
         }
@@ -273,7 +276,11 @@ pub fn view_outputs(
             let start = norm(arg(1).and_then(Concrete::int).unwrap_or(0), rank)?;
             let end = norm(arg(2).and_then(Concrete::int).unwrap_or(-1), rank)?;
             let mut size: Vec<i64> = dims.get(..start)?.to_vec();
-            size.push(dims.get(start..=end)?.iter().product());
+            size.push(
+                dims.get(start..=end)?
+                    .iter()
+                    .fold(1, |n, &d| n.saturating_mul(d)),
+            );
             size.extend_from_slice(dims.get(end + 1..)?);
             let st = view_strides(dims, strides, &size)?;
             one(size, st)
@@ -547,5 +554,20 @@ mod tests {
         assert_eq!(extent(&[4, 32], &[0, 1]), 32);
         assert_eq!(extent(&[0, 3], &[3, 1]), 0);
         assert_eq!(extent(&[], &[]), 1);
+    }
+
+    /// Sizes a hostile trace writes saturate or give no view; none panics
+    /// (issue 33): `i64::MIN / -1` overflows even without overflow checks.
+    #[test]
+    fn hostile_sizes_never_panic() {
+        assert_eq!(infer_size(i64::MIN, &[-1, -1]), Some(vec![0, -1]));
+        assert_eq!(infer_size(i64::MAX, &[-1, 0]), Some(vec![0, 0]));
+        let huge = [i64::MAX, i64::MAX, 3];
+        assert_eq!(extent(&huge, &[]), u64::MAX);
+        assert_eq!(extent(&huge, &[i64::MAX, 1, 1]), u64::MAX);
+        let big = lay(&huge, &[i64::MAX, 3, 1]);
+        let _ = view_outputs("aten::view", &big, &c(&["", "[-1]"]), None, false);
+        let _ = view_outputs("aten::flatten", &big, &c(&["", "0", "-1"]), None, false);
+        assert_eq!(view_strides(&huge, &[i64::MAX, 3, 1], &[-1]), None);
     }
 }

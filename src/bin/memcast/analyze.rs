@@ -23,12 +23,7 @@ fn ms(ns: Nanos) -> String {
 }
 
 fn mib(bytes: Bytes) -> String {
-    let bytes = bytes.get();
-    format!(
-        "{bytes} B ({}.{:02} MiB)",
-        bytes >> 20,
-        ((bytes % (1 << 20)) * 100) >> 20
-    )
+    format!("{} B ({})", bytes.get(), memcast::present::mib(bytes))
 }
 
 /// Prints the summary as text: iterations with their phases, blocks, roles,

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use memcast::report::Report;
 use memcast::Bytes;
 
-use crate::presets::gib;
 use crate::settings::{LinkArgs, SettingsArgs};
+use memcast::present::gib_number as gib;
 
 /// Options of `memcast estimate`.
 #[derive(Debug, clap::Args)]
@@ -69,16 +69,8 @@ fn print_table(out: &mut String, report: &Report) {
     let summary = &report.summary;
     let _ = writeln!(
         out,
-        "memcast estimate — {} iterations simulated ({} captured), optimizer {}{}, target {}",
-        summary.iterations_simulated,
-        summary.iterations_captured,
-        summary.optimizer.as_deref().unwrap_or("unknown"),
-        if summary.foreach_modelled {
-            " (foreach)"
-        } else {
-            ""
-        },
-        report.reference_gpu,
+        "memcast estimate — {}",
+        memcast::present::run_line(report)
     );
     let recipe = &summary.recipe;
     let mut structure: Vec<String> = Vec::new();
@@ -104,29 +96,14 @@ fn print_table(out: &mut String, report: &Report) {
     }
     structure.push(format!("loop: {}", recipe.training_loop.label()));
     let _ = writeln!(out, "run: {}", structure.join(", "));
-    let _ = writeln!(
-        out,
-        "model: {} ({} parameters: {} GiB, {} GiB trainable, {} GiB frozen; buffers {} GiB)",
-        summary.run_kind.label(),
-        summary.n_parameters,
-        gib(summary.parameter_bytes),
-        gib(summary.trainable_parameter_bytes),
-        gib(summary.frozen_parameter_bytes),
-        gib(summary.buffer_bytes),
-    );
-    if !summary.quantized_parameter_bytes.is_zero() || !summary.quant_state_bytes.is_zero() {
+    if let Some(capture) = &summary.capture {
         let _ = writeln!(
             out,
-            "model state: {} B quantized weights + {} B quantisation state + {} B unquantized parameters ({} B of them trainable)",
-            summary.quantized_parameter_bytes.get(),
-            summary.quant_state_bytes.get(),
-            summary
-                .parameter_bytes
-                .get()
-                .saturating_sub(summary.quantized_parameter_bytes.get()),
-            summary.trainable_parameter_bytes.get(),
+            "captured: {}",
+            memcast::present::captured(capture, &summary.scaled)
         );
     }
+    let _ = writeln!(out, "model: {}", memcast::present::model_line(summary));
     let _ = writeln!(out, "peak");
     row(out, "total (reserved+context)", peak.total_bytes);
     row(out, "reserved", peak.reserved_bytes);
@@ -230,8 +207,8 @@ fn print_table(out: &mut String, report: &Report) {
     let _ = writeln!(out, "gpus");
     let _ = writeln!(
         out,
-        "  {:<17} {:>10} {:>16}  {:<4} {:>16}",
-        "preset", "GiB", "capacity B", "fits", "headroom B"
+        "  {:<17} {:>10} {:>16}  {:<23} {:>16}",
+        "preset", "GiB", "capacity B", "verdict", "headroom B"
     );
     for gpu in &report.gpus {
         let margin = match (gpu.headroom_bytes, gpu.shortfall_bytes) {
@@ -239,15 +216,26 @@ fn print_table(out: &mut String, report: &Report) {
             (None, Some(shortfall)) => format!("-{}", shortfall.get()),
             (None, None) => "-".to_owned(),
         };
+        let verdict = if gpu.fits {
+            gpu.margin.label()
+        } else {
+            "DOES NOT FIT"
+        };
         let _ = writeln!(
             out,
-            "  {:<17} {:>10} {:>16}  {:<4} {:>16}",
+            "  {:<17} {:>10} {:>16}  {:<23} {:>16}",
             gpu.preset,
             gib(gpu.capacity_bytes),
             gpu.capacity_bytes.get(),
-            if gpu.fits { "yes" } else { "NO" },
+            verdict,
             margin
         );
+    }
+    if let Some((sentence, _)) = memcast::present::target_verdict(report) {
+        let _ = writeln!(out, "verdict: {sentence}");
+    }
+    if let Some(band) = &report.error_band {
+        let _ = writeln!(out, "margin: {}", memcast::present::margin_note(band));
     }
     if !report.warnings.is_empty() {
         let _ = writeln!(out, "warnings");

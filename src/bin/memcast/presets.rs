@@ -43,7 +43,7 @@ pub fn run(json: bool) -> anyhow::Result<()> {
             out,
             "{:<17} {:>10} {:>16}  {:<9} {:>4}  {:>11} {:>12}  {}",
             preset.slug,
-            gib(preset.cuda_visible),
+            memcast::present::gib_number(preset.cuda_visible),
             preset.cuda_visible.get(),
             format!("{:?}", preset.arch).to_lowercase(),
             format!(
@@ -80,11 +80,4 @@ pub fn run(json: bool) -> anyhow::Result<()> {
     let _ = writeln!(out, "Any capacity can be given instead of a preset: --gpu 24GiB, --gpu 80000MiB, --gpu 12884377600.");
     crate::write_stdout(&out);
     Ok(())
-}
-
-/// Bytes as GiB with two decimals, computed with integers.
-pub fn gib(bytes: Bytes) -> String {
-    let hundredths =
-        (u128::from(bytes.get()) * 100 + u128::from(Bytes::GIB) / 2) / u128::from(Bytes::GIB);
-    format!("{}.{:02}", hundredths / 100, hundredths % 100)
 }

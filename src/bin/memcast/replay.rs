@@ -37,7 +37,7 @@ fn pct(n: u64, d: u64) -> String {
 }
 
 fn gib(b: u64) -> String {
-    format!("{:.3} GiB", b as f64 / (1u64 << 30) as f64)
+    memcast::present::gib(memcast::Bytes(b))
 }
 
 fn kib(b: u64) -> String {

@@ -80,6 +80,37 @@ pub struct SettingsArgs {
     /// path before streaming, kept to compare the two).
     #[arg(long, hide = true)]
     pub materialize: bool,
+    /// The memory an estimate may take (e.g. 8GiB): a job rebuilt with
+    /// --layers or --new-tokens that would need more is refused at once,
+    /// with the largest request that fits, instead of running out of
+    /// memory. Default: 8 GiB, or half the machine's memory or of the
+    /// process's address-space limit (ulimit -v) where that is less.
+    #[arg(long = "memory-budget", value_name = "SIZE")]
+    memory_budget: Option<String>,
+}
+
+/// `--memory-budget` at most, by default.
+const DEFAULT_MEMORY_BUDGET: u64 = 8 << 30;
+
+/// `--memory-budget` by default: [`DEFAULT_MEMORY_BUDGET`], or half the
+/// machine's memory (`MemTotal`) or of the address-space limit where less
+/// (read from /proc where there is one; the core reads no environment).
+fn default_memory_budget() -> u64 {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let mem_total = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib.saturating_mul(1024));
+    let address_space = read("/proc/self/limits")
+        .lines()
+        .find_map(|l| l.strip_prefix("Max address space"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
+    [mem_total, address_space]
+        .into_iter()
+        .flatten()
+        .map(|bytes| bytes / 2)
+        .fold(DEFAULT_MEMORY_BUDGET, u64::min)
 }
 
 /// `--autocast`.
@@ -100,13 +131,6 @@ impl SettingsArgs {
     /// The choices as the core takes them, the GPU list written out (the
     /// default target, then every other preset, when none was given), as
     /// the page writes it.
-    /// The config of [`SettingsArgs::settings`], with the hidden choices.
-    pub fn config(&self) -> anyhow::Result<memcast::Config> {
-        let mut config = self.settings().config()?;
-        config.materialize = self.materialize;
-        Ok(config)
-    }
-
     pub fn settings(&self) -> Settings {
         let mut settings = Settings {
             gpus: self.gpus.clone(),
@@ -132,6 +156,22 @@ impl SettingsArgs {
         };
         settings.gpus = settings.gpu_specs();
         settings
+    }
+
+    /// The estimate's config: the settings' ([`Settings::config`]) with the
+    /// CLI's memory budget and the hidden choices.
+    pub fn config(&self) -> anyhow::Result<memcast::Config> {
+        let mut config = self.settings().config()?;
+        config.materialize = self.materialize;
+        config.memory_budget = match &self.memory_budget {
+            None => memcast::Bytes(default_memory_budget()),
+            Some(text) => memcast::presets::parse_size(text).map_err(|_| {
+                anyhow::anyhow!(
+                    "--memory-budget takes a size such as 8GiB, 4096MiB or 2000000000, got {text:?}"
+                )
+            })?,
+        };
+        Ok(config)
     }
 }
 

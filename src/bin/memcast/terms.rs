@@ -17,6 +17,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::WorldSize => "--world-size",
         Setting::ParameterBytes => "--params",
         Setting::SequenceLength => "--seq-len",
+        Setting::MemoryBudget => "--memory-budget",
     }
 }
 

@@ -53,19 +53,28 @@ fn cuda_temporaries(k: &QuantKernel, nested: bool) -> Option<Vec<u64>> {
             // `_dequant_linear_fallback`: the absmax dequantized (and the
             // offset added) in float32, then the whole weight in A's dtype
             let absmax = if nested {
-                vec![k.absmax_blocks * 4; 2]
+                vec![k.absmax_blocks.saturating_mul(4); 2]
             } else {
                 Vec::new()
             };
-            Some([absmax, vec![k.n * k.k * k.input_elem]].concat())
+            Some(
+                [
+                    absmax,
+                    vec![k.n.saturating_mul(k.k).saturating_mul(k.input_elem)],
+                ]
+                .concat(),
+            )
         }
         QuantOp::Dequantize4bit | QuantOp::DequantizeBlockwise => Some(Vec::new()),
-        QuantOp::Int8VectorwiseQuant => Some(vec![k.m * k.k * 2, k.m * k.k]),
+        QuantOp::Int8VectorwiseQuant => Some(vec![
+            k.m.saturating_mul(k.k).saturating_mul(2),
+            k.m.saturating_mul(k.k),
+        ]),
         QuantOp::Int8LinearMatmul => (k.k > 0 && k.k % 4 == 0).then(Vec::new),
         QuantOp::Int8MmDequant => Some(if k.input_elem == 2 {
             Vec::new()
         } else {
-            vec![k.m * k.n * 2]
+            vec![k.m.saturating_mul(k.n).saturating_mul(2)]
         }),
     }
 }
@@ -110,7 +119,47 @@ pub(super) fn apply(analysis: &Analysis, plan: &mut Plan) {
                 free: Some(span.end),
                 op,
                 rule: RuleId::BnbCudaKernels,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows and widths a hostile trace writes saturate the CUDA temporaries'
+    /// sizes instead of wrapping them (issue 33).
+    #[test]
+    fn hostile_kernel_sizes_saturate() {
+        let huge = QuantKernel {
+            op: 0,
+            kind: QuantOp::Gemv4bitCpuPacked,
+            m: 100,
+            k: u64::MAX / 2,
+            n: 3,
+            input_elem: 4,
+            absmax_blocks: u64::MAX / 3,
+        };
+        assert_eq!(
+            cuda_temporaries(&huge, true),
+            Some(vec![u64::MAX, u64::MAX, u64::MAX])
+        );
+        let int8 = QuantKernel {
+            kind: QuantOp::Int8VectorwiseQuant,
+            m: u64::MAX,
+            ..huge
+        };
+        assert_eq!(
+            cuda_temporaries(&int8, false),
+            Some(vec![u64::MAX, u64::MAX])
+        );
+        let dequant = QuantKernel {
+            kind: QuantOp::Int8MmDequant,
+            ..int8
+        };
+        assert_eq!(cuda_temporaries(&dequant, false), Some(vec![u64::MAX]));
     }
 }

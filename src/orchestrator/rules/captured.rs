@@ -196,6 +196,10 @@ pub(super) fn captured_items(
         if let Some(&(_, rule)) = changes.freed.get(&b) {
             *dropped.entry(rule).or_default() += 1;
         }
+        if let Some(&(on, rule)) = changes.kept_on.get(&b) {
+            item.on = on;
+            *dropped.entry(rule).or_default() += 1;
+        }
     }
     for item in items.iter().filter(|i| i.source.is_none()) {
         if let Some(rule) = item.rule {
@@ -242,6 +246,8 @@ fn added_item(
         free,
         source: None,
         rule: Some(added.rule),
+        on: added.on,
+        per_gpu: added.per_gpu,
     }
 }
 
@@ -276,5 +282,7 @@ fn item_of(
         free,
         source: Some(block.id),
         rule: None,
+        on: crate::kernels::ArchSet::ALL,
+        per_gpu: None,
     }
 }

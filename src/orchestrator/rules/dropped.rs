@@ -25,8 +25,8 @@ const HOST_STEP_OPTIMIZERS: &[&str] = &[
 /// block dropped by several counts for the first.
 const DROP_RULES: [RuleId; 5] = [
     RuleId::OtherDevice,
-    RuleId::CpuScratch,
     RuleId::CpuCollectiveTemporaries,
+    RuleId::CpuScratch,
     RuleId::HostDataLoading,
     RuleId::HostStepCounters,
 ];
@@ -63,6 +63,10 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
         | RuleId::CpuLowpMatmulCopies
         | RuleId::AutocastBackward
         | RuleId::BnbCudaKernels
+        | RuleId::SdpaCudaKernels
+        | RuleId::DropoutCudaMask
+        | RuleId::CudaReduceBuffers
+        | RuleId::CudnnConvWorkspaces
         | RuleId::GradScalerState
         | RuleId::Gradients
         | RuleId::BatchHandover
@@ -83,10 +87,39 @@ fn rule_other_device(analysis: &Analysis, block: &Block) -> bool {
     }
 }
 
-/// Rule `cpu_scratch`: oneDNN/mkldnn operator-internal blocks have no CUDA
-/// counterpart (the analyzer flags them by op-name prefix).
+/// Rule `cpu_scratch`: a CPU kernel's private scratch, and the
+/// operator-internal blocks of oneDNN ops, have no CUDA counterpart (the
+/// analyzer flags them: `Block::cpu_scratch`).
 fn rule_cpu_scratch(block: &Block) -> bool {
     block.cpu_scratch
+}
+
+/// What rule `cpu_scratch` drops, per op the scratch is internal to (each
+/// traced block once), largest first.
+pub(super) fn scratch_by_op(analysis: &Analysis) -> Vec<crate::orchestrator::OpBytes> {
+    let mut per: std::collections::BTreeMap<&str, (u32, u64)> = std::collections::BTreeMap::new();
+    for block in &analysis.blocks {
+        if dropped_by(analysis, block) != Some(RuleId::CpuScratch) {
+            continue;
+        }
+        let op = block
+            .internal_to
+            .and_then(|o| analysis.ops.get(o))
+            .map_or("", |o| analysis.name(o.name));
+        let slot = per.entry(op).or_default();
+        slot.0 = slot.0.saturating_add(1);
+        slot.1 = slot.1.saturating_add(block.size.get());
+    }
+    let mut out: Vec<crate::orchestrator::OpBytes> = per
+        .into_iter()
+        .map(|(op, (blocks, bytes))| crate::orchestrator::OpBytes {
+            op: op.to_owned(),
+            blocks,
+            bytes: Bytes(bytes),
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.op.cmp(&b.op)));
+    out
 }
 
 /// Rule `cpu_collective_temporaries`: in a distributed trace recorded on the

@@ -136,6 +136,8 @@ fn rule_foreach(
                     )),
                     source: None,
                     rule: None,
+                    on: crate::kernels::ArchSet::ALL,
+                    per_gpu: None,
                 });
                 rank += 1;
                 added += 1;

@@ -16,7 +16,10 @@
 //!   repeats) and the phase windows;
 //! - [`lifetimes`] — `gradients`, `batch_handover`;
 //! - [`foreach`] — `foreach_optimizer`;
-//! - [`workspaces`] — `cublas_workspaces`.
+//! - [`workspaces`] — `cublas_workspaces`;
+//! - [`kernels`] — `sdpa_cuda_kernels`, `dropout_cuda_mask`,
+//!   `cuda_reduce_buffers`, `cudnn_conv_workspaces` (CUDA kernels that
+//!   allocate otherwise than the CPU's, per GPU architecture).
 //!
 //! [`apply_all`] runs them in [`RuleId::ALL`] order. To add a rule: add its
 //! [`RuleId`] variant (the compiler then asks for its name, summary and
@@ -29,6 +32,7 @@ mod captured;
 mod dropped;
 mod foreach;
 mod iterations;
+mod kernels;
 mod lifetimes;
 mod order;
 mod setup;
@@ -83,6 +87,10 @@ pub enum RuleId {
     CpuLowpMatmulCopies,
     AutocastBackward,
     BnbCudaKernels,
+    SdpaCudaKernels,
+    DropoutCudaMask,
+    CudaReduceBuffers,
+    CudnnConvWorkspaces,
     Gradients,
     BatchHandover,
     ForeachOptimizer,
@@ -93,7 +101,7 @@ pub enum RuleId {
 
 impl RuleId {
     /// Every rule, in the order they apply (and the report lists them).
-    pub const ALL: [RuleId; 28] = [
+    pub const ALL: [RuleId; 32] = [
         RuleId::Parameters,
         RuleId::BatchnormBuffers,
         RuleId::ModelBuffers,
@@ -116,6 +124,10 @@ impl RuleId {
         RuleId::CpuLowpMatmulCopies,
         RuleId::AutocastBackward,
         RuleId::BnbCudaKernels,
+        RuleId::SdpaCudaKernels,
+        RuleId::DropoutCudaMask,
+        RuleId::CudaReduceBuffers,
+        RuleId::CudnnConvWorkspaces,
         RuleId::Gradients,
         RuleId::BatchHandover,
         RuleId::ForeachOptimizer,
@@ -161,6 +173,10 @@ impl RuleId {
             RuleId::CpuLowpMatmulCopies => "cpu_lowp_matmul_copies",
             RuleId::AutocastBackward => "autocast_backward",
             RuleId::BnbCudaKernels => "bnb_cuda_kernels",
+            RuleId::SdpaCudaKernels => "sdpa_cuda_kernels",
+            RuleId::DropoutCudaMask => "dropout_cuda_mask",
+            RuleId::CudaReduceBuffers => "cuda_reduce_buffers",
+            RuleId::CudnnConvWorkspaces => "cudnn_conv_workspaces",
             RuleId::Gradients => "gradients",
             RuleId::BatchHandover => "batch_handover",
             RuleId::ForeachOptimizer => "foreach_optimizer",
@@ -181,7 +197,7 @@ impl RuleId {
             RuleId::ActivationsBeforeTrace => "activations made before the trace (an earlier batch, a KV cache the first iteration reads), allocated at setup and freed after their last read",
             RuleId::DdpBuckets => "DistributedDataParallel's gradient buckets made when the model was wrapped (the tensors its all-reduce reads that the trace never allocated), allocated at setup and freed when the reducer rebuilds its own inside the trace",
             RuleId::OtherDevice => "only blocks of the profiled device are kept: CPU blocks of a CPU trace, CUDA blocks of a CUDA trace (its CPU blocks are host memory)",
-            RuleId::CpuScratch => "operator-internal blocks of CPU-only kernels (oneDNN/mkldnn weight reorders, flagged by the analyzer) are dropped",
+            RuleId::CpuScratch => "a CPU kernel's private scratch is dropped: a block one op allocates (itself or through a factory call of its own) and frees before it returns, neither an output nor a saved tensor (oneDNN reorders, the CPU flash-attention kernel's per-thread buffers, a reduction's per-thread partial sums, bf16 GEMM packing), and every operator-internal block of a CPU-only (oneDNN) op; the CUDA kernel's own allocations come from the kernel rules where it makes any",
             RuleId::CpuCollectiveTemporaries => "blocks a CPU-backend (gloo) collective allocates and frees inside a c10d:: op are dropped: NCCL reduces on the device without them (its own memory is outside the caching allocator)",
             RuleId::HostDataLoading => "blocks the DataLoader allocates and frees inside __next__ live in host memory on a CUDA run and are dropped; the batch tensors are kept",
             RuleId::HostStepCounters => "scalar optimizer step counters (at most 8 bytes) of torch.optim optimizers stay on the host unless capturable or fused, and are dropped",
@@ -195,6 +211,10 @@ impl RuleId {
             RuleId::CpuLowpMatmulCopies => "the contiguous copies CPU bf16/fp16 matrix-product kernels make of a transposed operand are dropped: cuBLAS reads it in place",
             RuleId::AutocastBackward => "blocks a backward node makes change type with the outputs of its forward op (a gradient has its tensor's type); a guess at the block level",
             RuleId::BnbCudaKernels => "bitsandbytes ops whose CPU backend computes through ATen temporaries run CUDA kernels that allocate their outputs only, plus a float16 result in int8_mm_dequant and the float16 |A| and bool outlier mask in int8_vectorwise_quant: the CPU's temporaries inside int8_linear_matmul (float32 copies of both int8 operands), int8_mm_dequant, int8_vectorwise_quant, dequantize_4bit, dequantize_blockwise and a gemm_4bit of at most 4 rows (7 in float32: the fused kernel, no dequantized weight) are replaced by the CUDA ones",
+            RuleId::SdpaCudaKernels => "scaled_dot_product_attention runs the CUDA backend PyTorch selects for each GPU's architecture (cuDNN, flash, memory-efficient or math: dtype, head dims, mask, dropout, grouped-query attention): what the CPU kernel allocated beside the output and the input gradients is replaced by that backend's saved statistics and workspaces, or by the math path's scores, probabilities and masks",
+            RuleId::DropoutCudaMask => "dropout's mask is a bool tensor on CUDA (native_dropout), one byte an element, where the CPU makes it in the input's dtype",
+            RuleId::CudaReduceBuffers => "a CUDA sum or mean that splits its rows across thread blocks (a bias gradient over many tokens) allocates a global buffer for their partial results while it runs, sized by the GPU's multiprocessors (Reduce.cuh's setReduceConfig)",
+            RuleId::CudnnConvWorkspaces => "each convolution pass cuDNN runs (forward, backward-data, backward-filter; not an fp32 or bf16 depthwise one, which PyTorch runs itself) allocates its plan's workspace through the caching allocator and frees it when the pass returns (Conv_v8.cpp run_conv_plan, Conv_v7.cpp allocate_workspace); the plan cuDNN's heuristics pick is unknowable without the GPU, so its workspace is assumed as large as the largest tensor the pass writes or reads (the forward's output; grad_output and grad_input), for the whole call",
             RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
             RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
             RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",
@@ -223,6 +243,11 @@ pub(crate) struct Item {
     pub source: Option<usize>,
     /// The rule that added it, for blocks no trace block stands for.
     pub rule: Option<RuleId>,
+    /// The GPU architectures that make it (a kernel rule's block made by
+    /// one backend only); every one by default.
+    pub on: crate::kernels::ArchSet,
+    /// Sized per GPU (`size` a placeholder).
+    pub per_gpu: Option<crate::kernels::PerGpu>,
 }
 
 /// A name of the analysis, `None` when absent or empty.
@@ -258,6 +283,24 @@ pub(crate) fn apply_all(
         .map(|(rule, bytes)| RuleBytes { rule, bytes })
         .collect();
     bnb::apply(analysis, &mut changes);
+    let version = config
+        .autocast
+        .policy()
+        .unwrap_or_else(crate::autocast::PolicyVersion::latest);
+    let kernel_notes = kernels::apply(
+        analysis,
+        crate::kernels::attention::Rules {
+            efficient_gqa: version.efficient_attention_gqa,
+        },
+        config.autocast.dtype == Some(crate::autocast::Dtype::F16),
+        &mut changes,
+    );
+    if !kernel_notes.is_empty() {
+        warnings.push(Warning::new(
+            "attention_backend_assumed",
+            format!("scaled_dot_product_attention is estimated with the CUDA backend PyTorch {} picks by default on each GPU (the report names it per GPU); a script that restricts the backends (torch.nn.attention.sdpa_kernel, torch.backends.cuda.enable_flash_sdp and the like) or a PyTorch built with an older cuDNN (which puts flash attention before cuDNN's on Hopper) runs another, with other saved tensors and workspaces", version.torch),
+        ));
+    }
     let plan = iterations::plan_iterations(analysis, config.iterations, warnings);
     let (captured, dropped) = captured::captured_items(analysis, &plan, &changes);
     counts.extend(dropped);
@@ -300,10 +343,13 @@ pub(crate) fn apply_all(
         counts.insert(RuleId::GradScalerState, count(scaler.len()));
         items.extend(scaler);
     }
-    warnings.push(Warning::new(
-        "cudnn_workspace_not_modelled",
-        "cuDNN convolution workspaces are transient and depend on the algorithm cuDNN picks on the GPU; they are not in a CPU trace and are not modelled",
-    ));
+    // Only a job that convolves uses cuDNN's convolution workspaces.
+    if !analysis.devices.recorded_on_cuda && !analysis.kernel_calls.conv.is_empty() {
+        warnings.push(Warning::new(
+            "cudnn_workspace_assumed",
+            "each cuDNN convolution pass is estimated with a workspace as large as the largest tensor it writes or reads (an assumption: the plan cuDNN's heuristics pick, and so its workspace, depends on the shapes, the GPU and the cuDNN version and is not in a CPU trace; an H200 with cuDNN 9.19 showed 400 bytes for many 1x1 convolutions, about that tensor for 3x3 forwards and up to 17 times it for the backward-filter pass of deep layers). With torch.backends.cudnn.benchmark=True cuDNN times the plans whose workspace fits the largest free cached block and keeps the fastest; torch.backends.cudnn.deterministic or allow_tf32 changes the plans it may pick; and where a workspace cannot be allocated PyTorch runs the next plan, slower, instead of failing",
+        ));
+    }
 
     let facts = OrchestrationFacts {
         iterations_captured: count(analysis.iterations.len()),
@@ -316,9 +362,11 @@ pub(crate) fn apply_all(
             .collect(),
         autocast_bytes,
         state,
+        cpu_scratch: dropped::scratch_by_op(analysis),
     };
     let mut schedule = into_schedule(items, iterations::iteration_spans(analysis, &plan));
     schedule.phases = windows;
+    schedule.kernels = kernel_notes;
     Ok((schedule, facts))
 }
 
@@ -358,6 +406,8 @@ fn into_schedule(mut items: Vec<Item>, iterations: Vec<IterationSpan>) -> Schedu
             phase: item.phase,
             op: item.op,
             layer: item.layer,
+            on: item.on,
+            per_gpu: item.per_gpu,
         });
     }
     events.sort_by_key(|&(key, kind, event)| (key, kind, event.block));
@@ -366,6 +416,7 @@ fn into_schedule(mut items: Vec<Item>, iterations: Vec<IterationSpan>) -> Schedu
         events: events.into_iter().map(|(_, _, event)| event).collect(),
         iterations,
         phases: Vec::new(),
+        kernels: Vec::new(),
     }
 }
 

@@ -331,6 +331,8 @@ fn setup_item(
         free: None,
         source: None,
         rule: None,
+        on: crate::kernels::ArchSet::ALL,
+        per_gpu: None,
     }
 }
 
@@ -437,7 +439,10 @@ fn parameters(
 /// `frozen` resized to `bytes` in total, each in proportion (one block when
 /// the trace showed none); the rounding goes to the last one.
 fn scaled(frozen: &[Param], bytes: Bytes) -> Vec<Param> {
-    let found: u64 = frozen.iter().map(|p| p.bytes.get()).sum();
+    let found = frozen
+        .iter()
+        .map(|p| p.bytes.get())
+        .fold(0, u64::saturating_add);
     if found == 0 {
         return if bytes > Bytes::ZERO {
             vec![Param {
@@ -507,6 +512,8 @@ fn rule_parameters(params: &[Param]) -> Vec<Item> {
             free: None,
             source: None,
             rule: None,
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         });
         if let Some(after) = buffers.get(&position) {
             for buffer in after {
@@ -557,6 +564,8 @@ fn rule_batchnorm_buffers(params: &[Param]) -> BTreeMap<usize, Vec<Item>> {
                 free: None,
                 source: None,
                 rule: None,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
             });
         }
     }

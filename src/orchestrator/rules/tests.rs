@@ -112,6 +112,7 @@ impl Loop {
                 batch_size: None,
                 recipe: analyzer::RunRecipe::default(),
                 autocast: Vec::new(),
+                inference_mode: Vec::new(),
                 op_inputs: Vec::new(),
                 state: crate::analyzer::resident::ModelState {
                     has_shapes: true,
@@ -119,6 +120,7 @@ impl Loop {
                 },
                 generation: None,
                 quant_kernels: Vec::new(),
+                kernel_calls: Default::default(),
                 moe: None,
             },
             next_event: 0,
@@ -612,6 +614,8 @@ fn gradients_live_until_the_next_zero_grad() {
         free: free.map(key),
         source: Some(0),
         rule: None,
+        on: crate::kernels::ArchSet::ALL,
+        per_gpu: None,
     };
     let zero_grad = |iteration, start, end| PhaseWindow {
         iteration,
@@ -691,6 +695,8 @@ fn a_batch_is_freed_after_the_next_load_at_the_latest() {
         free: free.map(|t| Key::captured(Nanos(t), 0, 1)),
         source: Some(0),
         rule: None,
+        on: crate::kernels::ArchSet::ALL,
+        per_gpu: None,
     };
     let loads = [
         Handover {

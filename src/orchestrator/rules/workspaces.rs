@@ -67,6 +67,8 @@ pub(super) fn rule_cublas_workspaces(
             free: None,
             source: None,
             rule: None,
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         });
     }
     out

@@ -18,7 +18,11 @@ fuzz_target!(|data: &[u8]| {
     }
     // Trace small, run big: any trace rebuilt deeper and longer, or refused.
     for (layers, seq_len) in [(Some(5), None), (None, Some(96)), (Some(3), Some(40))] {
-        let target = memcast::scale::Target { layers, seq_len };
+        let target = memcast::scale::Target {
+            layers,
+            seq_len,
+            new_tokens: None,
+        };
         if let Ok(scaled) = memcast::scale::scale(&trace.value, &target) {
             let _ = memcast::analyzer::analyze(&scaled.value.0, &config.analyzer);
         }

@@ -109,6 +109,8 @@ pub(super) fn input_casts(
             free: Some(free),
             op: index,
             rule: RuleId::AutocastInputCasts,
+            on: crate::kernels::ArchSet::ALL,
+            per_gpu: None,
         });
     }
     // Copies the CPU made and CUDA does not (freed inside the op; a copy

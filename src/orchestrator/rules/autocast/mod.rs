@@ -188,6 +188,10 @@ pub(crate) struct AddedBlock {
     /// The op (index into `Analysis::ops`) that makes it.
     pub op: usize,
     pub rule: RuleId,
+    /// The GPU architectures whose kernels make it.
+    pub on: crate::kernels::ArchSet,
+    /// Sized per GPU (`size` a placeholder).
+    pub per_gpu: Option<crate::kernels::PerGpu>,
 }
 
 /// What the rules change, in the analysis clock, by analyzer block id.
@@ -200,6 +204,9 @@ pub(crate) struct Plan {
     /// New free time of a captured block.
     pub freed: BTreeMap<usize, (Nanos, RuleId)>,
     pub added: Vec<AddedBlock>,
+    /// Captured blocks made only on some GPU architectures (a CPU kernel's
+    /// block that one CUDA backend makes too).
+    pub kept_on: BTreeMap<usize, (crate::kernels::ArchSet, RuleId)>,
 }
 
 impl Plan {

@@ -57,5 +57,7 @@ fn item(name: &str, iteration: u32, alloc: Key, free: Option<Key>, phase: Phase)
         free,
         source: None,
         rule: None,
+        on: crate::kernels::ArchSet::ALL,
+        per_gpu: None,
     }
 }

@@ -405,6 +405,22 @@ fn rule_autocast_backward_gives_gradients_the_forward_type() {
     );
 }
 
+/// `einsum_twice`'s two weight casts under inference mode: 2.12 casts on
+/// each use (the CPU's casts stay as they are), 2.9 caches the first and
+/// the second finds it.
+fn assert_both_casts_cached_only_before_2_10(a: &Analysis) {
+    let casts = block_at(a, 4096);
+    let new = planned(a, "2.12");
+    assert!(
+        casts
+            .iter()
+            .all(|b| !new.freed.contains_key(b) && !new.dropped.contains_key(b)),
+        "{new:?}"
+    );
+    let old = planned(a, "2.9");
+    assert!(old.freed.contains_key(&casts[0]) && old.dropped.contains_key(&casts[1]));
+}
+
 #[test]
 fn nothing_is_cached_under_inference_mode_from_2_10_on() {
     // The einsum weight of `einsum_twice`, under inference_mode: 2.12
@@ -418,16 +434,75 @@ fn nothing_is_cached_under_inference_mode_from_2_10_on() {
     );
     let a = t.analysis();
     assert_eq!(a.autocast[0].grad, GradMode::InferenceMode);
+    assert_both_casts_cached_only_before_2_10(&a);
+}
+
+/// `einsum_twice` with a grad-mode context entered inside the region at
+/// `enter` and exited at `exit`; `inference`: `torch.inference_mode()`
+/// (its `__enter__` enters the C++ guard), else `torch.no_grad()`.
+fn einsum_twice_with_context(enter: f64, exit: f64, inference: bool) -> Tb {
+    let mut t = einsum_twice();
+    t.frame("torch/autograd/grad_mode.py(289): __enter__", enter, 3.0);
+    if inference {
+        t.frame(
+            "<built-in method __enter__ of pybind11_builtins.pybind11_detail_function_record object>",
+            enter + 1.0,
+            1.0,
+        );
+    } else {
+        t.frame(
+            "torch/autograd/grad_mode.py(184): __init__",
+            enter + 1.0,
+            1.0,
+        );
+    }
+    t.frame("torch/autograd/grad_mode.py(293): __exit__", exit, 2.0);
+    t
+}
+
+#[test]
+fn rule_autocast_cast_cache_is_decided_per_cast_under_inference_mode_entered_inside() {
+    // `with torch.autocast(...): with torch.inference_mode(): ...`: the
+    // region is entered outside inference_mode, both casts are made inside
+    // it. 2.12 caches neither (the CPU's casts stay as they are), 2.9 both.
+    let a = einsum_twice_with_context(15.0, 110.0, true).analysis();
+    assert_eq!(a.autocast[0].grad, GradMode::NoGrad);
+    assert_eq!(a.inference_mode.len(), 1);
+    assert_both_casts_cached_only_before_2_10(&a);
+}
+
+#[test]
+fn rule_autocast_cast_cache_skips_the_lookup_of_a_cast_under_inference_mode() {
+    // The first einsum casts outside inference_mode (cached to the exit),
+    // the second inside it: `can_try_cache` is false, so it casts afresh
+    // and frees its copy when it returns, the cached one still held.
+    let a = einsum_twice_with_context(55.0, 110.0, true).analysis();
     let casts = block_at(&a, 4096);
-    let new = planned(&a, "2.12");
-    assert!(
-        casts
-            .iter()
-            .all(|b| !new.freed.contains_key(b) && !new.dropped.contains_key(b)),
-        "{new:?}"
+    let plan = planned(&a, "2.12");
+    let end = a.autocast[0].end;
+    assert_eq!(
+        plan.freed.get(&casts[0]),
+        Some(&(end, RuleId::AutocastCastCache)),
+        "{plan:?}"
     );
-    let old = planned(&a, "2.9");
-    assert!(old.freed.contains_key(&casts[0]) && old.dropped.contains_key(&casts[1]));
+    assert!(
+        !plan.freed.contains_key(&casts[1]) && !plan.dropped.contains_key(&casts[1]),
+        "{plan:?}"
+    );
+}
+
+#[test]
+fn rule_autocast_cast_cache_still_caches_under_no_grad_inside_the_region() {
+    // `torch.no_grad()` is no part of `can_try_cache`: a parameter still
+    // requires grad, so 2.12 caches as outside it.
+    let a = einsum_twice_with_context(15.0, 110.0, false).analysis();
+    assert!(a.inference_mode.is_empty());
+    let casts = block_at(&a, 4096);
+    let plan = planned(&a, "2.12");
+    assert!(
+        plan.freed.contains_key(&casts[0]) && plan.dropped.contains_key(&casts[1]),
+        "{plan:?}"
+    );
 }
 
 #[test]

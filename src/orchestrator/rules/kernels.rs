@@ -1,0 +1,600 @@
+//! Rules `sdpa_cuda_kernels` and `dropout_cuda_mask`: ops whose CUDA kernel
+//! allocates otherwise than the CPU's, with the CPU's allocations replaced
+//! by the CUDA kernel's ([`crate::kernels`] has the selection rules and the
+//! sizes, with their sources).
+//!
+//! - `sdpa_cuda_kernels`: a `scaled_dot_product_attention` call keeps the
+//!   blocks any backend makes — its output, and in backward the gradients of
+//!   query, key and value (the blocks that outlive the call's backward ops)
+//!   — and loses what the CPU kernel made beside them (the CPU flash
+//!   kernel's log-sum-exp; the math composite's scores, probabilities and
+//!   masks). Each GPU architecture gets the blocks of the backend PyTorch
+//!   selects there, marked with the architectures that select it; where the
+//!   CPU ran the math composite and a GPU does too, the CPU's blocks stay for
+//!   that GPU.
+//! - `dropout_cuda_mask`: the CPU's dropout mask (the input's dtype) is a
+//!   bool tensor on CUDA.
+//! - `cuda_reduce_buffers`: a CUDA `sum` or `mean` over many rows
+//!   allocates a global buffer for its thread blocks' partial results
+//!   ([`crate::kernels::reduce`]).
+//! - `cudnn_conv_workspaces`: each convolution pass cuDNN runs allocates
+//!   its plan's workspace for the pass ([`crate::kernels::conv`]: an
+//!   assumed size, the largest tensor the pass writes or reads).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::autocast::{AddedBlock, Plan};
+use super::RuleId;
+use crate::analyzer::kernels::{AttentionCall, CpuAttention};
+use crate::analyzer::Analysis;
+use crate::kernels::attention::{self, Backend, Rules};
+use crate::kernels::{ArchSet, KernelNote, Sm};
+use crate::units::{Bytes, Nanos};
+
+/// The ops inside `op` on its thread (itself included).
+fn descendants(analysis: &Analysis, op: usize) -> BTreeSet<usize> {
+    let Some(root) = analysis.ops.get(op) else {
+        return BTreeSet::new();
+    };
+    let mut out = BTreeSet::from([op]);
+    for (i, o) in analysis.ops.iter().enumerate().skip(op + 1) {
+        if o.tid != root.tid || o.start > root.end {
+            break;
+        }
+        if o.parent.is_some_and(|p| out.contains(&p)) {
+            out.insert(i);
+        }
+    }
+    out
+}
+
+/// The blocks each op allocated (as the innermost op), by op index.
+fn blocks_by_op(analysis: &Analysis) -> BTreeMap<usize, Vec<usize>> {
+    let mut out: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for b in &analysis.blocks {
+        if let Some(op) = b.alloc_op {
+            out.entry(op).or_default().push(b.id);
+        }
+    }
+    out
+}
+
+/// Adds both rules' changes to `plan` (nothing for a trace recorded on
+/// CUDA) and returns what the report says each architecture's attention
+/// kernels are. `fp16` says the CUDA run's 16-bit type is fp16.
+pub(super) fn apply(
+    analysis: &Analysis,
+    rules: Rules,
+    fp16: bool,
+    plan: &mut Plan,
+) -> Vec<KernelNote> {
+    if analysis.devices.recorded_on_cuda {
+        return Vec::new();
+    }
+    for d in &analysis.kernel_calls.dropout {
+        plan.resized
+            .insert(d.mask_block, (Bytes(d.numel), RuleId::DropoutCudaMask));
+    }
+    reduce_buffers(analysis, plan);
+    conv_workspaces(analysis, plan);
+    let calls = &analysis.kernel_calls.attention;
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    let by_op = blocks_by_op(analysis);
+    let mut chosen: BTreeMap<Sm, BTreeMap<Backend, u32>> = BTreeMap::new();
+    // the end of the previous call on each thread
+    let mut previous_end: BTreeMap<i64, Nanos> = BTreeMap::new();
+    for call in calls {
+        let Some(op) = analysis.ops.get(call.op) else {
+            continue;
+        };
+        let since = previous_end
+            .insert(op.tid, op.end)
+            .unwrap_or(Nanos(i64::MIN));
+        for (sm, backend) in attention_call(analysis, &by_op, call, since, rules, fp16, plan) {
+            *chosen.entry(sm).or_default().entry(backend).or_default() += 1;
+        }
+    }
+    // One note per group of architectures that chose alike.
+    let mut groups: BTreeMap<Vec<(Backend, u32)>, ArchSet> = BTreeMap::new();
+    for (sm, backends) in chosen {
+        let key: Vec<(Backend, u32)> = backends.into_iter().collect();
+        let set = groups.entry(key).or_insert(ArchSet::NONE);
+        *set = set.union(ArchSet::of(sm));
+    }
+    groups
+        .into_iter()
+        .map(|(backends, on)| {
+            let choice = match backends.as_slice() {
+                [(only, _)] => only.label().to_owned(),
+                many => many
+                    .iter()
+                    .map(|(b, n)| format!("{} ({n} calls)", b.label()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            };
+            KernelNote {
+                on,
+                family: "attention".to_owned(),
+                choice,
+            }
+        })
+        .collect()
+}
+
+/// Rule `cuda_reduce_buffers`: each reduction's global buffer and
+/// semaphores, for the call's duration, sized per GPU (the placeholder size
+/// is an A100's).
+fn reduce_buffers(analysis: &Analysis, plan: &mut Plan) {
+    let a100 = crate::kernels::DeviceLimits {
+        multiprocessors: 108,
+        max_threads_per_multiprocessor: 2048,
+    };
+    for call in &analysis.kernel_calls.reduce {
+        let Some(op) = analysis.ops.get(call.op) else {
+            continue;
+        };
+        for per_gpu in [
+            crate::kernels::PerGpu::ReduceBuffer(call.shape),
+            crate::kernels::PerGpu::ReduceSemaphores(call.shape),
+        ] {
+            plan.added.push(AddedBlock {
+                size: Bytes(per_gpu.bytes(a100)),
+                alloc: op.start,
+                free: Some(op.end),
+                op: call.op,
+                rule: RuleId::CudaReduceBuffers,
+                on: ArchSet::ALL,
+                per_gpu: Some(per_gpu),
+            });
+        }
+    }
+}
+
+/// Rule `cudnn_conv_workspaces`: a workspace per convolution call that
+/// runs cuDNN, of [`crate::kernels::conv::assumed_workspace`]'s size at the
+/// CUDA run's dtype (a block autocast resized gives its size). A forward
+/// holds it from its output's allocation to its end. A backward runs the
+/// data and filter passes in turn, each freeing its workspace before the
+/// next allocates; assumed alike in size, they are one block from the first
+/// gradient's allocation to the call's end.
+fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
+    let cuda_size = |b: usize| -> Option<(u64, Nanos)> {
+        let block = analysis.blocks.get(b)?;
+        let size = plan.resized.get(&b).map_or(block.size, |&(s, _)| s);
+        Some((size.get(), block.alloc_ts))
+    };
+    for call in &analysis.kernel_calls.conv {
+        if !crate::kernels::conv::runs_cudnn(call.native_depthwise) {
+            continue;
+        }
+        let Some(op) = analysis.ops.get(call.op) else {
+            continue;
+        };
+        let written: Vec<(u64, Nanos)> =
+            call.written.iter().filter_map(|&b| cuda_size(b)).collect();
+        let largest_written = written.first().map(|w| w.0);
+        let (operands, alloc) = if call.backward {
+            let grad_output = call
+                .forward_output
+                .and_then(cuda_size)
+                .map(|o| o.0)
+                .or(call.grad_output);
+            let first = written.iter().map(|w| w.1).min().unwrap_or(op.start);
+            (vec![largest_written, grad_output], first)
+        } else {
+            (
+                vec![largest_written],
+                written.first().map_or(op.start, |w| w.1),
+            )
+        };
+        let operands: Vec<u64> = operands.into_iter().flatten().collect();
+        let size = crate::kernels::conv::assumed_workspace(&operands);
+        if size == 0 {
+            continue;
+        }
+        plan.added.push(AddedBlock {
+            size: Bytes(size),
+            alloc,
+            free: Some(op.end),
+            op: call.op,
+            rule: RuleId::CudnnConvWorkspaces,
+            on: ArchSet::ALL,
+            per_gpu: None,
+        });
+    }
+}
+
+/// The architectures in `by_backend` outside `except`.
+fn by_backend_union(by_backend: &BTreeMap<Backend, ArchSet>, except: ArchSet) -> ArchSet {
+    by_backend
+        .values()
+        .fold(ArchSet::NONE, |all, &set| all.union(set))
+        .minus(except)
+}
+
+/// The query, key and value a fused CUDA kernel keeps for its backward
+/// (flash, memory-efficient and cuDNN attention save their inputs), where
+/// the CPU ran the math composite, which keeps copies of its own instead
+/// and lets the projections' outputs die with the forward: the latest
+/// blocks allocated before the call and after the previous call on its
+/// thread ended (the projections of this attention, found without module
+/// frames, so the estimate does not depend on them), of the query's, key's
+/// or value's size, that die after it but before its backward. On the
+/// architectures that run a fused kernel each lives until the call's
+/// backward ends; elsewhere (`math_on`) as traced.
+fn keep_inputs(
+    analysis: &Analysis,
+    call: &AttentionCall,
+    since: Nanos,
+    window: Option<(Nanos, Nanos)>,
+    math_on: ArchSet,
+    fused_on: ArchSet,
+    plan: &mut Plan,
+) {
+    let (Some((backward_start, backward_end)), Some(op)) = (window, analysis.ops.get(call.op))
+    else {
+        return;
+    };
+    if fused_on.is_empty() {
+        return;
+    }
+    let elems = |heads: u64, len: u64, dim: u64| {
+        call.shape
+            .batch
+            .saturating_mul(heads)
+            .saturating_mul(len)
+            .saturating_mul(dim)
+            .saturating_mul(call.shape.elem)
+    };
+    let sizes = [
+        elems(call.shape.heads, call.shape.q_len, call.shape.head_dim),
+        elems(call.shape.kv_heads, call.shape.kv_len, call.shape.head_dim),
+        elems(
+            call.shape.kv_heads,
+            call.shape.kv_len,
+            call.shape.v_head_dim,
+        ),
+    ];
+    let before = analysis.blocks.partition_point(|b| b.alloc_ts < op.start);
+    let inputs: Vec<usize> = analysis.blocks[..before]
+        .iter()
+        .rev()
+        .take(256)
+        .filter(|b| sizes.contains(&b.size.get()))
+        .take_while(|b| b.alloc_ts >= since)
+        .filter(|b| b.free_ts.is_some_and(|f| f > op.end && f < backward_start))
+        .take(3)
+        .map(|b| b.id)
+        .collect();
+    for b in inputs {
+        let Some(block) = analysis.blocks.get(b) else {
+            continue;
+        };
+        if math_on.is_empty() {
+            plan.dropped.insert(b, RuleId::SdpaCudaKernels);
+        } else {
+            plan.kept_on.insert(b, (math_on, RuleId::SdpaCudaKernels));
+        }
+        plan.added.push(AddedBlock {
+            size: block.size,
+            alloc: block.alloc_ts,
+            free: Some(backward_end),
+            op: block.alloc_op.unwrap_or(call.op),
+            rule: RuleId::SdpaCudaKernels,
+            on: fused_on,
+            per_gpu: None,
+        });
+    }
+}
+
+/// Adds the blocks of a kernel's `steps` to `plan`, the steps spread evenly
+/// over `span` in their order; a block the steps do not free is freed at
+/// `unfreed_until`.
+fn lay_out(
+    steps: &[attention::Step],
+    span: (Nanos, Nanos),
+    unfreed_until: Nanos,
+    op: usize,
+    on: ArchSet,
+    plan: &mut Plan,
+) {
+    let n = i64::try_from(steps.len())
+        .unwrap_or(i64::MAX)
+        .saturating_add(1);
+    let at = |i: usize| {
+        let i = i64::try_from(i).unwrap_or(i64::MAX).saturating_add(1);
+        let length = span.1.get().saturating_sub(span.0.get());
+        Nanos(span.0.get().saturating_add(length / n * i))
+    };
+    // (bytes, alloc time, free time) per Alloc step, in order
+    let mut blocks: Vec<(u64, Nanos, Nanos)> = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        match *step {
+            attention::Step::Alloc(bytes) => blocks.push((bytes, at(i), unfreed_until)),
+            attention::Step::Free(b) => {
+                if let Some(block) = blocks.get_mut(b) {
+                    block.2 = at(i);
+                }
+            }
+        }
+    }
+    for (bytes, alloc, free) in blocks {
+        if bytes > 0 {
+            plan.added.push(AddedBlock {
+                size: Bytes(bytes),
+                alloc,
+                free: Some(free),
+                op,
+                rule: RuleId::SdpaCudaKernels,
+                on,
+                per_gpu: None,
+            });
+        }
+    }
+}
+
+/// One attention call: its CPU kernel's blocks dropped (kept where a GPU
+/// runs the math composite too), each backend's blocks added for the
+/// architectures that select it. Returns the backend per architecture.
+fn attention_call(
+    analysis: &Analysis,
+    by_op: &BTreeMap<usize, Vec<usize>>,
+    call: &AttentionCall,
+    since: Nanos,
+    rules: Rules,
+    fp16_target: bool,
+    plan: &mut Plan,
+) -> Vec<(Sm, Backend)> {
+    let Some(kernel) = analysis.ops.get(call.kernel) else {
+        return Vec::new();
+    };
+    let blocks_in = |ops: &BTreeSet<usize>| -> Vec<usize> {
+        ops.iter()
+            .filter_map(|op| by_op.get(op))
+            .flatten()
+            .copied()
+            .collect()
+    };
+    // Forward: every block the CPU kernel made but the output (the latest
+    // block of the output's size that outlives the kernel).
+    let forward = blocks_in(&descendants(analysis, call.kernel));
+    let out_elems = call
+        .shape
+        .batch
+        .saturating_mul(call.shape.heads)
+        .saturating_mul(call.shape.q_len)
+        .saturating_mul(call.shape.v_head_dim);
+    let output = forward
+        .iter()
+        .filter_map(|&b| analysis.blocks.get(b))
+        .filter(|b| b.size.get() == out_elems.saturating_mul(call.shape.elem))
+        .filter(|b| b.free_ts.is_none_or(|f| f > kernel.end))
+        .max_by_key(|b| (b.alloc_ts, b.id))
+        .map(|b| b.id);
+    // Backward: every block its backward ops made but those that outlive
+    // them (the gradients of query, key and value).
+    let backward_ops: BTreeSet<usize> = call
+        .backward
+        .iter()
+        .flat_map(|&op| descendants(analysis, op))
+        .collect();
+    let window = call
+        .backward
+        .iter()
+        .filter_map(|&op| analysis.ops.get(op))
+        .fold(None, |w: Option<(Nanos, Nanos)>, o| {
+            Some(w.map_or((o.start, o.end), |(s, e)| (s.min(o.start), e.max(o.end))))
+        });
+    let backward: Vec<usize> = blocks_in(&backward_ops)
+        .into_iter()
+        .filter(|&b| {
+            analysis
+                .blocks
+                .get(b)
+                .is_some_and(|b| window.is_some_and(|(_, end)| b.free_ts.is_some_and(|f| f <= end)))
+        })
+        .collect();
+    let cpu_blocks: Vec<usize> = forward
+        .into_iter()
+        .filter(|&b| Some(b) != output)
+        .chain(backward)
+        .collect();
+
+    // The CUDA call: the output's CUDA size says its dtype (autocast may
+    // have changed it).
+    let elem = output
+        .and_then(|b| plan.resized.get(&b))
+        .map_or(call.shape.elem, |&(size, _)| {
+            size.get().checked_div(out_elems).unwrap_or(call.shape.elem)
+        });
+    let cuda = attention::Call {
+        elem,
+        fp16: if elem == call.shape.elem {
+            call.shape.fp16
+        } else {
+            fp16_target
+        },
+        grad: window.is_some(),
+        ..call.shape
+    };
+    let mut by_backend: BTreeMap<Backend, ArchSet> = BTreeMap::new();
+    let mut out = Vec::new();
+    for sm in Sm::KNOWN {
+        let backend = attention::select(&cuda, sm, rules);
+        let set = by_backend.entry(backend).or_insert(ArchSet::NONE);
+        *set = set.union(ArchSet::of(sm));
+        out.push((sm, backend));
+    }
+    let cpu_math = call.cpu == CpuAttention::Math;
+    let math_on = by_backend
+        .get(&Backend::Math)
+        .copied()
+        .unwrap_or(ArchSet::NONE);
+    for b in cpu_blocks {
+        if cpu_math && !math_on.is_empty() {
+            plan.kept_on.insert(b, (math_on, RuleId::SdpaCudaKernels));
+        } else {
+            plan.dropped.insert(b, RuleId::SdpaCudaKernels);
+        }
+    }
+    if cpu_math {
+        keep_inputs(
+            analysis,
+            call,
+            since,
+            window,
+            math_on,
+            by_backend_union(&by_backend, math_on),
+            plan,
+        );
+    }
+    let first_backward = call.backward.first().copied().unwrap_or(call.kernel);
+    let saved_until = window.map_or(kernel.end, |(_, end)| end);
+    for (backend, on) in by_backend {
+        if cpu_math && backend == Backend::Math {
+            continue;
+        }
+        let a = attention::allocations(backend, &cuda);
+        lay_out(
+            &a.forward,
+            (kernel.start, kernel.end),
+            saved_until,
+            call.kernel,
+            on,
+            plan,
+        );
+        if let Some(span) = window {
+            lay_out(&a.backward, span, span.1, first_backward, on, plan);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyzer::{analyze, AnalyzerConfig};
+
+    fn op(name: &str, ts: u32, dur: u32, dims: &str, types: &str, seq: Option<u32>) -> String {
+        let seq = seq.map_or(String::new(), |s| format!(r#", "Sequence number": {s}"#));
+        format!(
+            r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}, "args": {{"Input Dims": {dims}, "Input type": {types}{seq}}}}}"#
+        )
+    }
+
+    fn block(addr: u32, ts: u32, bytes: i64, free: u32) -> [String; 2] {
+        let mem = |ts: u32, b: i64| {
+            format!(
+                r#"{{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": {ts}, "args": {{"Addr": {addr}, "Bytes": {b}, "Device Type": 0, "Device Id": -1}}}}"#
+            )
+        };
+        [mem(ts, bytes), mem(free, -bytes)]
+    }
+
+    /// A CPU trace of one fp32 convolution (input [2,3,8,8], weight
+    /// [4,3,3,3], output [2,4,8,8]: 2,048 bytes) with its oneDNN scratch,
+    /// a depthwise one ([2,4,8,8] by [4,1,3,3]) and the first one's backward
+    /// (grad_input 1,536 bytes, grad_weight 432, a scratch block).
+    fn trace() -> Analysis {
+        let f = r#"["float", "float"]"#;
+        let mut ev = vec![
+            op("aten::conv2d", 10, 20, "[[2,3,8,8],[4,3,3,3]]", f, Some(1)),
+            op(
+                "aten::convolution",
+                11,
+                18,
+                "[[2,3,8,8],[4,3,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "aten::_convolution",
+                12,
+                16,
+                "[[2,3,8,8],[4,3,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "aten::mkldnn_convolution",
+                13,
+                14,
+                "[[2,3,8,8],[4,3,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "aten::convolution",
+                40,
+                10,
+                "[[2,4,8,8],[4,1,3,3]]",
+                f,
+                None,
+            ),
+            op(
+                "autograd::engine::evaluate_function: ConvolutionBackward0",
+                100,
+                50,
+                "[]",
+                "[]",
+                None,
+            ),
+            op("ConvolutionBackward0", 101, 48, "[]", "[]", Some(1)),
+            op(
+                "aten::convolution_backward",
+                102,
+                46,
+                "[[2,4,8,8],[2,3,8,8],[4,3,3,3]]",
+                r#"["float", "float", "float"]"#,
+                None,
+            ),
+        ];
+        ev.extend(block(1 << 20, 14, 2048, 200)); // output
+        ev.extend(block(2 << 20, 15, 4096, 20)); // oneDNN scratch
+        ev.extend(block(3 << 20, 42, 2048, 200)); // depthwise output
+        ev.extend(block(4 << 20, 103, 1536, 300)); // grad_input
+        ev.extend(block(5 << 20, 104, 8000, 105)); // scratch
+        ev.extend(block(6 << 20, 110, 432, 300)); // grad_weight
+        let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+        let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+        analyze(&trace, &AnalyzerConfig::standard()).unwrap().value
+    }
+
+    #[test]
+    fn cudnn_conv_workspaces_take_the_largest_tensor_of_each_pass() {
+        let a = trace();
+        assert_eq!(a.kernel_calls.conv.len(), 3, "{:?}", a.kernel_calls.conv);
+        let mut plan = Plan::default();
+        apply(
+            &a,
+            Rules {
+                efficient_gqa: true,
+            },
+            false,
+            &mut plan,
+        );
+        let ws: Vec<&AddedBlock> = plan
+            .added
+            .iter()
+            .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
+            .collect();
+        // The depthwise fp32 convolution runs PyTorch's own kernel: none.
+        assert_eq!(ws.len(), 2, "{ws:?}");
+        let at = |size: u64| a.blocks.iter().find(|b| b.size == Bytes(size)).unwrap();
+        let name_of = |i: usize| a.name(a.ops[i].name);
+        // Forward: the output's bytes, from the output to the call's end.
+        assert_eq!(name_of(ws[0].op), "aten::convolution");
+        assert_eq!(ws[0].size, Bytes(2048));
+        assert_eq!(ws[0].alloc, at(2048).alloc_ts);
+        assert_eq!(ws[0].free, Some(a.ops[ws[0].op].end));
+        // Backward: the larger of grad_output (the forward's output, 2,048)
+        // and grad_input (1,536), from grad_input to the call's end.
+        assert_eq!(name_of(ws[1].op), "aten::convolution_backward");
+        assert_eq!(ws[1].size, Bytes(2048));
+        assert_eq!(ws[1].alloc, at(1536).alloc_ts);
+        assert_eq!(ws[1].free, Some(a.ops[ws[1].op].end));
+        assert!(ws.iter().all(|w| w.on.is_all() && w.per_gpu.is_none()));
+    }
+}
