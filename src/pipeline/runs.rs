@@ -13,6 +13,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::program::SizeVariant;
+
 use super::{simulate_job, Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::presets::GpuTarget;
@@ -63,14 +65,27 @@ impl Parallel for InTurn {
     }
 }
 
-/// What an unlimited run depends on: the cuBLAS workspace size and count.
-type WorkspaceKey = (Bytes, u32, crate::kernels::Sm);
+/// What an unlimited run depends on: the cuBLAS workspace size and count,
+/// and the size on the target of each kind of block whose size depends on
+/// the GPU (0 where its architecture's kernels do not make it, `u64::MAX`
+/// for its own size): GPUs that agree on all of these run the same
+/// simulation.
+type WorkspaceKey = (Bytes, u32, Vec<u64>);
 
-fn workspace_key(target: &GpuTarget) -> WorkspaceKey {
+fn workspace_key(target: &GpuTarget, variants: &[SizeVariant]) -> WorkspaceKey {
+    let sm = target.kernel_sm();
+    let sizes = variants
+        .iter()
+        .map(|&(on, per_gpu)| match per_gpu {
+            _ if !on.contains(sm) => 0,
+            Some(per_gpu) => per_gpu.bytes(target.device_limits()),
+            None => u64::MAX,
+        })
+        .collect();
     (
         target.overheads.cublas_workspace_bytes,
         target.overheads.cublas_workspaces,
-        target.kernel_sm(),
+        sizes,
     )
 }
 
@@ -97,13 +112,13 @@ pub(super) fn simulate_all<'c>(
 ) -> Result<Runs<'c>, Error> {
     let job = prepared.job();
     let n = job.n_events();
+    let variants = job.size_variants();
+    let key = |target: &GpuTarget| workspace_key(target, &variants);
     let mut unlimited_targets: BTreeMap<WorkspaceKey, &GpuTarget> = BTreeMap::new();
     for target in std::iter::once(&config.reference).chain(&config.gpus) {
-        unlimited_targets
-            .entry(workspace_key(target))
-            .or_insert(target);
+        unlimited_targets.entry(key(target)).or_insert(target);
     }
-    let reference_key = workspace_key(&config.reference);
+    let reference_key = key(&config.reference);
     let runs = unlimited_targets.len() as u64 + config.gpus.len() as u64;
     let total = runs.saturating_mul(n).max(1);
     let mut report = |done: u64| {
@@ -115,8 +130,8 @@ pub(super) fn simulate_all<'c>(
     };
     report(0);
     let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
-    for (&key, &target) in &unlimited_targets {
-        let recorder = if key == reference_key {
+    for (run_key, &target) in &unlimited_targets {
+        let recorder = if *run_key == reference_key {
             report::recorder(job, summary, config.max_timeline_points)
         } else {
             Recorder::maxima()
@@ -132,15 +147,11 @@ pub(super) fn simulate_all<'c>(
     let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
     let unlimited: BTreeMap<WorkspaceKey, SimulatedRun> = unlimited_targets
         .keys()
-        .filter_map(|&key| results.next().map(|run| (key, run)))
+        .filter_map(|k| results.next().map(|run| (k.clone(), run)))
         .collect();
     let missing = || Error::Report(ReportError::MissingSimulation);
-    let unlimited_for = |target: &GpuTarget| {
-        unlimited
-            .get(&workspace_key(target))
-            .cloned()
-            .ok_or_else(missing)
-    };
+    let unlimited_for =
+        |target: &GpuTarget| unlimited.get(&key(target)).cloned().ok_or_else(missing);
     // The GPUs whose unlimited run never came near their capacity take it
     // as their run at capacity.
     let mut gpus: Vec<(&GpuTarget, Option<SimulatedRun>, SimulatedRun)> = Vec::new();

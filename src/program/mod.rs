@@ -31,6 +31,10 @@ use crate::orchestrator::{
 use crate::presets::GpuTarget;
 use crate::units::{Bytes, Nanos};
 
+/// A kind of block whose size depends on the GPU: the architectures whose
+/// kernels make it, and its size per GPU where that depends on more.
+pub type SizeVariant = (ArchSet, Option<PerGpu>);
+
 /// One event of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobEvent {
@@ -134,6 +138,24 @@ impl<'a> JobRef<'a> {
             JobRef::Schedule(s) => Cow::Borrowed(&s.phases),
             JobRef::Program(p) => Cow::Borrowed(&p.phases),
         }
+    }
+
+    /// The kinds of block whose size depends on the GPU (made by some
+    /// architectures' kernels only, or sized per GPU), each once, in a
+    /// fixed order: what decides whether two GPUs run the same simulation.
+    pub fn size_variants(&self) -> Vec<SizeVariant> {
+        let mut out: Vec<SizeVariant> = Vec::new();
+        let mut seen: std::collections::HashSet<SizeVariant> = std::collections::HashSet::new();
+        let mut add = |on: ArchSet, per_gpu: Option<PerGpu>| {
+            if (!on.is_all() || per_gpu.is_some()) && seen.insert((on, per_gpu)) {
+                out.push((on, per_gpu));
+            }
+        };
+        match self {
+            JobRef::Schedule(s) => s.blocks.iter().for_each(|b| add(b.on, b.per_gpu)),
+            JobRef::Program(p) => p.keys.iter().for_each(|k| add(k.on, k.per_gpu)),
+        }
+        out
     }
 
     /// The kernels the job assumes, per architecture.
