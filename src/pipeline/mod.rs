@@ -341,6 +341,60 @@ pub fn prepare_parsed(
     Ok(prepared)
 }
 
+/// A generation's job derived once from four short rebuilds at the depth
+/// `config.scale` asks for, and made at any number of new tokens without
+/// rebuilding ([`GenerationJob::prepared`]): for a search over lengths. Each
+/// is the [`Prepared`] that [`prepare_parsed`] makes of the same traces
+/// and settings where it streams the job.
+#[derive(Debug, Clone)]
+pub struct GenerationJob {
+    derivation: stream::Derivation,
+    traced: crate::scale::Traced,
+    capture: Option<Box<crate::trace::Capture>>,
+}
+
+impl GenerationJob {
+    /// The generation of `traces` derived; `None` where the traces are no
+    /// generation, the settings ask for the job built whole, or its decode
+    /// steps do not grow step by step (then [`prepare_parsed`] builds each
+    /// length whole).
+    pub fn derive(
+        traces: &[trace::Trace],
+        config: &Config,
+    ) -> Result<Option<GenerationJob>, Error> {
+        let capture = traces.first().and_then(|t| t.header.capture.clone());
+        let config = &capture::apply(config, capture.as_deref());
+        if config.materialize {
+            return Ok(None);
+        }
+        crate::scale::validate(&config.scale)?;
+        let derivation = stream::Derivation::of(traces, &[], config, &mut |_| {})?;
+        Ok(derivation.map(|derivation| GenerationJob {
+            derivation,
+            traced: traces
+                .first()
+                .map(crate::scale::inspect)
+                .unwrap_or_default(),
+            capture,
+        }))
+    }
+
+    /// The fewest new tokens it makes.
+    pub fn first_tokens(&self) -> u32 {
+        self.derivation.first_tokens()
+    }
+
+    /// The job at `new_tokens` new tokens (at least
+    /// [`GenerationJob::first_tokens`]); `None` where its facts do not grow
+    /// that far.
+    pub fn prepared(&self, new_tokens: u32) -> Option<Prepared> {
+        let mut prepared = self.derivation.prepared(new_tokens)?;
+        prepared.traced = self.traced.clone();
+        prepared.capture = self.capture.clone();
+        Some(prepared)
+    }
+}
+
 /// The trace of the job `config.scale` asks for, rebuilt from `traces`
 /// once its work is known to fit `config.memory_budget` (a request too
 /// large is refused before anything is built, with the largest that fits).

@@ -445,13 +445,31 @@ impl Program {
             phases: frame.phases.clone(),
             kernels: frame.kernels.clone(),
         };
-        let nodes = &program.nodes;
-        (program.n_events, program.n_blocks) = program.count(nodes, extra);
-        let vars = [0, extra[0], 0, extra[1]];
-        let first = program.edge_time(nodes, vars, false);
-        let last = program.edge_time(nodes, vars, true);
-        program.time_range = first.zip(last).map(|(a, b)| (Nanos(a), Nanos(b)));
+        program.count_at(extra);
         Some(program)
+    }
+
+    /// The same job with `extra` copies per dimension added to the first
+    /// count, its iterations, phases and kernels those of `frame`.
+    pub(crate) fn at(&self, extra: [i64; 2], frame: &Schedule) -> Program {
+        let mut program = Program {
+            iterations: frame.iterations.clone(),
+            phases: frame.phases.clone(),
+            kernels: frame.kernels.clone(),
+            ..self.clone()
+        };
+        program.count_at(extra);
+        program
+    }
+
+    /// Sets `extra` and what follows from it: the events, blocks and times.
+    fn count_at(&mut self, extra: [i64; 2]) {
+        self.extra = extra;
+        (self.n_events, self.n_blocks) = self.count(&self.nodes, extra);
+        let vars = [0, extra[0], 0, extra[1]];
+        let first = self.edge_time(&self.nodes, vars, false);
+        let last = self.edge_time(&self.nodes, vars, true);
+        self.time_range = first.zip(last).map(|(a, b)| (Nanos(a), Nanos(b)));
     }
 
     fn key(&self, leaf: &Leaf) -> Option<&EventKey> {

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::{PeakFigures, WhatIfError};
 use crate::analyzer::generation::Generation;
 use crate::diag::Warning;
-use crate::pipeline::{estimate, prepare_parsed, Config};
+use crate::pipeline::{estimate, prepare_parsed, Config, GenerationJob};
 use crate::report::Report;
 use crate::trace::Trace;
 
@@ -142,6 +142,10 @@ struct Search<'a> {
     reference_gpu: String,
     presets: Vec<String>,
     warnings: Vec<Warning>,
+    /// The generation derived once for every length past the traced one
+    /// (`None` inside: it does not derive, each length is built whole),
+    /// made on the first length asked for.
+    derived: Option<Option<GenerationJob>>,
 }
 
 impl Search<'_> {
@@ -150,7 +154,16 @@ impl Search<'_> {
     fn record(&mut self, new_tokens: Option<u32>) -> Result<Option<Generation>, WhatIfError> {
         let mut cfg = self.config.clone();
         cfg.scale.new_tokens = new_tokens;
-        let prepared = prepare_parsed(self.traces, Vec::new(), &cfg, &mut |_| {})?;
+        let streamed = match new_tokens {
+            Some(n) => self
+                .derived(&cfg)
+                .and_then(|job| (n >= job.first_tokens()).then(|| job.prepared(n)).flatten()),
+            None => None,
+        };
+        let prepared = match streamed {
+            Some(prepared) => prepared,
+            None => prepare_parsed(self.traces, Vec::new(), &cfg, &mut |_| {})?,
+        };
         let report = estimate(&prepared, &cfg, &mut |_| {})?.value;
         if self.points.is_empty() {
             self.reference_gpu = report.reference_gpu.clone();
@@ -171,6 +184,17 @@ impl Search<'_> {
             },
         );
         Ok(generation)
+    }
+
+    /// The generation derived for every length (the same job as
+    /// `prepare_parsed` streams), derived on the first call; `None` where
+    /// it does not derive (or its rebuilds fail: each length then says why).
+    fn derived(&mut self, config: &Config) -> Option<&GenerationJob> {
+        if self.derived.is_none() {
+            let job = GenerationJob::derive(self.traces, config).ok().flatten();
+            self.derived = Some(job);
+        }
+        self.derived.as_ref().and_then(Option::as_ref)
     }
 
     /// The margins of the generation extended to `n` new tokens.
@@ -246,6 +270,7 @@ pub fn longest(
         reference_gpu: String::new(),
         presets: Vec::new(),
         warnings: Vec::new(),
+        derived: None,
     };
     // The generation as traced: its point, and what it is.
     let Some(generation) = search.record(None)? else {

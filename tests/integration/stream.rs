@@ -68,3 +68,33 @@ fn a_streamed_generation_reports_what_the_job_built_whole_reports() {
         );
     }
 }
+
+/// A search over lengths derives the generation once and makes each length
+/// from it: the same report as the pipeline gives for that length.
+#[test]
+fn a_generation_derived_once_is_the_job_at_every_length() {
+    let trace = parse(&read_shared("fixtures/traces-llm/distilgpt2_gen8.json.gz"));
+    let config = Settings {
+        layers: Some(3),
+        ..Settings::default()
+    }
+    .config()
+    .unwrap();
+    let job = memcast::pipeline::GenerationJob::derive(std::slice::from_ref(&trace), &config)
+        .unwrap()
+        .expect("the generation derives");
+    for n in [job.first_tokens(), 40, 97] {
+        let mut at = config.clone();
+        at.scale.new_tokens = Some(n);
+        at.materialize = true;
+        let (whole, _) = report(&trace, &at);
+        let prepared = job.prepared(n).unwrap();
+        let derived = memcast::pipeline::estimate(&prepared, &at, &mut |_| {})
+            .unwrap()
+            .value;
+        assert!(
+            serde_json::to_string_pretty(&derived).unwrap() == whole,
+            "{n} new tokens: the derived job's report differs from the whole job's"
+        );
+    }
+}
