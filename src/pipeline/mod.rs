@@ -552,10 +552,10 @@ mod tests {
             .filter(|p| p.stage == Stage::Simulating)
             .map(|p| (p.done, p.total))
             .collect();
-        // Counted in events: one unlimited run per architecture (the T4's
-        // sm75 and the L4's sm89 run other kernels) and one run at capacity
-        // per GPU, of every event; from none to all, never back, the end
-        // only once all ran.
+        // Counted in events: one unlimited run (the GPUs share their
+        // workspace size, and the job has no block whose size depends on
+        // the architecture) and one run at capacity per GPU, of every
+        // event; from none to all, never back, the end only once all ran.
         let events = u64::from(
             run(TINY, &config, &mut |_| {})
                 .unwrap()
@@ -564,7 +564,7 @@ mod tests {
                 .n_events,
         );
         let total = simulating[0].1;
-        assert_eq!(total, 4 * events, "{simulating:?}");
+        assert_eq!(total, 3 * events, "{simulating:?}");
         assert_eq!(simulating.first(), Some(&(0, total)));
         assert_eq!(simulating.last(), Some(&(total, total)));
         assert!(simulating

@@ -283,3 +283,49 @@ pub(super) fn summary(prepared: &Prepared, config: &Config) -> RunSummary {
         quantization: prepared.quantization.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{ArchSet, Sm};
+    use crate::orchestrator::{Category, Phase, Schedule, ScheduledBlock};
+    use crate::presets::parse_gpu;
+    use crate::program::JobRef;
+
+    fn block(on: ArchSet) -> ScheduledBlock {
+        ScheduledBlock {
+            size: Bytes(1 << 20),
+            category: Category::Temporary,
+            iteration: Some(0),
+            phase: Phase::Forward,
+            op: None,
+            layer: None,
+            on,
+            per_gpu: None,
+        }
+    }
+
+    /// GPUs share a simulation where they agree on every block whose size
+    /// depends on the GPU: without such blocks, by their workspaces alone.
+    #[test]
+    fn gpus_share_a_run_where_every_block_has_the_same_size() {
+        let key = |schedule: &Schedule, gpu: &str| {
+            let variants = JobRef::Schedule(schedule).size_variants();
+            workspace_key(&parse_gpu(gpu).unwrap(), &variants)
+        };
+        let plain = Schedule {
+            blocks: vec![block(ArchSet::ALL)],
+            ..Schedule::default()
+        };
+        assert_eq!(key(&plain, "t4"), key(&plain, "l4"));
+        assert_ne!(key(&plain, "t4"), key(&plain, "h100-80gb"));
+        // A block only sm80 kernels make: the A100s apart from the A10.
+        let ampere = Schedule {
+            blocks: vec![block(ArchSet::ALL), block(ArchSet::of(Sm(8, 0)))],
+            ..Schedule::default()
+        };
+        assert_eq!(key(&ampere, "a100-40gb"), key(&ampere, "a100-80gb"));
+        assert_ne!(key(&ampere, "a100-80gb"), key(&ampere, "a10"));
+        assert_eq!(key(&ampere, "a10"), key(&ampere, "t4"));
+    }
+}
