@@ -34,6 +34,7 @@ cases=(
   "gen-4096|estimate $gen --new-tokens 4096|-"
   "gen-8192|estimate $gen --new-tokens 8192|issue: aborted under a 4 GB limit"
   "gen-L32-1024|estimate $gen --layers 32 --new-tokens 1024|< 2 s, < 512 MiB, peak reserved 1,356,857,344 B"
+  "gen-L80-4096|estimate $gen --layers 80 --new-tokens 4096|-"
   "gen-L80-32768|estimate $gen --layers 80 --new-tokens 32768|< 10 s, < 1 GiB, KV cache 80 × 4,096 × 32,799 B"
   "context-L80|whatif context $gen --layers 80 --budget 131072|< 30 s"
   "train-L160|estimate $train --layers 160|< 1 s"
