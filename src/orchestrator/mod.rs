@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 pub use rules::autocast::{AutocastConfig, AutocastMode};
 pub use rules::{foreach_temporary_lists, RuleId, CUBLAS_OPS};
 pub use schedule::{
-    BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule, ScheduleEvent,
-    ScheduledBlock,
+    bytes_on, BlockId, Category, EventKind, IterationSpan, Phase, PhaseWindow, Schedule,
+    ScheduleEvent, ScheduledBlock,
 };
 
 use crate::analyzer::Analysis;

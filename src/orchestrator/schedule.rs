@@ -91,17 +91,33 @@ pub struct ScheduledBlock {
 }
 
 impl ScheduledBlock {
-    /// The bytes the block has on `target`: zero when the target's
-    /// architecture does not make it, the target's figure for a block sized
-    /// per GPU, else its size ([`Category::Workspace`] blocks are the
-    /// caller's: their size and number are the target's overheads).
+    /// The bytes the block has on `target` ([`bytes_on`]).
     pub fn size_on(&self, target: &crate::presets::GpuTarget) -> crate::units::Bytes {
-        if !self.on.contains(target.kernel_sm()) {
-            return crate::units::Bytes::ZERO;
-        }
-        match self.per_gpu {
+        bytes_on(self.size, self.category, self.on, self.per_gpu, target)
+    }
+}
+
+/// The bytes a block of `size`, `category`, made by the kernels of `on`
+/// and sized `per_gpu` where that depends on the GPU, has on `target`:
+/// zero when the target's architecture does not make it, the target's
+/// cuBLAS workspace for a [`Category::Workspace`] block (how many of them
+/// are made is the simulation's), the target's figure for a block sized per
+/// GPU, else its size.
+pub fn bytes_on(
+    size: crate::units::Bytes,
+    category: Category,
+    on: crate::kernels::ArchSet,
+    per_gpu: Option<crate::kernels::PerGpu>,
+    target: &crate::presets::GpuTarget,
+) -> crate::units::Bytes {
+    if !on.contains(target.kernel_sm()) {
+        crate::units::Bytes::ZERO
+    } else if category == Category::Workspace {
+        target.overheads.cublas_workspace_bytes
+    } else {
+        match per_gpu {
             Some(per_gpu) => crate::units::Bytes(per_gpu.bytes(target.device_limits())),
-            None => self.size,
+            None => size,
         }
     }
 }

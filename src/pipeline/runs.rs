@@ -70,9 +70,9 @@ impl Parallel for InTurn {
 /// the GPU (0 where its architecture's kernels do not make it, `u64::MAX`
 /// for its own size): GPUs that agree on all of these run the same
 /// simulation.
-type WorkspaceKey = (Bytes, u32, Vec<u64>);
+type RunKey = (Bytes, u32, Vec<u64>);
 
-fn workspace_key(target: &GpuTarget, variants: &[SizeVariant]) -> WorkspaceKey {
+fn run_key(target: &GpuTarget, variants: &[SizeVariant]) -> RunKey {
     let sm = target.kernel_sm();
     let sizes = variants
         .iter()
@@ -113,8 +113,8 @@ pub(super) fn simulate_all<'c>(
     let job = prepared.job();
     let n = job.n_events();
     let variants = job.size_variants();
-    let key = |target: &GpuTarget| workspace_key(target, &variants);
-    let mut unlimited_targets: BTreeMap<WorkspaceKey, &GpuTarget> = BTreeMap::new();
+    let key = |target: &GpuTarget| run_key(target, &variants);
+    let mut unlimited_targets: BTreeMap<RunKey, &GpuTarget> = BTreeMap::new();
     for target in std::iter::once(&config.reference).chain(&config.gpus) {
         unlimited_targets.entry(key(target)).or_insert(target);
     }
@@ -145,7 +145,7 @@ pub(super) fn simulate_all<'c>(
         ));
     }
     let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
-    let unlimited: BTreeMap<WorkspaceKey, SimulatedRun> = unlimited_targets
+    let unlimited: BTreeMap<RunKey, SimulatedRun> = unlimited_targets
         .keys()
         .filter_map(|k| results.next().map(|run| (k.clone(), run)))
         .collect();
@@ -311,7 +311,7 @@ mod tests {
     fn gpus_share_a_run_where_every_block_has_the_same_size() {
         let key = |schedule: &Schedule, gpu: &str| {
             let variants = JobRef::Schedule(schedule).size_variants();
-            workspace_key(&parse_gpu(gpu).unwrap(), &variants)
+            run_key(&parse_gpu(gpu).unwrap(), &variants)
         };
         let plain = Schedule {
             blocks: vec![block(ArchSet::ALL)],

@@ -18,8 +18,7 @@ use crate::units::Bytes;
 /// skipped with their frees. Also returns, for each schedule event, the
 /// number of ops issued up to and including it.
 pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> (Vec<SimOp>, Vec<usize>) {
-    let workspace = target.overheads.cublas_workspace_bytes;
-    let mut workspaces_left = target.overheads.cublas_workspaces;
+    let mut issued_size = Issued::on(target);
     let mut issued = vec![false; schedule.blocks.len()];
     let mut ops: Vec<SimOp> = Vec::with_capacity(schedule.events.len());
     let mut ops_through: Vec<usize> = Vec::with_capacity(schedule.events.len());
@@ -28,16 +27,7 @@ pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> (Vec<SimOp>, Vec
         match event.kind {
             EventKind::Alloc => {
                 let size = match schedule.blocks.get(id) {
-                    Some(block) if !block.on.contains(target.kernel_sm()) => Bytes::ZERO,
-                    Some(block) if block.category == Category::Workspace => {
-                        if workspaces_left > 0 {
-                            workspaces_left -= 1;
-                            workspace
-                        } else {
-                            Bytes::ZERO
-                        }
-                    }
-                    Some(block) => block.size_on(target),
+                    Some(block) => issued_size.of(block.category, block.size_on(target)),
                     None => Bytes::ZERO,
                 };
                 if size > Bytes::ZERO {
@@ -62,6 +52,34 @@ pub fn schedule_ops(schedule: &Schedule, target: &GpuTarget) -> (Vec<SimOp>, Vec
     (ops, ops_through)
 }
 
+/// The sizes a simulation on one GPU issues its blocks at: each block's
+/// size there, but only the first `cublas_workspaces` workspace blocks the
+/// target makes (a handle per thread and stream), the others none.
+struct Issued {
+    workspaces_left: u32,
+}
+
+impl Issued {
+    fn on(target: &GpuTarget) -> Issued {
+        Issued {
+            workspaces_left: target.overheads.cublas_workspaces,
+        }
+    }
+
+    /// The size a block of `category` whose size on the target is `size`
+    /// is issued at.
+    fn of(&mut self, category: Category, size: Bytes) -> Bytes {
+        if category != Category::Workspace || size == Bytes::ZERO {
+            return size;
+        }
+        if self.workspaces_left == 0 {
+            return Bytes::ZERO;
+        }
+        self.workspaces_left -= 1;
+        size
+    }
+}
+
 /// Replays a job through the simulated allocator on one device, with the
 /// target's cuBLAS workspace size (the first `cublas_workspaces` workspace
 /// blocks at it, the others and zero-byte blocks skipped with their frees),
@@ -76,8 +94,7 @@ pub fn simulate_job(
     mut recorder: Recorder,
     tick: &mut dyn FnMut(u64),
 ) -> SimulatedRun {
-    let workspace = target.overheads.cublas_workspace_bytes;
-    let mut workspaces_left = target.overheads.cublas_workspaces;
+    let mut issued_size = Issued::on(target);
     let mut runner = Runner::new(
         allocator,
         device,
@@ -90,18 +107,7 @@ pub fn simulate_job(
     job.for_each(&mut |e| {
         let op = match e.kind {
             EventKind::Alloc => {
-                let size = if !e.on.contains(target.kernel_sm()) {
-                    Bytes::ZERO
-                } else if e.category == Category::Workspace {
-                    if workspaces_left > 0 {
-                        workspaces_left -= 1;
-                        workspace
-                    } else {
-                        Bytes::ZERO
-                    }
-                } else {
-                    e.size_on(target)
-                };
+                let size = issued_size.of(e.category, e.size_on(target));
                 if size > Bytes::ZERO {
                     Some(SimOp::Alloc {
                         block: e.block,

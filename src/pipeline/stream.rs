@@ -130,7 +130,10 @@ impl Derivation {
         let Ok(four) = <[&Prepared; 4]>::try_from(rebuilt.iter().collect::<Vec<_>>()) else {
             return Ok(None);
         };
-        let grid = Grid::One(Dim::Tokens, four);
+        let grid = Grid {
+            dim: Dim::Tokens,
+            at: four,
+        };
         // The facts: every field but the events.
         let texts = grid.map(|p| {
             let mut facts = Prepared::clone(p);
@@ -139,10 +142,8 @@ impl Derivation {
             facts.autocast = None;
             serde_json::to_string(&facts).unwrap_or_default()
         });
-        let Grid::One(_, [frame, ..]) = &grid;
         let schedules = grid.map(|p| &p.orchestrated.schedule);
-        let Some(program) = Program::derive(&schedules, [0, 0], &frame.orchestrated.schedule)
-        else {
+        let Some(program) = Program::derive(&schedules) else {
             return Ok(None);
         };
         let derived = Derivation {

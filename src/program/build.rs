@@ -3,19 +3,53 @@
 //! grows per dimension ([`super::derive`]), and the two dimensions nested
 //! (a decode step holds one call of every block).
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::Hash;
 
 use super::derive::{derive, Atom, Derived, Grown, Line, Plane};
 use super::{Dim, EventKey, Leaf, Node, Poly, C_DEPTH, C_TOKENS, J_DEPTH, J_TOKENS};
 use crate::orchestrator::{EventKind, Schedule};
 
-/// The sequences of items of a job's schedules: the keys shared by all.
+/// Items numbered in the order they were first seen.
+#[derive(Debug)]
+pub(crate) struct Table<K> {
+    ids: HashMap<K, u32>,
+    pub(crate) items: Vec<K>,
+}
+
+impl<K> Default for Table<K> {
+    fn default() -> Self {
+        Table {
+            ids: HashMap::new(),
+            items: Vec::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq> Table<K> {
+    /// The number of `item`, given it when new.
+    pub(crate) fn id<Q>(&mut self, item: &Q) -> u32
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let Some(&id) = self.ids.get(item) {
+            return id;
+        }
+        let id = u32::try_from(self.items.len()).unwrap_or(u32::MAX);
+        self.items.push(item.to_owned());
+        self.ids.insert(item.to_owned(), id);
+        id
+    }
+}
+
+/// The sequences of items of a job's schedules: the keys and the names
+/// (ops, layer templates) shared by all.
 #[derive(Debug, Default)]
 pub(crate) struct Atoms {
-    keys: HashMap<EventKey, u32>,
-    pub(crate) table: Vec<EventKey>,
-    strings: HashMap<String, u32>,
-    pub(crate) names: Vec<String>,
+    pub(crate) keys: Table<EventKey>,
+    pub(crate) names: Table<String>,
 }
 
 /// The leading numbers of an event: its time, and its size (an
@@ -26,26 +60,6 @@ pub(crate) const SIZE_OR_BACK: usize = 1;
 pub(crate) const LAYER_NUMBERS: usize = 2;
 
 impl Atoms {
-    fn name(&mut self, s: &str) -> u32 {
-        if let Some(&id) = self.strings.get(s) {
-            return id;
-        }
-        let id = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
-        self.names.push(s.to_owned());
-        self.strings.insert(s.to_owned(), id);
-        id
-    }
-
-    fn key(&mut self, key: EventKey) -> u32 {
-        if let Some(&id) = self.keys.get(&key) {
-            return id;
-        }
-        let id = u32::try_from(self.table.len()).unwrap_or(u32::MAX);
-        self.table.push(key);
-        self.keys.insert(key, id);
-        id
-    }
-
     /// The items of a schedule's events.
     pub(crate) fn of(&mut self, schedule: &Schedule) -> Vec<Atom> {
         let mut made_at: Vec<usize> = vec![0; schedule.blocks.len()];
@@ -64,7 +78,7 @@ impl Atoms {
             let (template, numbers) = match block.layer.as_deref() {
                 Some(layer) => {
                     let (t, n) = split_numbers(layer);
-                    (Some(self.name(&t)), n)
+                    (Some(self.names.id(&t)), n)
                 }
                 None => (None, Vec::new()),
             };
@@ -73,13 +87,13 @@ impl Atoms {
                 category: block.category,
                 phase: block.phase,
                 iteration: block.iteration,
-                op: block.op.as_deref().map(|op| self.name(op)),
+                op: block.op.as_deref().map(|op| self.names.id(op)),
                 layer: template,
                 numbers: u32::try_from(numbers.len()).unwrap_or(u32::MAX),
                 on: block.on,
                 per_gpu: block.per_gpu,
             };
-            let key = self.key(key);
+            let key = self.keys.id(&key);
             let second = match e.kind {
                 EventKind::Alloc => i64::try_from(block.size.get()).unwrap_or(i64::MAX),
                 EventKind::Free => {
@@ -96,6 +110,13 @@ impl Atoms {
     }
 }
 
+/// A run of digits as a number where it is a plain one: no leading zero,
+/// short enough for an `i64` with room to grow (`None`: it stays text).
+pub(crate) fn plain_number(digits: &str) -> Option<i64> {
+    let plain = digits.len() < 18 && !(digits.len() > 1 && digits.starts_with('0'));
+    plain.then(|| digits.parse::<i64>().ok()).flatten()
+}
+
 /// A text as its digit runs (numbers) and what is between them, the
 /// numbers replaced by `#`.
 pub(crate) fn split_numbers(text: &str) -> (String, Vec<i64>) {
@@ -108,13 +129,12 @@ pub(crate) fn split_numbers(text: &str) -> (String, Vec<i64>) {
             continue;
         }
         if !digits.is_empty() {
-            // A run too long for a number stays text.
-            match digits.parse::<i64>() {
-                Ok(n) if digits.len() < 18 && !(digits.len() > 1 && digits.starts_with('0')) => {
+            match plain_number(&digits) {
+                Some(n) => {
                     template.push('#');
                     numbers.push(n);
                 }
-                _ => template.push_str(&digits),
+                None => template.push_str(&digits),
             }
             digits.clear();
         }
@@ -151,30 +171,30 @@ pub(crate) fn join_numbers(template: &str, numbers: &[i64]) -> String {
     out
 }
 
-/// Sequences of one job at small counts of copies: four counts of one
-/// dimension, or four by four (depth by tokens).
+/// One job (a sequence, a text) at four consecutive counts of copies of
+/// the dimension `dim`.
 #[derive(Debug, Clone)]
-pub(crate) enum Grid<T> {
-    One(Dim, [T; 4]),
+pub(crate) struct Grid<T> {
+    pub dim: Dim,
+    pub at: [T; 4],
 }
 
 impl<T> Grid<T> {
-    pub(crate) fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> Grid<U> {
-        match self {
-            Grid::One(dim, xs) => Grid::One(*dim, xs.each_ref().map(&mut f)),
+    pub(crate) fn map<U>(&self, f: impl FnMut(&T) -> U) -> Grid<U> {
+        Grid {
+            dim: self.dim,
+            at: self.at.each_ref().map(f),
         }
     }
 }
 
 /// The program of the sequences of a grid.
 pub(crate) fn program_of(grid: &Grid<Vec<Atom>>) -> Option<(Vec<Node>, Vec<Leaf>)> {
-    match grid {
-        Grid::One(dim, seqs) => one(seqs, *dim),
-    }
+    one(&grid.at, grid.dim)
 }
 
 /// The program of one dimension: `seqs` at four consecutive counts.
-pub(crate) fn one(seqs: &[Vec<Atom>; 4], dim: Dim) -> Option<(Vec<Node>, Vec<Leaf>)> {
+fn one(seqs: &[Vec<Atom>; 4], dim: Dim) -> Option<(Vec<Node>, Vec<Leaf>)> {
     let derived = derive(seqs)?;
     let (c, j) = match dim {
         Dim::Depth => (C_DEPTH, J_DEPTH),

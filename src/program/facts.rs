@@ -5,9 +5,7 @@
 //! warnings), lists that grow with the copies grown by the same rule as
 //! the events ([`super::derive`]).
 
-use std::collections::HashMap;
-
-use super::build::{self, Grid};
+use super::build::{self, Grid, Table};
 use super::derive::Atom;
 
 /// The text of `texts` (one text at each count of the grid) at `extra`
@@ -21,7 +19,7 @@ pub(crate) fn grown_text(texts: &Grid<String>, extra: [i64; 2]) -> Option<String
     let (nodes, leaves) = build::program_of(&atoms)?;
     let mut out = String::new();
     super::walk_nodes(&nodes, &leaves, extra, &mut |_, leaf, terms| {
-        if let Some(text) = pieces.texts.get(leaf.key as usize) {
+        if let Some(text) = pieces.texts.items.get(leaf.key as usize) {
             out.push_str(text);
         }
         if let Some(n) = leaf.attrs.first() {
@@ -32,14 +30,14 @@ pub(crate) fn grown_text(texts: &Grid<String>, extra: [i64; 2]) -> Option<String
     Some(out)
 }
 
-/// The text of four texts with the same items (the same runs of
-/// text between their numbers) at `extra` added copies, each number on
-/// the polynomial of degree two at most through its first three values and checked on the fourth: a sum over the copies of
-/// a number that grows on a line per copy (the scratch of every decode
-/// step, each a position longer) grows so. `None` where the items differ
-/// or a number does not.
+/// The text of four texts with the same items (the same runs of text
+/// between their numbers) at `extra` added copies, each number on the
+/// polynomial of degree two at most through its first three values and
+/// checked on the fourth: a sum over the copies of a number that grows on
+/// a line per copy (the scratch of every decode step, each a position
+/// longer) grows so. `None` where the items differ or a number does not.
 fn same_items(pieces: &Pieces, grid: &Grid<Vec<Atom>>, extra: [i64; 2]) -> Option<String> {
-    let Grid::One(dim, seqs) = grid;
+    let seqs = &grid.at;
     let first = seqs.first()?;
     if seqs.iter().any(|s| s.len() != first.len()) {
         return None;
@@ -54,12 +52,12 @@ fn same_items(pieces: &Pieces, grid: &Grid<Vec<Atom>>, extra: [i64; 2]) -> Optio
             }
             values.extend(x.attrs.first().copied());
         }
-        out.push_str(pieces.texts.get(item.key as usize)?);
+        out.push_str(pieces.texts.items.get(item.key as usize)?);
         if values.is_empty() {
             continue;
         }
         let values: [i64; 4] = values.try_into().ok()?;
-        let value = quadratic_at(values, *extra.get(*dim as usize)?)?;
+        let value = quadratic_at(values, *extra.get(grid.dim as usize)?)?;
         out.push_str(&value.to_string());
     }
     Some(out)
@@ -84,21 +82,10 @@ fn quadratic_at(v: [i64; 4], n: i64) -> Option<i64> {
 /// The runs of text between numbers, shared by every text of a grid.
 #[derive(Debug, Default)]
 struct Pieces {
-    ids: HashMap<String, u32>,
-    texts: Vec<String>,
+    texts: Table<String>,
 }
 
 impl Pieces {
-    fn id(&mut self, text: &str) -> u32 {
-        if let Some(&id) = self.ids.get(text) {
-            return id;
-        }
-        let id = u32::try_from(self.texts.len()).unwrap_or(u32::MAX);
-        self.texts.push(text.to_owned());
-        self.ids.insert(text.to_owned(), id);
-        id
-    }
-
     /// A text as items: each number with the text before it, then the
     /// text after the last number. A digit run that is no plain number
     /// (a leading zero, too long) stays text.
@@ -112,17 +99,16 @@ impl Pieces {
                 continue;
             }
             if !digits.is_empty() {
-                let plain = digits.len() < 18 && !(digits.len() > 1 && digits.starts_with('0'));
-                match digits.parse::<i64>() {
-                    Ok(n) if plain => {
-                        let key = self.id(&before);
+                match build::plain_number(&digits) {
+                    Some(n) => {
+                        let key = self.texts.id(before.as_str());
                         out.push(Atom {
                             key,
                             attrs: vec![n],
                         });
                         before.clear();
                     }
-                    _ => before.push_str(&digits),
+                    None => before.push_str(&digits),
                 }
                 digits.clear();
             }
@@ -130,7 +116,7 @@ impl Pieces {
                 before.push(ch);
             }
         }
-        let key = self.id(&before);
+        let key = self.texts.id(before.as_str());
         out.push(Atom {
             key,
             attrs: Vec::new(),
@@ -155,24 +141,24 @@ mod tests {
                 list.join(",")
             )
         };
-        let grid = Grid::One(
-            super::super::Dim::Depth,
-            [text(1), text(2), text(3), text(4)],
-        );
+        let grid = Grid {
+            dim: super::super::Dim::Depth,
+            at: [text(1), text(2), text(3), text(4)],
+        };
         assert_eq!(
             grown_text(&grid, [40, 0]).as_deref(),
             Some(text(41).as_str())
         );
         // A number off its line: none.
-        let grid = Grid::One(
-            super::super::Dim::Depth,
-            [
+        let grid = Grid {
+            dim: super::super::Dim::Depth,
+            at: [
                 text(1),
                 text(2),
                 text(3),
                 text(4).replace("\"n\":54", "\"n\":55"),
             ],
-        );
+        };
         assert_eq!(grown_text(&grid, [40, 0]), None);
     }
 
@@ -183,10 +169,10 @@ mod tests {
             let bytes: i64 = (0..2 + k).map(|i| 100 + 8 * i).sum();
             format!("{{\"op\":\"attn\",\"bytes\":{bytes},\"calls\":{}}}", 2 + k)
         };
-        let grid = Grid::One(
-            super::super::Dim::Tokens,
-            [text(0), text(1), text(2), text(3)],
-        );
+        let grid = Grid {
+            dim: super::super::Dim::Tokens,
+            at: [text(0), text(1), text(2), text(3)],
+        };
         assert_eq!(
             grown_text(&grid, [0, 1000]).as_deref(),
             Some(text(1000).as_str())

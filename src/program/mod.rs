@@ -56,21 +56,9 @@ pub struct JobEvent {
 }
 
 impl JobEvent {
-    /// The block's bytes on `target`: zero where its architecture's kernels
-    /// do not make it, the target's cuBLAS workspace for a workspace block,
-    /// the target's figure for a block sized per GPU, else its size (as
-    /// [`ScheduledBlock::size_on`]).
+    /// The block's bytes on `target` (as [`ScheduledBlock::size_on`]).
     pub fn size_on(&self, target: &GpuTarget) -> Bytes {
-        if !self.on.contains(target.kernel_sm()) {
-            Bytes::ZERO
-        } else if self.category == Category::Workspace {
-            target.overheads.cublas_workspace_bytes
-        } else {
-            match self.per_gpu {
-                Some(per_gpu) => Bytes(per_gpu.bytes(target.device_limits())),
-                None => self.size,
-            }
-        }
+        crate::orchestrator::bytes_on(self.size, self.category, self.on, self.per_gpu, target)
     }
 }
 
@@ -420,32 +408,28 @@ pub struct Program {
 
 impl Program {
     /// The program of a job whose schedules at four consecutive counts of
-    /// copies per dimension grown are `grid`, for `extra` copies past the
-    /// first count; the job's iterations, phases and kernels those of
-    /// `frame` (its schedule without events). `None` when
-    /// the schedules do not grow copy by copy ([`derive`]).
-    pub(crate) fn derive(
-        grid: &Grid<&Schedule>,
-        extra: [i64; 2],
-        frame: &Schedule,
-    ) -> Option<Program> {
+    /// copies of one dimension are `grid`, at the first count (the job at
+    /// another is [`Program::at`]). `None` when the schedules do not grow
+    /// copy by copy ([`derive`]).
+    pub(crate) fn derive(grid: &Grid<&Schedule>) -> Option<Program> {
         let mut atoms = build::Atoms::default();
         let seqs = grid.map(|s| atoms.of(s));
         let (nodes, leaves) = build::program_of(&seqs)?;
+        let [first, ..] = grid.at;
         let mut program = Program {
             nodes,
             leaves,
-            keys: atoms.table,
-            names: atoms.names,
-            extra,
+            keys: atoms.keys.items,
+            names: atoms.names.items,
+            extra: [0, 0],
             n_events: 0,
             n_blocks: 0,
             time_range: None,
-            iterations: frame.iterations.clone(),
-            phases: frame.phases.clone(),
-            kernels: frame.kernels.clone(),
+            iterations: first.iterations.clone(),
+            phases: first.phases.clone(),
+            kernels: first.kernels.clone(),
         };
-        program.count_at(extra);
+        program.count_at([0, 0]);
         Some(program)
     }
 
