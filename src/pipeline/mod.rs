@@ -191,6 +191,19 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The same job with its program's events held whole as a schedule
+    /// (what a what-if that changes the schedule reads); `None` where it
+    /// is not streamed or its program cannot be expanded.
+    pub fn held_whole(&self) -> Option<Prepared> {
+        let schedule = self.program.as_deref()?.schedule()?;
+        let mut whole = Prepared {
+            program: None,
+            ..self.clone()
+        };
+        whole.orchestrated.schedule = schedule;
+        Some(whole)
+    }
+
     /// The job to simulate.
     pub fn job(&self) -> crate::program::JobRef<'_> {
         match &self.program {

@@ -120,7 +120,8 @@ pub fn simulate_job(
                 }
             }
             EventKind::Free => {
-                (!skipped.remove(&e.block)).then_some(SimOp::Free { block: e.block })
+                let was_skipped = !skipped.is_empty() && skipped.remove(&e.block);
+                (!was_skipped).then_some(SimOp::Free { block: e.block })
             }
         };
         let oom = op.is_some_and(|op| runner.step(index, &op).is_err());

@@ -1,27 +1,38 @@
 //! A rebuilt job as a [`Program`] (issue 33): the job that `--layers` and
 //! `--new-tokens` ask for is described once, from the same job rebuilt at
-//! four small counts of copies per dimension it grows in, and streamed to
-//! the simulator, so its memory is bounded by the trace, not by the job.
+//! four small counts of copies of the dimension it grows in, and streamed
+//! to the simulator, so its memory is bounded by the trace, not by the job.
 //!
 //! The small rebuilds go through the stages as any trace does (the copy
 //! engine, the analyzer, the orchestrator's rules): shapes, lifetimes,
 //! categories, parameters and rules are decided on their events, and
 //! [`crate::program`] finds how each copy adds to the schedule and to the
-//! facts the report repeats, checked on all four (or sixteen). A job that
-//! does not grow copy by copy that way is built whole, as before; so is
-//! one with few copies (nothing to gain), and the autocast what-if's job.
+//! facts the report repeats, checked on all four.
+//!
+//! - A generation asked for more decode steps is derived in its steps, from
+//!   four rebuilds at the depth asked for. Where that depth is itself far
+//!   past the traced one, each of the four is made from a derivation in
+//!   depth at its length (four rebuilds of a few blocks each) and held
+//!   whole: sixteen small rebuilds instead of four deep ones.
+//! - A job asked for more blocks only (training, a forward, a generation
+//!   at its traced length) is derived in depth; the autocast what-if's job
+//!   is derived beside it and held whole.
+//!
+//! A job that does not grow copy by copy that way is built whole, as
+//! before; so is one with few copies (nothing to gain), and the autocast
+//! what-if's job of a streamed generation.
 
 use super::{prepare_trace, Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::program::{grown_text, Dim, Grid, Program};
-use crate::scale::{self, Target};
+use crate::scale::{self, work::Counts, Target};
 use crate::trace::Trace;
 
-/// Decode steps past the traced ones in the shortest rebuild a program is
-/// derived from.
+/// Copies past the traced ones in the smallest rebuild a program is
+/// derived from (decode steps, blocks per stack).
 const FIRST: u32 = 1;
 
-/// The rebuilds of a program: four counts of decode steps.
+/// The rebuilds of a program: four consecutive counts.
 const COUNTS: u32 = 4;
 
 /// The job `config.scale` asks for of `traces` as a program, when it adds
@@ -42,69 +53,140 @@ pub(super) fn prepare(
     let Some(first) = traces.first() else {
         return Ok(None);
     };
-    let Some(traced) = scale::traced_new_tokens(first) else {
-        return Ok(None);
-    };
-    let Some(asked) = target.new_tokens.filter(|&n| n >= traced + FIRST + COUNTS) else {
-        return Ok(None);
-    };
+    let counts = Counts::of(first);
+    let layers = target.layers.unwrap_or(counts.layers);
+    let tokens = target.new_tokens.unwrap_or(counts.tokens);
     // Only where building the job whole is the larger work: the rebuilds
     // take about as long per event as the whole job would.
-    let counts = scale::work::Counts::of(first);
-    let events = |tokens: u32| {
-        let layers = target.layers.unwrap_or(counts.layers);
+    let events = |layers: u32, tokens: u32| {
         scale::work::estimate(&counts, layers, tokens, config.work_budget()).events
     };
-    let rebuilds = (0..COUNTS)
-        .map(|t| events(traced + FIRST + t))
-        .fold(0u64, u64::saturating_add);
-    if events(asked) <= rebuilds {
-        return Ok(None);
+    let rebuilds = |cell: &dyn Fn(u32) -> (u32, u32)| {
+        (0..COUNTS)
+            .map(|t| {
+                let (l, n) = cell(t);
+                events(l, n)
+            })
+            .fold(0u64, u64::saturating_add)
+    };
+    if let Some(traced) = scale::traced_new_tokens(first) {
+        if let Some(asked) = target.new_tokens.filter(|&n| n >= traced + FIRST + COUNTS) {
+            if events(layers, asked) <= rebuilds(&|t| (layers, traced + FIRST + t)) {
+                return Ok(None);
+            }
+            // The four steps' jobs are held whole at the depth asked for:
+            // the longest must fit the budget as a rebuild would.
+            let longest = Target {
+                new_tokens: Some(traced + FIRST + COUNTS - 1),
+                ..target
+            };
+            scale::work::check(&counts, &longest, config.work_budget()).map_err(|e| match e {
+                scale::ScaleError::OverBudget {
+                    needed,
+                    budget,
+                    fits,
+                    ..
+                } => scale::ScaleError::OverBudget {
+                    asked: scale::work::describe(&target),
+                    needed,
+                    budget,
+                    fits,
+                },
+                other => other,
+            })?;
+            let derived =
+                Derivation::in_dim(traces, warnings, config, &counts, Dim::Tokens, progress)?;
+            return Ok(derived.and_then(|d| d.prepared(asked)));
+        }
     }
-    let Some(derived) = Derivation::of(traces, warnings, config, progress)? else {
+    let Some(first_layers) = first_depth(&counts, layers) else {
         return Ok(None);
     };
-    Ok(derived.prepared(asked))
+    if events(layers, tokens) <= rebuilds(&|t| (first_layers + t, tokens)) {
+        return Ok(None);
+    }
+    let derived = Derivation::in_dim(traces, warnings, config, &counts, Dim::Depth, progress)?;
+    Ok(derived.and_then(|d| d.prepared(layers)))
 }
 
-/// A generation's job at any number of new tokens, derived once from four
-/// short rebuilds at the depth `config.scale` asks for ([`Derivation::of`]),
-/// then made at each length without rebuilding ([`Derivation::prepared`]):
-/// what a search over lengths (`whatif context`) reuses.
+/// Blocks per stack of the smallest depth rebuild of a job of `layers`
+/// blocks, where that is deep enough to be derived in depth.
+fn first_depth(counts: &Counts, layers: u32) -> Option<u32> {
+    let first = counts.layers.checked_add(FIRST)?;
+    (counts.layers > 0 && layers >= first.checked_add(COUNTS)?).then_some(first)
+}
+
+/// A job at any number of copies of one dimension (new tokens or blocks
+/// per stack), derived once from four rebuilds at small counts
+/// ([`Derivation::of`]), then made at each count without rebuilding
+/// ([`Derivation::prepared`]): what a search over lengths (`whatif
+/// context`) reuses.
 #[derive(Debug, Clone)]
 pub struct Derivation {
-    /// New tokens of the traced generation.
-    traced: u32,
-    /// The facts of the four rebuilds as JSON, grown to each length.
+    dim: Dim,
+    /// The count of the first rebuild.
+    first: u32,
+    /// The facts of the four rebuilds as JSON, grown to each count.
     texts: Grid<String>,
-    /// The events, at the first rebuild's length.
+    /// The events, at the first rebuild's count.
     program: Program,
+    /// The autocast what-if's events, where that job was made (a job
+    /// derived in depth, for a config that asks for it).
+    autocast: Option<Program>,
 }
 
 impl Derivation {
-    /// Derives the generation of `traces` at the depth `config.scale` asks
-    /// for (its number of new tokens left aside); `None` where the trace is
-    /// no generation or its decode steps do not grow step by step.
+    /// Derives the generation of `traces` in its decode steps, at the
+    /// depth `config.scale` asks for (its number of new tokens left
+    /// aside); `None` where the trace is no generation or its decode steps
+    /// do not grow step by step.
     pub fn of(
         traces: &[Trace],
         warnings: &[Warning],
         config: &Config,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Option<Derivation>, Error> {
-        // The mixed-precision what-if's job is not derived: it is not made.
+        let Some(trace) = traces.first() else {
+            return Ok(None);
+        };
+        let counts = Counts::of(trace);
+        Derivation::in_dim(traces, warnings, config, &counts, Dim::Tokens, progress)
+    }
+
+    /// Derives the job of `traces` that `config.scale` asks for in `dim`
+    /// (that dimension's count left aside); `counts`: the work of the
+    /// first trace ([`Counts::of`]).
+    fn in_dim(
+        traces: &[Trace],
+        warnings: &[Warning],
+        config: &Config,
+        counts: &Counts,
+        dim: Dim,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Option<Derivation>, Error> {
         let mut config = config.clone();
-        config.orchestrator.autocast.what_if = false;
+        // A generation's mixed-precision what-if job is not derived: it is
+        // not made. A job derived in depth makes it beside its own.
+        if dim == Dim::Tokens {
+            config.orchestrator.autocast.what_if = false;
+        }
         let config = &config;
-        let Some(first) = traces.first() else {
+        let Some(trace) = traces.first() else {
             return Ok(None);
         };
-        // Each rebuild is at the depth asked for: a decode step holds one
-        // call of every block, so the steps' growth is found on the job's
-        // own blocks.
-        let Some(traced) = scale::traced_new_tokens(first) else {
-            return Ok(None);
+        let first = match dim {
+            // Each rebuild is at the depth asked for: a decode step holds
+            // one call of every block, so the steps' growth is found on
+            // the job's own blocks.
+            Dim::Tokens => match scale::traced_new_tokens(trace) {
+                Some(traced) => traced + FIRST,
+                None => return Ok(None),
+            },
+            Dim::Depth => match counts.layers {
+                0 => return Ok(None),
+                traced => traced + FIRST,
+            },
         };
-        let budget = config.work_budget();
         let mut rebuilt = Vec::with_capacity(COUNTS as usize);
         for t in 0..COUNTS {
             progress(Progress {
@@ -112,15 +194,22 @@ impl Derivation {
                 done: u64::from(t),
                 total: u64::from(COUNTS),
             });
-            let cell = Target {
-                new_tokens: Some(traced + FIRST + t),
-                ..config.scale
-            };
-            let scaled = scale::scale_within(traces, &cell, budget)?;
-            let mut w = warnings.to_vec();
-            w.extend(scaled.warnings);
-            let (trace, facts) = scaled.value;
-            rebuilt.push(prepare_trace(&trace, facts, w, config, &mut |_| {})?);
+            rebuilt.push(match dim {
+                Dim::Tokens => {
+                    let cell = Target {
+                        new_tokens: Some(first + t),
+                        ..config.scale
+                    };
+                    held_whole(traces, warnings, config, counts, cell)?
+                }
+                Dim::Depth => {
+                    let cell = Target {
+                        layers: Some(first + t),
+                        ..config.scale
+                    };
+                    rebuild(traces, warnings, config, counts, cell)?
+                }
+            });
         }
         progress(Progress {
             stage: Stage::Orchestrating,
@@ -130,50 +219,127 @@ impl Derivation {
         let Ok(four) = <[&Prepared; 4]>::try_from(rebuilt.iter().collect::<Vec<_>>()) else {
             return Ok(None);
         };
-        let grid = Grid {
-            dim: Dim::Tokens,
-            at: four,
-        };
-        // The facts: every field but the events.
+        let grid = Grid { dim, at: four };
+        // The facts: every field but the events (the what-if job's too).
         let texts = grid.map(|p| {
             let mut facts = Prepared::clone(p);
             facts.orchestrated.schedule.blocks.clear();
             facts.orchestrated.schedule.events.clear();
-            facts.autocast = None;
+            if let Some(autocast) = facts.autocast.as_deref_mut() {
+                autocast.schedule.blocks.clear();
+                autocast.schedule.events.clear();
+            }
             serde_json::to_string(&facts).unwrap_or_default()
         });
         let schedules = grid.map(|p| &p.orchestrated.schedule);
         let Some(program) = Program::derive(&schedules) else {
             return Ok(None);
         };
+        let autocast = match grid.at.each_ref().map(|p| p.autocast.as_deref()) {
+            [Some(a), Some(b), Some(c), Some(d)] => {
+                let schedules = Grid {
+                    dim,
+                    at: [&a.schedule, &b.schedule, &c.schedule, &d.schedule],
+                };
+                match Program::derive(&schedules) {
+                    Some(program) => Some(program),
+                    None => return Ok(None),
+                }
+            }
+            [None, None, None, None] => None,
+            _ => return Ok(None),
+        };
         let derived = Derivation {
-            traced,
+            dim,
+            first,
             texts,
             program,
+            autocast,
         };
         // Checked where it is known: the first rebuild's facts.
         Ok(derived.grown(0).is_some().then_some(derived))
     }
 
-    /// The fewest new tokens it makes (the first rebuild's).
+    /// The fewest new tokens (or blocks) it makes (the first rebuild's).
     pub fn first_tokens(&self) -> u32 {
-        self.traced + FIRST
+        self.first
     }
 
-    /// The facts at `extra` decode steps past the first rebuild.
+    /// The copies added per dimension at `extra` past the first rebuild.
+    fn extra(&self, extra: i64) -> [i64; 2] {
+        match self.dim {
+            Dim::Depth => [extra, 0],
+            Dim::Tokens => [0, extra],
+        }
+    }
+
+    /// The facts at `extra` copies past the first rebuild.
     fn grown(&self, extra: i64) -> Option<Prepared> {
-        let text = grown_text(&self.texts, [0, extra])?;
+        let text = grown_text(&self.texts, self.extra(extra))?;
         serde_json::from_str::<Prepared>(&text).ok()
     }
 
-    /// The job with `new_tokens` new tokens (at least
+    /// The job with `count` new tokens (or blocks per stack; at least
     /// [`Derivation::first_tokens`]), streamed; `None` where its facts do
-    /// not grow so far.
-    pub fn prepared(&self, new_tokens: u32) -> Option<Prepared> {
-        let extra = i64::from(new_tokens.checked_sub(self.first_tokens())?);
-        let mut prepared = self.grown(extra)?;
-        let program = self.program.at([0, extra], &prepared.orchestrated.schedule);
+    /// not grow so far. The what-if's job is held whole.
+    pub fn prepared(&self, count: u32) -> Option<Prepared> {
+        let added = i64::from(count.checked_sub(self.first)?);
+        let extra = self.extra(added);
+        let mut prepared = self.grown(added)?;
+        let program = self.program.at(extra, &prepared.orchestrated.schedule);
+        if let (Some(autocast), Some(job)) = (&self.autocast, prepared.autocast.as_deref_mut()) {
+            job.schedule = autocast.at(extra, &job.schedule).schedule()?;
+        }
         prepared.program = Some(Box::new(program));
         Some(prepared)
     }
+
+    /// The job with `count` copies held whole, as a schedule.
+    fn held_whole(&self, count: u32) -> Option<Prepared> {
+        let mut prepared = self.prepared(count)?;
+        let program = prepared.program.take()?;
+        prepared.orchestrated.schedule = program.schedule()?;
+        Some(prepared)
+    }
+}
+
+/// The job at `cell` rebuilt as a trace and prepared.
+fn rebuild(
+    traces: &[Trace],
+    warnings: &[Warning],
+    config: &Config,
+    counts: &Counts,
+    cell: Target,
+) -> Result<Prepared, Error> {
+    let scaled = scale::scale_counted(traces, &cell, config.work_budget(), counts)?;
+    let mut w = warnings.to_vec();
+    w.extend(scaled.warnings);
+    let (trace, facts) = scaled.value;
+    prepare_trace(&trace, facts, w, config, &mut |_| {})
+}
+
+/// The job at `cell`, its schedule held whole: from a derivation in depth
+/// where it is that much deeper than the trace and the derivation holds,
+/// else rebuilt.
+fn held_whole(
+    traces: &[Trace],
+    warnings: &[Warning],
+    config: &Config,
+    counts: &Counts,
+    cell: Target,
+) -> Result<Prepared, Error> {
+    let deep = cell
+        .layers
+        .and_then(|layers| first_depth(counts, layers).map(|_| layers));
+    if let Some(layers) = deep {
+        let mut at_cell = config.clone();
+        at_cell.scale = cell;
+        let derived =
+            Derivation::in_dim(traces, warnings, &at_cell, counts, Dim::Depth, &mut |_| {})?;
+        let derived = derived.and_then(|d| d.held_whole(layers));
+        if let Some(prepared) = derived {
+            return Ok(prepared);
+        }
+    }
+    rebuild(traces, warnings, config, counts, cell)
 }

@@ -7,7 +7,7 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use super::derive::{derive, Atom, Derived, Grown, Line, Plane};
+use super::derive::{derive, Atom, Derived, Grown, Line, Name, Plane};
 use super::{Dim, EventKey, Leaf, Node, Poly, C_DEPTH, C_TOKENS, J_DEPTH, J_TOKENS};
 use crate::orchestrator::{EventKind, Schedule};
 
@@ -188,14 +188,14 @@ impl<T> Grid<T> {
     }
 }
 
-/// The program of the sequences of a grid.
-pub(crate) fn program_of(grid: &Grid<Vec<Atom>>) -> Option<(Vec<Node>, Vec<Leaf>)> {
-    one(&grid.at, grid.dim)
-}
-
-/// The program of one dimension: `seqs` at four consecutive counts.
-fn one(seqs: &[Vec<Atom>; 4], dim: Dim) -> Option<(Vec<Node>, Vec<Leaf>)> {
-    let derived = derive(seqs)?;
+/// The program of the sequences of a grid; `name`: the numbers that tell
+/// an item from others of its key ([`derive`]).
+pub(crate) fn program_of(
+    grid: &Grid<Vec<Atom>>,
+    name: Option<Name<'_>>,
+) -> Option<(Vec<Node>, Vec<Leaf>)> {
+    let derived = derive(&grid.at, name)?;
+    let dim = grid.dim;
     let (c, j) = match dim {
         Dim::Depth => (C_DEPTH, J_DEPTH),
         Dim::Tokens => (C_TOKENS, J_TOKENS),

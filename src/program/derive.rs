@@ -25,6 +25,9 @@
 //! Anything else (an item that disappears, a run whose copies differ, a
 //! number that does not grow on a line) is no derivation: `None`.
 
+/// The numbers of an item that tell it from the others of its key.
+pub(crate) type Name<'a> = &'a dyn Fn(&Atom) -> &[i64];
+
 /// One item of a sequence: what must be equal, and its numbers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Atom {
@@ -118,9 +121,174 @@ pub(crate) const MAX_CELLS: usize = 1 << 27;
 
 /// How `seqs` (the same sequence at four consecutive counts) grows; see
 /// the module docs.
-pub(crate) fn derive(seqs: &[Vec<Atom>; 4]) -> Option<Derived> {
+///
+/// `name`: the numbers that tell an item from others of its key (its size,
+/// its layer's module numbers) where they do; when the alignment by key
+/// does not derive, runs are placed again where most kept items keep
+/// their names ([`slide_named`], [`align_named`]) and that is tried.
+pub(crate) fn derive(seqs: &[Vec<Atom>; 4], name: Option<Name<'_>>) -> Option<Derived> {
+    let [x0, x1, ..] = seqs;
+    // One pass with a long window, then shorter ones (insertions close
+    // together: one more block's frees among every block's), then exact.
+    for window in WINDOWS {
+        if let Some(inserted) = greedy_insertions(x0, x1, window) {
+            if let Some(derived) = derive_from(seqs, inserted, name) {
+                return Some(derived);
+            }
+        }
+    }
+    derive_from(seqs, inserted_items(x0, x1)?, name)
+}
+
+/// How `seqs` grows where `inserted` marks the items of the second that
+/// the first lacks: the runs slid right, else placed by names.
+fn derive_from(
+    seqs: &[Vec<Atom>; 4],
+    mut inserted: Vec<bool>,
+    name: Option<Name<'_>>,
+) -> Option<Derived> {
+    let [x0, x1, ..] = seqs;
+    slide_right(x1, &mut inserted);
+    if let Some(derived) = parse(seqs, &runs_of(x1, &inserted)) {
+        return Some(derived);
+    }
+    let name = name?;
+    slide_named(x0, x1, &mut inserted, name);
+    align_named(x0, x1, &mut inserted, name);
+    parse(seqs, &runs_of(x1, &inserted))
+}
+
+/// Slides each run of inserted items (`inserted`) of `b` over the kept
+/// items around it that the key alignment equally allows (those before
+/// it whose keys repeat the run's end, those after it whose keys repeat
+/// its start) to the place where most kept items keep their names
+/// (`named`) from `a`: one more block's events go where its copy is, the
+/// first of a backward pass, the last of a forward. Ties go right (the
+/// key alignment's place).
+fn slide_named(a: &[Atom], b: &[Atom], inserted: &mut [bool], named: Name<'_>) {
+    let same = |x: Option<&Atom>, y: Option<&Atom>| match (x, y) {
+        (Some(x), Some(y)) => named(x) == named(y),
+        _ => false,
+    };
+    let key = |x: usize| b.get(x).map(|x| x.key);
+    let is_in = |inserted: &[bool], x: usize| inserted.get(x).copied().unwrap_or(true);
+    // `s` walks `b`; `before` counts the inserted items before it.
+    let (mut s, mut before) = (0usize, 0usize);
+    while s < b.len() {
+        if !is_in(inserted, s) {
+            s += 1;
+            continue;
+        }
+        let mut e = s;
+        while e < b.len() && is_in(inserted, e) {
+            e += 1;
+        }
+        let len = e - s;
+        let limit = len.saturating_mul(8).saturating_add(64);
+        let mut left = 0;
+        while left < limit
+            && left < s
+            && !is_in(inserted, s - left - 1)
+            && key(s - left - 1) == key(e - left - 1)
+        {
+            left += 1;
+        }
+        let mut right = 0;
+        while right < limit
+            && e + right < b.len()
+            && !is_in(inserted, e + right)
+            && key(e + right) == key(s + right)
+        {
+            right += 1;
+        }
+        // The window's kept items and their partners in `a` (from `base`
+        // on), with the run at its leftmost place; each step right swaps
+        // one partner.
+        let w0 = s - left;
+        let base = w0 - before;
+        let mut score: i64 = (w0..w0 + left)
+            .chain(e..e + right)
+            .enumerate()
+            .map(|(p, x)| i64::from(same(b.get(x), a.get(base + p))))
+            .sum();
+        let (mut best, mut best_score) = (left, i64::MIN);
+        for t in 0..=left + right {
+            if t > 0 {
+                // The run from w0 + t - 1 to w0 + t: b[w0 + t - 1] is kept
+                // at partner place t - 1, b[w0 + t - 1 + len] inserted.
+                let partner = a.get(base + t - 1);
+                score += i64::from(same(b.get(w0 + t - 1), partner))
+                    - i64::from(same(b.get(w0 + t - 1 + len), partner));
+            }
+            if score >= best_score {
+                (best, best_score) = (t, score);
+            }
+        }
+        for x in w0..w0 + left + len + right {
+            if let Some(slot) = inserted.get_mut(x) {
+                *slot = x >= w0 + best && x < w0 + best + len;
+            }
+        }
+        s = w0 + best + len;
+        before += len;
+    }
+}
+
+/// Re-aligns each stretch of one key in `b` that holds both kept and
+/// inserted items (`inserted`), and whose kept items do not all keep
+/// their names from `a`, by the names: each kept item of `a` goes to the
+/// first item of the stretch after the last one taken with the same name
+/// (one more block's frees inserted into a list of every block's, each
+/// where its block is). A stretch that cannot be aligned so stays.
+fn align_named(a: &[Atom], b: &[Atom], inserted: &mut [bool], name: Name<'_>) {
+    let is_kept = |inserted: &[bool], k: usize| !inserted.get(k).copied().unwrap_or(true);
+    let (mut s, mut ai) = (0usize, 0usize);
+    while let Some(key) = b.get(s).map(|x| x.key) {
+        let mut e = s;
+        while b.get(e).is_some_and(|x| x.key == key) {
+            e += 1;
+        }
+        let kept = (s..e).filter(|&k| is_kept(inserted, k)).count();
+        let Some(wanted) = a.get(ai..ai + kept) else {
+            return;
+        };
+        let named = (s..e)
+            .filter(|&k| is_kept(inserted, k))
+            .zip(wanted)
+            .all(|(k, item)| b.get(k).is_some_and(|x| name(x) == name(item)));
+        if kept > 0 && kept < e - s && !named {
+            if let Some(mask) = named_mask(wanted, b.get(s..e).unwrap_or(&[]), name) {
+                if let Some(range) = inserted.get_mut(s..e) {
+                    range.copy_from_slice(&mask);
+                }
+            }
+        }
+        ai += kept;
+        s = e;
+    }
+}
+
+/// Which items of `stretch` are inserted when each of `wanted` in turn
+/// takes the first item after the last one taken with its name (`None`:
+/// some finds none).
+fn named_mask(wanted: &[Atom], stretch: &[Atom], name: Name<'_>) -> Option<Vec<bool>> {
+    let mut mask = vec![true; stretch.len()];
+    let mut k = 0;
+    for item in wanted {
+        let want = name(item);
+        while stretch.get(k).is_some_and(|x| name(x) != want) {
+            k += 1;
+        }
+        *mask.get_mut(k)? = false;
+        k += 1;
+    }
+    Some(mask)
+}
+
+/// `seqs` parsed as the first with j copies of each of `runs` at its place
+/// (j = 1, 2, 3), each number on its line or plane; see the module docs.
+fn parse(seqs: &[Vec<Atom>; 4], runs: &[(usize, Vec<Atom>)]) -> Option<Derived> {
     let [x0, x1, x2, x3] = seqs;
-    let runs = insertions(x0, x1)?;
     // Each sequence parsed as the first with j copies of every run.
     let mut base_vals: Vec<Vec<Vec<i64>>> = x0.iter().map(|a| vec![a.attrs.clone()]).collect();
     // Per run, per item: (copy, copies, numbers).
@@ -225,20 +393,16 @@ fn grown(key: u32, vals: &[Vec<i64>]) -> Option<Grown<Line>> {
     Some(Grown { key, attrs })
 }
 
-/// The runs `b` inserts into `a`: (position in `a`, the inserted items of
-/// `b`), the fewest runs that make `b` from `a` by insertions alone, each
-/// slid right as far as it goes. `None` when `a` does not embed in `b` or
-/// the alignment would be too large.
-fn insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<(usize, Vec<Atom>)>> {
+/// The items `b` inserts into `a`: the fewest runs that make `b` from `a`
+/// by insertions alone (the exact alignment). `None` when `a` does not
+/// embed in `b` or the alignment would be too large.
+fn inserted_items(a: &[Atom], b: &[Atom]) -> Option<Vec<bool>> {
     let n = a.len();
     let d = b.len().checked_sub(n)?;
     if d == 0 {
-        return (a.iter().zip(b).all(|(x, y)| x.key == y.key)).then(Vec::new);
+        return (a.iter().zip(b).all(|(x, y)| x.key == y.key)).then(|| vec![false; n]);
     }
     let w = d + 1;
-    if let Some(inserted) = greedy_insertions(a, b) {
-        return Some(runs_of(b, inserted));
-    }
     // Common prefix and suffix need no table.
     let key = |s: &[Atom], i: usize| s.get(i).map(|x| x.key);
     let mut lo = 0;
@@ -322,20 +486,20 @@ fn insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<(usize, Vec<Atom>)>> {
             i = i.checked_sub(1)?;
         }
     }
-    Some(runs_of(b, inserted))
+    Some(inserted)
 }
 
 /// The items of `b` to window-match after a mismatch: an insertion is
-/// taken where the next this many items of both sequences agree.
-const WINDOW: usize = 256;
+/// taken where the next this many items of both sequences agree (tried in
+/// turn).
+const WINDOWS: [usize; 3] = [256, 32, 8];
 
 /// The insertions that make `b` from `a` found in one pass, where the
 /// inserted runs are few and each is followed by items that tell where it
 /// ends (a decode step before the rest of a generation, a block's copy):
-/// at each mismatch, the shortest run after which the next [`WINDOW`]
-/// items of both agree. `None` when that does not embed `a` in `b`; the
-/// exact alignment is then tried.
-fn greedy_insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<bool>> {
+/// at each mismatch, the shortest run after which the next `window` items
+/// of both agree. `None` when that does not embed `a` in `b`.
+fn greedy_insertions(a: &[Atom], b: &[Atom], window: usize) -> Option<Vec<bool>> {
     let mut inserted = vec![false; b.len()];
     let (mut i, mut k) = (0usize, 0usize);
     let agree = |i: usize, k: usize, len: usize| {
@@ -351,7 +515,7 @@ fn greedy_insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<bool>> {
             continue;
         }
         let left = (b.len() - k).checked_sub(a.len() - i)?;
-        let window = WINDOW.min(a.len() - i);
+        let window = window.min(a.len() - i);
         let run = (1..=left).find(|&len| agree(i, k + len, window))?;
         for slot in inserted.get_mut(k..k + run)? {
             *slot = true;
@@ -364,14 +528,13 @@ fn greedy_insertions(a: &[Atom], b: &[Atom]) -> Option<Vec<bool>> {
     Some(inserted)
 }
 
-/// The runs `inserted` marks in `b`, slid right ([`slide_right`]), by the
-/// position in `a` before which each goes.
-fn runs_of(b: &[Atom], mut inserted: Vec<bool>) -> Vec<(usize, Vec<Atom>)> {
-    slide_right(b, &mut inserted);
+/// The runs `inserted` marks in `b`, by the position in `a` before which
+/// each goes.
+fn runs_of(b: &[Atom], inserted: &[bool]) -> Vec<(usize, Vec<Atom>)> {
     let mut runs: Vec<(usize, Vec<Atom>)> = Vec::new();
     let mut pos = 0;
     let mut open = false;
-    for (item, &ins) in b.iter().zip(&inserted) {
+    for (item, &ins) in b.iter().zip(inserted) {
         if ins {
             match runs.last_mut() {
                 Some((p, run)) if open && *p == pos => run.push(item.clone()),
@@ -455,7 +618,7 @@ mod tests {
 
     #[test]
     fn a_run_of_copies_is_found_at_its_right_end_with_its_growth() {
-        let d = derive(&[steps(1), steps(2), steps(3), steps(4)]).unwrap();
+        let d = derive(&[steps(1), steps(2), steps(3), steps(4)], None).unwrap();
         assert_eq!(d.runs.len(), 1);
         let (pos, body) = &d.runs[0];
         // Slid right: before the suffix (the kept `1` of the suffix matches
@@ -481,11 +644,85 @@ mod tests {
         let mut x3 = steps(4);
         let last = x3.len() - 1;
         x3[last].attrs[0] += 1;
-        assert!(derive(&[steps(1), steps(2), steps(3), x3]).is_none());
+        assert!(derive(&[steps(1), steps(2), steps(3), x3], None).is_none());
         // An item that disappears.
         let mut x2 = steps(3);
         x2.remove(0);
-        assert!(derive(&[steps(1), steps(2), x2, steps(4)]).is_none());
+        assert!(derive(&[steps(1), steps(2), x2, steps(4)], None).is_none());
+    }
+
+    /// A job of `n` blocks: each block allocates (key 1, named by its
+    /// number), then frees every block's first tensor and then every
+    /// block's second (key 2), as a GPT-2 generation frees its KV cache;
+    /// the final item's number moves with the blocks.
+    fn interleaved(n: i64) -> Vec<Atom> {
+        let item = |key, name: i64| Atom {
+            key,
+            attrs: vec![0, name],
+        };
+        let mut out: Vec<Atom> = (0..n).map(|l| item(1, l)).collect();
+        out.extend((0..n).map(|l| item(2, l)));
+        out.extend((0..n).map(|l| item(2, l)));
+        out.push(item(3, 7 * n));
+        out
+    }
+
+    #[test]
+    fn insertions_among_same_keyed_items_are_placed_by_their_names() {
+        let seqs = [
+            interleaved(3),
+            interleaved(4),
+            interleaved(5),
+            interleaved(6),
+        ];
+        // By key alone the two frees a block adds go together at the end
+        // of the frees, where the names do not grow on lines.
+        assert!(derive(&seqs, None).is_none());
+        let name: Name<'_> = &|a: &Atom| a.attrs.get(1..).unwrap_or(&[]);
+        let d = derive(&seqs, Some(name)).unwrap();
+        // One run per list: the allocation, and a free in each list.
+        let places: Vec<usize> = d.runs.iter().map(|(pos, _)| *pos).collect();
+        assert_eq!(places, [3, 6, 9]);
+        for (_, body) in &d.runs {
+            assert_eq!(body.len(), 1);
+            // The added block's name: 3 + its copy's number.
+            assert_eq!(
+                body[0].attrs[1],
+                Plane {
+                    a: 3,
+                    b: 1,
+                    d: 0,
+                    e: 0
+                }
+            );
+        }
+        assert_eq!(d.base.last().unwrap().attrs[1], Line { base: 21, slope: 7 });
+    }
+
+    #[test]
+    fn a_stretch_whose_names_hold_is_not_realigned() {
+        // Sizes per block [5, 9, 9], then a last item of size 9: the
+        // block added goes before the last item, not wherever the first
+        // free size 9 lies.
+        let seq = |n: usize| {
+            let mut keys = Vec::new();
+            let mut vals = Vec::new();
+            for _ in 0..n {
+                keys.extend([1, 1, 1]);
+                vals.extend([5, 9, 9]);
+            }
+            keys.extend([1, 2]);
+            vals.extend([9, 0]);
+            seq(&keys, &vals)
+        };
+        let (a, b) = (seq(2), seq(3));
+        let name: Name<'_> = &|a: &Atom| a.attrs.as_slice();
+        let mut inserted = vec![false; 6];
+        inserted.extend([true; 3]);
+        inserted.extend([false; 2]);
+        let before = inserted.clone();
+        align_named(&a, &b, &mut inserted, name);
+        assert_eq!(inserted, before);
     }
 
     #[test]
@@ -493,7 +730,9 @@ mod tests {
         // [A B A] + one B inserted between: not split around the A's.
         let a = seq(&[1, 2, 1, 3], &[]);
         let b = seq(&[1, 2, 1, 2, 1, 3], &[]);
-        let runs = insertions(&a, &b).unwrap();
+        let mut inserted = inserted_items(&a, &b).unwrap();
+        slide_right(&b, &mut inserted);
+        let runs = runs_of(&b, &inserted);
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].1.len(), 2);
     }

@@ -16,7 +16,7 @@ pub(crate) fn grown_text(texts: &Grid<String>, extra: [i64; 2]) -> Option<String
     if let Some(text) = same_items(&pieces, &atoms, extra) {
         return Some(text);
     }
-    let (nodes, leaves) = build::program_of(&atoms)?;
+    let (nodes, leaves) = build::program_of(&atoms, None)?;
     let mut out = String::new();
     super::walk_nodes(&nodes, &leaves, extra, &mut |_, leaf, terms| {
         if let Some(text) = pieces.texts.items.get(leaf.key as usize) {

@@ -414,7 +414,24 @@ impl Program {
     pub(crate) fn derive(grid: &Grid<&Schedule>) -> Option<Program> {
         let mut atoms = build::Atoms::default();
         let seqs = grid.map(|s| atoms.of(s));
-        let (nodes, leaves) = build::program_of(&seqs)?;
+        let (nodes, leaves) = build::program_of(
+            &seqs,
+            Some(&|a: &derive::Atom| {
+                // An allocation by its size and layer, a free by its layer
+                // (how far back its block was made moves with the copies).
+                let free = atoms
+                    .keys
+                    .items
+                    .get(a.key as usize)
+                    .is_some_and(|k| k.kind == EventKind::Free);
+                let from = if free {
+                    build::LAYER_NUMBERS
+                } else {
+                    build::SIZE_OR_BACK
+                };
+                a.attrs.get(from..).unwrap_or(&[])
+            }),
+        )?;
         let [first, ..] = grid.at;
         let mut program = Program {
             nodes,
@@ -444,6 +461,61 @@ impl Program {
         };
         program.count_at(extra);
         program
+    }
+
+    /// The job as a schedule, held whole: what a derivation in the other
+    /// dimension reads ([`crate::pipeline`]'s two-dimensional case). Blocks
+    /// are numbered in the order they are allocated.
+    /// `None` where an event's facts are missing (never, for a derived
+    /// program).
+    pub fn schedule(&self) -> Option<Schedule> {
+        let capacity = usize::try_from(self.n_blocks).unwrap_or(0);
+        let mut blocks = Vec::with_capacity(capacity);
+        let mut events = Vec::with_capacity(capacity.saturating_mul(2));
+        // The job's block numbers (its allocations' places) to ids.
+        let mut ids: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+        let mut whole = true;
+        JobRef::Program(self).for_each(&mut |e| {
+            let id = match e.kind {
+                EventKind::Alloc => {
+                    let (Some(facts), Ok(id)) =
+                        (self.block_facts(e.facts), u32::try_from(blocks.len()))
+                    else {
+                        whole = false;
+                        return ControlFlow::Break(());
+                    };
+                    blocks.push(ScheduledBlock {
+                        size: e.size,
+                        category: e.category,
+                        iteration: facts.iteration,
+                        phase: facts.phase,
+                        op: facts.op,
+                        layer: facts.layer,
+                        on: e.on,
+                        per_gpu: e.per_gpu,
+                    });
+                    ids.insert(e.block, id);
+                    id
+                }
+                EventKind::Free => match ids.remove(&e.block) {
+                    Some(id) => id,
+                    None => return ControlFlow::Continue(()),
+                },
+            };
+            events.push(crate::orchestrator::ScheduleEvent {
+                time: e.time,
+                kind: e.kind,
+                block: crate::orchestrator::BlockId(id),
+            });
+            ControlFlow::Continue(())
+        });
+        whole.then(|| Schedule {
+            blocks,
+            events,
+            iterations: self.iterations.clone(),
+            phases: self.phases.clone(),
+            kernels: self.kernels.clone(),
+        })
     }
 
     /// Sets `extra` and what follows from it: the events, blocks and times.

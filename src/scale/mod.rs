@@ -332,6 +332,28 @@ pub fn scale_within(
     budget: work::Budget,
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
     check_work(traces, target, budget)?;
+    rebuild_checked(traces, target)
+}
+
+/// Like [`scale_within`] with the work counted on the first trace already
+/// (`counts`, [`work::Counts::of`]): for a caller that rebuilds one trace
+/// at several small targets.
+pub fn scale_counted(
+    traces: &[Trace],
+    target: &Target,
+    budget: work::Budget,
+    counts: &work::Counts,
+) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
+    validate(target)?;
+    work::check(counts, target, budget)?;
+    rebuild_checked(traces, target)
+}
+
+/// The rebuild of a target whose work was checked.
+fn rebuild_checked(
+    traces: &[Trace],
+    target: &Target,
+) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
     let mut warnings = Vec::new();
     let mut facts = ScaleFacts::default();
     let Some((first, rest)) = traces.split_first() else {

@@ -498,7 +498,7 @@ impl std::fmt::Display for Fits {
 }
 
 /// The request in words: "32 layers and 8,192 new tokens".
-fn describe(target: &Target) -> String {
+pub fn describe(target: &Target) -> String {
     let mut parts = Vec::new();
     if let Some(l) = target.layers {
         parts.push(format!("{} layers", thousands(u64::from(l))));

@@ -82,7 +82,18 @@ pub enum WhatIfError {
     NoAutocastJob,
     #[error("the longest-generation what-if estimates the job at other lengths, so it needs the trace itself, not only its prepared estimate: run it with the trace")]
     NeedsTrace,
+    #[error("this what-if changes the job's schedule, so it holds the rebuilt job whole, and {events} allocator events would need about {needed} of memory, more than this estimate may use ({budget}): ask it for fewer layers or new tokens, or raise the memory budget")]
+    TooLargeToHold {
+        events: u64,
+        needed: crate::units::Bytes,
+        budget: crate::units::Bytes,
+    },
 }
+
+/// Memory per event of a job held whole as a schedule, with the copies a
+/// what-if makes of it (a generous figure: an event and half a block with
+/// its names, twice).
+const HELD_BYTES_PER_EVENT: u64 = 512;
 
 impl WhatIfError {
     /// The setting the message asks the user to give, if any.
@@ -92,6 +103,7 @@ impl WhatIfError {
             WhatIfError::ZeroWorld(_) => Some(Setting::WorldSize),
             WhatIfError::ZeroBatch(_) => Some(Setting::TargetBatch),
             WhatIfError::UnknownBatch(_) => Some(Setting::BatchSizes),
+            WhatIfError::TooLargeToHold { .. } => Some(Setting::MemoryBudget),
             WhatIfError::NoGradients(_)
             | WhatIfError::TooFewTraces(_)
             | WhatIfError::SameBatch(_)
@@ -315,6 +327,27 @@ pub fn run(
     what: WhatIfKind,
     config: &Config,
 ) -> Result<WhatIfResult, WhatIfError> {
+    // A job streamed as a program is held whole: every what-if changes or
+    // re-reads its schedule.
+    let whole;
+    let prepared = match prepared.program.as_deref() {
+        Some(program) => {
+            let events = crate::program::JobRef::Program(program).n_events();
+            let needed = crate::units::Bytes(events.saturating_mul(HELD_BYTES_PER_EVENT));
+            if needed > config.memory_budget {
+                return Err(WhatIfError::TooLargeToHold {
+                    events,
+                    needed,
+                    budget: config.memory_budget,
+                });
+            }
+            whole = prepared.held_whole().ok_or_else(|| {
+                WhatIfError::Inconsistent("a streamed job could not be held whole".into())
+            })?;
+            &whole
+        }
+        None => prepared,
+    };
     Ok(match what {
         WhatIfKind::Alloc => WhatIfResult::Alloc(alloc_settings::compare(prepared, config, &[])?),
         WhatIfKind::ZeroGrad => WhatIfResult::ZeroGrad(zero_grad::compare(prepared, config)?),

@@ -98,3 +98,156 @@ fn a_generation_derived_once_is_the_job_at_every_length() {
         );
     }
 }
+
+/// Jobs asked for more blocks: (fixture, blocks per stack, new tokens).
+const DEEP: &[(&str, u32, Option<u32>)] = &[
+    (
+        "fixtures/traces-depth/llama-small_adamw_bs4_seq128_L2.json.gz",
+        24,
+        None,
+    ),
+    (
+        "fixtures/traces-depth/gpt2_nograd_bs4_seq128_L2.json.gz",
+        48,
+        None,
+    ),
+    (
+        "fixtures/traces-depth/bert-base-cls_evalgrad_bs4_seq64_L2.json.gz",
+        48,
+        None,
+    ),
+    ("fixtures/traces-llm/llama_qlora_nf4.json.gz", 48, None),
+    // Reentrant checkpointing does not grow block by block this way: built
+    // whole, the same report.
+    (
+        "fixtures/traces-depth/llama-small_adamw_ckptre_bs4_seq64_L2.json.gz",
+        24,
+        None,
+    ),
+    ("fixtures/traces-llm/llama_gen16_dynamic.json.gz", 48, None),
+    ("fixtures/traces-llm/mixtral_gen8.json.gz", 48, None),
+    // A long generation at that depth: each step's job made in depth.
+    (
+        "fixtures/traces-llm/llama_gen16_dynamic.json.gz",
+        12,
+        Some(80),
+    ),
+    ("fixtures/traces-llm/distilgpt2_gen8.json.gz", 12, Some(48)),
+];
+
+/// A job asked for more blocks is derived in depth from four rebuilds of a
+/// few blocks (and a long generation at that depth from four steps' jobs
+/// made so): its report is the report of the job built whole, byte for
+/// byte, on every GPU preset; and the jobs whose blocks grow copy by copy
+/// (training, forwards, LoRA, generation) are derived, not rebuilt.
+fn derived_in_depth(cases: &[(&str, u32, Option<u32>)], must: &[(&str, Option<u32>)]) {
+    let mut streamed_names = Vec::new();
+    for &(name, layers, new_tokens) in cases {
+        let trace = parse(&read_shared(name));
+        let settings = Settings {
+            layers: Some(layers),
+            new_tokens,
+            ..Settings::default()
+        };
+        let mut config = settings.config().unwrap();
+        let (streamed, was_streamed) = report(&trace, &config);
+        config.materialize = true;
+        let (whole, _) = report(&trace, &config);
+        assert!(
+            streamed == whole,
+            "{name} at {layers} layers, {new_tokens:?} new tokens: the derived report differs from the whole job's"
+        );
+        if was_streamed {
+            streamed_names.push((name, new_tokens));
+        }
+    }
+    for must in must {
+        assert!(
+            streamed_names.contains(must),
+            "{must:?} was not derived; derived: {streamed_names:?}"
+        );
+    }
+}
+
+#[test]
+fn a_job_derived_in_depth_reports_what_the_job_built_whole_reports() {
+    let (_, jobs): (Vec<_>, Vec<_>) = DEEP.iter().partition(|c| c.0.contains("_gen"));
+    derived_in_depth(
+        &jobs,
+        &[
+            (
+                "fixtures/traces-depth/llama-small_adamw_bs4_seq128_L2.json.gz",
+                None,
+            ),
+            (
+                "fixtures/traces-depth/gpt2_nograd_bs4_seq128_L2.json.gz",
+                None,
+            ),
+            (
+                "fixtures/traces-depth/bert-base-cls_evalgrad_bs4_seq64_L2.json.gz",
+                None,
+            ),
+            ("fixtures/traces-llm/llama_qlora_nf4.json.gz", None),
+        ],
+    );
+}
+
+#[test]
+fn a_generation_derived_in_depth_reports_what_the_job_built_whole_reports() {
+    let (generations, _): (Vec<_>, Vec<_>) = DEEP.iter().partition(|c| c.0.contains("_gen"));
+    derived_in_depth(
+        &generations,
+        &[
+            ("fixtures/traces-llm/llama_gen16_dynamic.json.gz", None),
+            ("fixtures/traces-llm/llama_gen16_dynamic.json.gz", Some(80)),
+        ],
+    );
+}
+
+/// Every what-if on a job derived in depth (held whole for it) answers as
+/// on the job built whole; the mixed-precision one too, whose job is
+/// derived beside the estimate's.
+#[test]
+fn what_ifs_on_a_job_derived_in_depth_answer_as_on_the_job_built_whole() {
+    use memcast::whatif::{run, WhatIfKind};
+    let trace = parse(&read_shared(
+        "fixtures/traces-depth/llama-small_adamw_bs4_seq128_L2.json.gz",
+    ));
+    let mut config = Settings {
+        layers: Some(24),
+        ..Settings::default()
+    }
+    .config()
+    .unwrap();
+    config.orchestrator.autocast.what_if = true;
+    let prepare = |config: &Config| {
+        memcast::prepare_parsed(
+            std::slice::from_ref(&trace),
+            Vec::new(),
+            config,
+            &mut |_| {},
+        )
+        .unwrap()
+    };
+    let streamed = prepare(&config);
+    assert!(streamed.program.is_some(), "not derived in depth");
+    let mut whole_config = config.clone();
+    whole_config.materialize = true;
+    let whole = prepare(&whole_config);
+    assert!(whole.program.is_none());
+    for what in [
+        WhatIfKind::Alloc,
+        WhatIfKind::ZeroGrad,
+        WhatIfKind::Distributed { world_size: 2 },
+        WhatIfKind::Precision,
+    ] {
+        let answer = |prepared| match run(prepared, what, &config) {
+            Ok(result) => result.to_json_pretty(),
+            Err(err) => err.to_string(),
+        };
+        assert!(
+            answer(&streamed) == answer(&whole),
+            "{what:?}: the what-if on the derived job differs from the job built whole"
+        );
+    }
+}
