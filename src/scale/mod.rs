@@ -359,6 +359,12 @@ fn rebuild_checked(
     let Some((first, rest)) = traces.split_first() else {
         return Err(ScaleError::SeveralWithoutLength);
     };
+    if target.new_tokens.is_some() {
+        // The generation lengthened is the traced one, as the work check
+        // counted it: a deeper rebuild must not make one (a cut trace's
+        // block frames without a parent read as calls of the model).
+        tokens::generations(first)?;
+    }
     if let Some(asked) = target.seq_len {
         let traced = shape::traced_length(first);
         if traced.is_some_and(|t| t != asked) && tokens::is_generation(first) {

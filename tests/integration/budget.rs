@@ -325,3 +325,13 @@ fn fuzz_scale_a_span_ending_past_i64_max() {
     // the trace builder now ends every span within the range.
     fuzz_regression("span_end_past_i64_max");
 }
+
+#[test]
+fn fuzz_scale_new_tokens_on_a_generation_made_by_depth() {
+    // `--layers 5 --new-tokens 17945` on a training trace whose second
+    // block's frame has no parent: the work check counted no generation
+    // (predicted 82 events), but the deeper rebuild's orphaned frames read
+    // as calls of the model and the rebuild made 161,545; the generation
+    // lengthened is now the traced one, so the request is refused.
+    fuzz_regression("new_tokens_on_a_generation_made_by_depth");
+}
