@@ -335,3 +335,12 @@ fn fuzz_scale_new_tokens_on_a_generation_made_by_depth() {
     // lengthened is now the traced one, so the request is refused.
     fuzz_regression("new_tokens_on_a_generation_made_by_depth");
 }
+
+#[test]
+#[ignore = "open finding (issue 33): the work check undercounts this request; kept so the next fix has its input"]
+fn fuzz_scale_layers_with_seq_len_undercounted() {
+    // `--layers 4 --seq-len 32` on a fuzzed trace: predicted 107 events,
+    // rebuilt 531 (the check allows twice). Found by `scale_layers` after
+    // about 330,000 runs; not fixed yet.
+    fuzz_regression("layers_with_seq_len_undercounted");
+}
