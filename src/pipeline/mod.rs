@@ -195,13 +195,13 @@ impl Prepared {
     /// (what a what-if that changes the schedule reads); `None` where it
     /// is not streamed or its program cannot be expanded.
     pub fn held_whole(&self) -> Option<Prepared> {
-        let schedule = self.program.as_deref()?.schedule()?;
-        let mut whole = Prepared {
-            program: None,
-            ..self.clone()
-        };
-        whole.orchestrated.schedule = schedule;
-        Some(whole)
+        self.clone().into_held_whole()
+    }
+
+    /// [`Prepared::held_whole`], taking the job.
+    pub fn into_held_whole(mut self) -> Option<Prepared> {
+        self.orchestrated.schedule = self.program.take()?.schedule()?;
+        Some(self)
     }
 
     /// The job to simulate.

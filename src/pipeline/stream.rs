@@ -194,21 +194,10 @@ impl Derivation {
                 done: u64::from(t),
                 total: u64::from(COUNTS),
             });
+            let cell = at_count(config.scale, dim, first + t);
             rebuilt.push(match dim {
-                Dim::Tokens => {
-                    let cell = Target {
-                        new_tokens: Some(first + t),
-                        ..config.scale
-                    };
-                    held_whole(traces, warnings, config, counts, cell)?
-                }
-                Dim::Depth => {
-                    let cell = Target {
-                        layers: Some(first + t),
-                        ..config.scale
-                    };
-                    rebuild(traces, warnings, config, counts, cell)?
-                }
+                Dim::Tokens => held_whole(traces, warnings, config, counts, cell)?,
+                Dim::Depth => rebuild(traces, warnings, config, counts, cell)?,
             });
         }
         progress(Progress {
@@ -293,13 +282,19 @@ impl Derivation {
         prepared.program = Some(Box::new(program));
         Some(prepared)
     }
+}
 
-    /// The job with `count` copies held whole, as a schedule.
-    fn held_whole(&self, count: u32) -> Option<Prepared> {
-        let mut prepared = self.prepared(count)?;
-        let program = prepared.program.take()?;
-        prepared.orchestrated.schedule = program.schedule()?;
-        Some(prepared)
+/// `scale` with `count` copies of `dim`.
+fn at_count(scale: Target, dim: Dim, count: u32) -> Target {
+    match dim {
+        Dim::Depth => Target {
+            layers: Some(count),
+            ..scale
+        },
+        Dim::Tokens => Target {
+            new_tokens: Some(count),
+            ..scale
+        },
     }
 }
 
@@ -336,7 +331,9 @@ fn held_whole(
         at_cell.scale = cell;
         let derived =
             Derivation::in_dim(traces, warnings, &at_cell, counts, Dim::Depth, &mut |_| {})?;
-        let derived = derived.and_then(|d| d.held_whole(layers));
+        let derived = derived
+            .and_then(|d| d.prepared(layers))
+            .and_then(Prepared::into_held_whole);
         if let Some(prepared) = derived {
             return Ok(prepared);
         }
