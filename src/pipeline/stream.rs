@@ -53,7 +53,7 @@ pub(super) fn prepare(
     let Some(first) = traces.first() else {
         return Ok(None);
     };
-    let counts = Counts::of(first);
+    let counts = scale::count(traces, &target);
     let layers = target.layers.unwrap_or(counts.layers);
     let tokens = target.new_tokens.unwrap_or(counts.tokens);
     // Only where building the job whole is the larger work: the rebuilds
@@ -146,16 +146,16 @@ impl Derivation {
         config: &Config,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Option<Derivation>, Error> {
-        let Some(trace) = traces.first() else {
+        if traces.is_empty() {
             return Ok(None);
-        };
-        let counts = Counts::of(trace);
+        }
+        let counts = scale::count(traces, &config.scale);
         Derivation::in_dim(traces, warnings, config, &counts, Dim::Tokens, progress)
     }
 
     /// Derives the job of `traces` that `config.scale` asks for in `dim`
     /// (that dimension's count left aside); `counts`: the work of the
-    /// first trace ([`Counts::of`]).
+    /// job ([`scale::count`]).
     fn in_dim(
         traces: &[Trace],
         warnings: &[Warning],

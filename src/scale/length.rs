@@ -403,12 +403,20 @@ impl<'a> Shapes<'a> {
         let mut upper: HashMap<usize, u32> = HashMap::new();
         // A gradient `AccumulateGrad` reads has its parameter's shape: no
         // length in it, whatever its dims coincide with (a [256, 768] k_proj
-        // gradient at batch 4 × length 64).
+        // gradient at batch 4 × length 64). Not the inputs a reentrant
+        // checkpoint detached to recompute its block: their AccumulateGrad
+        // (in the checkpoint's nested backward) reads an activation's
+        // gradient, as long as the activation.
+        let detached = crate::trace::reentrant_checkpoint_inputs(trace);
+        let accumulates = |op: usize| {
+            !detached.contains(&op)
+                && trace
+                    .ops
+                    .get(op)
+                    .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD)
+        };
         for (op, _, blocks) in &reads {
-            let accumulate = trace
-                .ops
-                .get(*op)
-                .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD);
+            let accumulate = accumulates(*op);
             // Of the same-sized blocks it may read, the gradient is the one
             // kept longest: `.grad` lives until zero_grad, an input's gradient
             // of the same size is freed in backward.
@@ -539,11 +547,7 @@ impl<'a> Shapes<'a> {
             // The dims are rescaled by what the read most likely is (the
             // latest block of its size), not by the bound's largest.
             let primary = b.last().map(std::slice::from_ref).unwrap_or_default();
-            let accumulate = trace
-                .ops
-                .get(*op)
-                .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD);
-            let k = if accumulate {
+            let k = if accumulates(*op) {
                 0
             } else {
                 self.arg_power(*arg, primary, &block, ts)

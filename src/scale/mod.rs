@@ -244,10 +244,10 @@ pub enum ScaleError {
     },
 }
 
-/// The work `target` implies on `traces` (counted on the first), or the
-/// error that refuses it: a target out of range, more memory than
-/// `budget`, or times the copies would carry past the range of a time
-/// ([`work::check`]). [`scale_within`] calls it before it builds anything.
+/// The work `target` implies on `traces` ([`count`]), or the error that
+/// refuses it: a target out of range, more memory than `budget`, or times
+/// the copies would carry past the range of a time ([`work::check`]).
+/// [`scale_within`] calls it before it builds anything.
 pub fn check_work(
     traces: &[Trace],
     target: &Target,
@@ -258,7 +258,7 @@ pub fn check_work(
         return Err(ScaleError::SeveralWithoutLength);
     };
     let counts = if target.layers.is_some() || target.new_tokens.is_some() {
-        work::Counts::of(first)
+        count(traces, target)
     } else {
         work::Counts {
             traced: work::Counts::traced_of(first),
@@ -266,6 +266,64 @@ pub fn check_work(
         }
     };
     work::check(&counts, target, budget)
+}
+
+/// The events of the trace the copies of `target` are made from, and what
+/// each copy adds ([`work::Counts::of`]): the first of `traces`, or where a
+/// length is asked too, the job made at that length. Lengthening adds no
+/// event, but it can change what repeats: each free takes the size of its
+/// allocation there, so blocks whose recorded frees differed (a cut or
+/// corrupted trace) are copies of one block only at the new length, and
+/// the depth rebuild copies them (a fuzzed trace counted 107 events and
+/// rebuilt 531). A length the rebuild refuses counts the first trace:
+/// nothing is built.
+pub fn count(traces: &[Trace], target: &Target) -> work::Counts {
+    match at_length(traces, target, &mut Vec::new()) {
+        Ok(Some((trace, _))) => work::Counts::of(&trace),
+        Ok(None) | Err(_) => traces.first().map(work::Counts::of).unwrap_or_default(),
+    }
+}
+
+/// The job of `traces` at the length `target` asks for (one trace's shapes
+/// rescaled, or several traces fitted), with its facts; `None` where no
+/// length is asked. Refuses a generation asked at another length than its
+/// own and a length whose blocks would pass the largest event.
+fn at_length(
+    traces: &[Trace],
+    target: &Target,
+    warnings: &mut Vec<Warning>,
+) -> Result<Option<(Trace, LengthFacts)>, ScaleError> {
+    let Some((first, rest)) = traces.split_first() else {
+        return Err(ScaleError::SeveralWithoutLength);
+    };
+    let Some(len) = target.seq_len else {
+        return if rest.is_empty() {
+            Ok(None)
+        } else {
+            Err(ScaleError::SeveralWithoutLength)
+        };
+    };
+    let traced = shape::traced_length(first);
+    if traced.is_some_and(|t| t != len) && tokens::is_generation(first) {
+        return Err(ScaleError::GenerationLength {
+            traced: traced.unwrap_or(0),
+            asked: len,
+        });
+    }
+    let (trace, facts) = if rest.is_empty() {
+        length::lengthen(first, len, warnings)?
+    } else {
+        fit::fit(traces, len, warnings)?
+    };
+    let limit = i64::try_from(crate::trace::MAX_EVENT_BYTES).unwrap_or(i64::MAX);
+    if trace
+        .memory
+        .iter()
+        .any(|m| m.bytes.unsigned_abs() > limit.unsigned_abs())
+    {
+        return Err(ScaleError::TensorTooLarge);
+    }
+    Ok(Some((trace, facts)))
 }
 
 /// The most new tokens the job `target` asks for (its layers; its new
@@ -335,8 +393,8 @@ pub fn scale_within(
     rebuild_checked(traces, target)
 }
 
-/// Like [`scale_within`] with the work counted on the first trace already
-/// (`counts`, [`work::Counts::of`]): for a caller that rebuilds one trace
+/// Like [`scale_within`] with the work counted already (`counts`,
+/// [`count`]): for a caller that rebuilds one trace
 /// at several small targets.
 pub fn scale_counted(
     traces: &[Trace],
@@ -356,7 +414,7 @@ fn rebuild_checked(
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
     let mut warnings = Vec::new();
     let mut facts = ScaleFacts::default();
-    let Some((first, rest)) = traces.split_first() else {
+    let Some(first) = traces.first() else {
         return Err(ScaleError::SeveralWithoutLength);
     };
     if target.new_tokens.is_some() {
@@ -365,39 +423,10 @@ fn rebuild_checked(
         // block frames without a parent read as calls of the model).
         tokens::generations(first)?;
     }
-    if let Some(asked) = target.seq_len {
-        let traced = shape::traced_length(first);
-        if traced.is_some_and(|t| t != asked) && tokens::is_generation(first) {
-            return Err(ScaleError::GenerationLength {
-                traced: traced.unwrap_or(0),
-                asked,
-            });
-        }
-    }
-    let lengthened = match target.seq_len {
-        Some(len) if rest.is_empty() => {
-            let (trace, f) = length::lengthen(first, len, &mut warnings)?;
-            facts.length = Some(f);
-            Some(trace)
-        }
-        Some(len) => {
-            let (trace, f) = fit::fit(traces, len, &mut warnings)?;
-            facts.length = Some(f);
-            Some(trace)
-        }
-        None if rest.is_empty() => None,
-        None => return Err(ScaleError::SeveralWithoutLength),
-    };
-    if let Some(trace) = &lengthened {
-        let limit = i64::try_from(crate::trace::MAX_EVENT_BYTES).unwrap_or(i64::MAX);
-        if trace
-            .memory
-            .iter()
-            .any(|m| m.bytes.unsigned_abs() > limit.unsigned_abs())
-        {
-            return Err(ScaleError::TensorTooLarge);
-        }
-    }
+    let lengthened = at_length(traces, target, &mut warnings)?.map(|(trace, f)| {
+        facts.length = Some(f);
+        trace
+    });
     let base = lengthened.as_ref().unwrap_or(first);
     let out = match target.layers {
         Some(layers) => {

@@ -25,6 +25,9 @@ mod analyzer;
 mod capture;
 // The memcast binary: estimate and presets output, JSON contract, error exits.
 mod cli;
+// Recipes combined (checkpointing of either kind, autocast, accumulation,
+// clipping, foreach or per-parameter steps) rebuilt in depth and length.
+mod combined;
 // Hostile input (empty, random, truncated, bombs, nesting, odd events, wrong
 // traces) through the library and the CLI, and fuzzer crash reproducers.
 mod hostile;

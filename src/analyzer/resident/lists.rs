@@ -71,4 +71,51 @@ pub(super) fn list_dtypes_from_children(
             a.dtype = Some(typed[k].2);
         }
     }
+    // A concatenation writes each element into a view of its output
+    // (`narrow`), so where no child shows an element, the view of the whole
+    // output does: it has every element's values, in the dtype they share
+    // (`cat`'s result type, the elements' own where none is promoted; under
+    // autocast a bf16 `rotate_half` in an fp32 trace).
+    let concatenates = input
+        .index
+        .ops
+        .source_in(idx, &trace.ops)
+        .is_some_and(|op| CONCATENATIONS.contains(&trace.name(op.name)));
+    if !concatenates {
+        return;
+    }
+    let numel = |a: &Arg| {
+        a.layout
+            .dims
+            .iter()
+            .fold(1_i64, |n, &d| n.saturating_mul(d))
+    };
+    let total = args
+        .iter()
+        .filter(|a| a.list.is_some())
+        .map(numel)
+        .fold(0_i64, i64::saturating_add);
+    let Some(output) = typed
+        .iter()
+        .find(|t| t.1 == total && total > 0)
+        .map(|t| t.2)
+    else {
+        return;
+    };
+    for a in args
+        .iter_mut()
+        .filter(|a| a.list.is_some() && a.dtype.is_none())
+    {
+        a.dtype = Some(output);
+    }
 }
+
+/// Ops whose output is their tensor-list operands laid end to end.
+const CONCATENATIONS: [&str; 6] = [
+    "aten::cat",
+    "aten::_cat",
+    "aten::concat",
+    "aten::concatenate",
+    "aten::stack",
+    "aten::hstack",
+];

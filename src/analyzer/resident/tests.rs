@@ -80,6 +80,64 @@ fn a_list_element_takes_its_dtype_from_the_ops_children() {
     );
 }
 
+/// Under autocast a module concatenates two bf16 tensors it made (as
+/// Llama's `rotate_half`: `cat((-x2, x1))`; tensor-list elements, no dtype
+/// recorded) and the CPU kernel writes them into `narrow` views of its
+/// output, the only child with a dtype: the elements take the output's.
+/// Read as fp32 (the trace's common type) they matched no live block and
+/// were taken for tensors made before the trace.
+#[test]
+fn a_concatenations_elements_take_the_dtype_of_its_output() {
+    let ev = [
+        r#"{"ph": "X", "cat": "python_function", "name": "nn.Module: Model_0", "ts": 10, "dur": 500, "args": {"Python id": 1, "Python parent id": 0}}"#,
+        r#"{"ph": "X", "cat": "python_function", "name": "nn.Module: Attn_0", "ts": 20, "dur": 400, "args": {"Python id": 2, "Python parent id": 1}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 30, "dur": 20, "args": {"Input Dims": [[2, 8, 16], [16, 16]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 40, "args": {"Addr": 4096, "Bytes": 512, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 60, "dur": 20, "args": {"Input Dims": [[2, 8, 16], [8, 16]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 70, "args": {"Addr": 8192, "Bytes": 256, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::cat", "ts": 100, "dur": 50, "args": {"Input Dims": [[[2, 8, 16], [2, 8, 8]], []], "Input type": ["TensorList", "Scalar"]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 105, "args": {"Addr": 12288, "Bytes": 768, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::narrow", "ts": 110, "dur": 10, "args": {"Input Dims": [[2, 8, 24], [], [], []], "Input type": ["c10::BFloat16", "Scalar", "Scalar", "Scalar"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::narrow", "ts": 125, "dur": 10, "args": {"Input Dims": [[2, 8, 24], [], [], []], "Input type": ["c10::BFloat16", "Scalar", "Scalar", "Scalar"]}}"#,
+        // The trace's common type is fp32 (the model's own tensors): the
+        // default of a read without a dtype.
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::ones", "ts": 200, "dur": 10, "args": {"Input Dims": [[], [], [], [], []], "Input type": ["ScalarList", "Scalar", "", "", ""]}}"#,
+        r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 205, "args": {"Addr": 16384, "Bytes": 2048, "Device Type": 0}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 220, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 240, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 260, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 280, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 300, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 320, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 340, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 360, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 380, "dur": 10, "args": {"Input Dims": [[2, 8, 32]], "Input type": ["float"]}}"#,
+    ];
+    let json = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(","));
+    let trace = crate::trace::parse(json.as_bytes()).unwrap().value;
+    let analysis = crate::analyzer::analyze(&trace, &crate::analyzer::AnalyzerConfig::standard())
+        .unwrap()
+        .value;
+    let state: Vec<(StateKind, Vec<i64>)> = analysis
+        .state
+        .items
+        .iter()
+        .map(|i| (i.kind, i.shape.clone()))
+        .collect();
+    // The input, the two weights; the concatenated halves are the
+    // linears' outputs.
+    assert_eq!(
+        state,
+        vec![
+            (StateKind::Parameter, vec![16, 16]),
+            (StateKind::Activation, vec![2, 8, 16]),
+            (StateKind::Parameter, vec![8, 16])
+        ],
+        "{:?}",
+        analysis.state.items
+    );
+}
+
 /// A 4-bit (NF4, double quantisation) and an int8 layer: their packed and
 /// int8 weights are parameters (read by `MatMul4Bit`/`MatMul8bitLt`); the
 /// quantisation state is read only by the nested bitsandbytes kernels:

@@ -1,0 +1,104 @@
+//! Recipes that big jobs combine, rebuilt from a few blocks at a short
+//! length (`tests/data/traces-combined/`, made with tracegen; each sidecar's
+//! `made_with` is the command): reentrant activation checkpointing with bf16
+//! autocast, 2-step accumulation, clipping and a foreach AdamW, and with a
+//! per-parameter AdamW in fp32; non-reentrant checkpointing with autocast.
+//! The 2-block trace at 64 tokens asked for 4 blocks at 128 is the 4-block
+//! trace at 128: the same peak and the full job's parameters and optimizer
+//! state (issue 31).
+
+use std::path::PathBuf;
+
+use memcast::report::Report;
+use memcast::trace::{SliceSource, TraceSource};
+use memcast::Settings;
+
+fn path(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/traces-combined")
+        .join(name);
+    assert!(path.is_file(), "missing fixture {path:?}");
+    path
+}
+
+fn meta(name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(path(&format!("{name}.meta.json"))).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn estimate(name: &str, layers: Option<u32>, seq_len: Option<u32>) -> Report {
+    let bytes = std::fs::read(path(&format!("{name}.json.gz"))).unwrap();
+    let settings = Settings {
+        gpus: vec!["a100-80gb".to_owned()],
+        layers,
+        seq_len,
+        ..Settings::default()
+    };
+    let config = settings.config().unwrap();
+    let mut source = SliceSource::new(&bytes);
+    let mut sources: Vec<&mut dyn TraceSource> = vec![&mut source];
+    let prepared = memcast::pipeline::prepare_many_from(&mut sources, &config, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    memcast::estimate(&prepared, &config, &mut |_| {})
+        .unwrap()
+        .value
+}
+
+#[test]
+fn reentrant_jobs_rebuilt_in_depth_and_length_are_the_deeper_longer_traces() {
+    for (short, long) in [
+        (
+            "llama-small_ckptre_bf16_foreach_ga2_clip_bs2_seq64_L2",
+            "llama-small_ckptre_bf16_foreach_ga2_clip_bs2_seq128_L4",
+        ),
+        (
+            "llama-small_ckptre_perparam_clip_bs2_seq64_L2",
+            "llama-small_ckptre_perparam_clip_bs2_seq128_L4",
+        ),
+    ] {
+        let full = estimate(long, None, None);
+        let rebuilt = estimate(short, Some(4), Some(128));
+        let (a, b) = (
+            rebuilt.peak.reserved_bytes.get() as f64,
+            full.peak.reserved_bytes.get() as f64,
+        );
+        let off = 100.0 * (a - b) / b;
+        assert!(off.abs() <= 0.5, "{short}: {a} vs {b} ({off:+.2} %)");
+        // The full job's model state: the checkpoints' detached inputs,
+        // lengthened with the activations they are, are no parameters.
+        let params = meta(long)["trainable_param_bytes"].as_u64().unwrap();
+        assert_eq!(rebuilt.summary.parameter_bytes.get(), params, "{short}");
+        assert_eq!(full.summary.parameter_bytes.get(), params, "{long}");
+        assert_eq!(
+            rebuilt.summary.n_parameters, full.summary.n_parameters,
+            "{short}"
+        );
+        assert_eq!(
+            rebuilt.breakdown_at_peak.optimizer_state, full.breakdown_at_peak.optimizer_state,
+            "{short}: optimizer state"
+        );
+        // Lengthened alone, the detached inputs stay activations too.
+        let lengthened = estimate(short, None, Some(128));
+        let traced_params = meta(short)["trainable_param_bytes"].as_u64().unwrap();
+        assert_eq!(
+            lengthened.summary.parameter_bytes.get(),
+            traced_params,
+            "{short} at 128"
+        );
+    }
+}
+
+#[test]
+fn a_concatenation_under_autocast_reads_its_operands_in_their_dtype() {
+    // rotate_half's `cat((-x2, x1))` in a non-reentrant checkpoint's
+    // recomputation under bf16 autocast: the profiler records no dtype for
+    // the operands, and read as fp32 they matched no live block and were
+    // counted as 1.25 MiB of buffers. The one buffer the forward reads is
+    // rotary's inv_freq (128 B; the sidecar's 256 B holds the
+    // original_inv_freq copy, which nothing reads).
+    let name = "llama-small_ckpt_bf16_perparam_ga2_clip_bs2_seq128_L2";
+    let report = estimate(name, None, None);
+    assert_eq!(report.summary.buffer_bytes.get(), 128, "{name}");
+    let params = meta(name)["trainable_param_bytes"].as_u64().unwrap();
+    assert_eq!(report.summary.parameter_bytes.get(), params, "{name}");
+}
