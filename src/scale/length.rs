@@ -554,6 +554,28 @@ impl<'a> Shapes<'a> {
             };
             args.insert(*arg, k);
         }
+        // The elements of one tensor list with the same dims hold the length
+        // in the same dims, whichever blocks their reads were bound to (a
+        // concatenation's operands differ at most in the dim it joins, and
+        // `cat((freqs, freqs))` reads one tensor twice): they take one power,
+        // the largest any of them shows.
+        let list_key = |op: usize, arg: usize| {
+            let a = trace.op_args.tensors.get(arg)?;
+            a.list_index?;
+            Some((op, a.position, trace.numbers(a.dims).to_vec()))
+        };
+        let mut alike: HashMap<(usize, u16, Vec<i64>), u32> = HashMap::new();
+        for (op, arg, _) in &reads {
+            if let (Some(key), Some(&k)) = (list_key(*op, *arg), args.get(arg)) {
+                let slot = alike.entry(key).or_insert(k);
+                *slot = (*slot).max(k);
+            }
+        }
+        for (op, arg, _) in &reads {
+            if let Some(&k) = list_key(*op, *arg).and_then(|key| alike.get(&key)) {
+                args.insert(*arg, k);
+            }
+        }
         // A view's size list follows its input (the op's first tensor).
         let views = trace
             .ops

@@ -443,6 +443,53 @@ fn a_head_as_wide_as_the_length_is_told_apart_by_the_data_flow() {
     assert_eq!((facts.linear, facts.quadratic), (5, 2));
 }
 
+/// `h` [2, T, 8] and a [4, 64] tensor made after it (no length in it; the
+/// same bytes at T = 16) are live when `cat((h, h))` reads `h` twice (as Llama's
+/// rotary `cat((freqs, freqs))`): the second element's read was bound to the
+/// other block and kept its traced dims. Elements of one list with the same
+/// dims hold the length in the same dims: both grow.
+fn concatenation(t: i64) -> Trace {
+    let d = 8;
+    let bytes = 2 * t * d * 4;
+    let ev = [
+        format!(
+            r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::embedding", "ts": 10, "dur": 5, "args": {{"Input Dims": [[100, {d}], [2, {t}]], "Input type": ["float", "long int"]}}}}"#
+        ),
+        mem(11.0, 1, bytes),
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::ones", "ts": 20, "dur": 2, "args": {"Input Dims": [[], [], [], [], []], "Input type": ["ScalarList", "Scalar", "", "", ""]}}"#.to_owned(),
+        mem(21.0, 2, 32 * d * 4),
+        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 24, "dur": 2, "args": {"Input Dims": [[4, 64]], "Input type": ["float"]}}"#.to_owned(),
+        format!(
+            r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::cat", "ts": 30, "dur": 5, "args": {{"Input Dims": [[[2, {t}, {d}], [2, {t}, {d}]], []], "Input type": ["TensorList", "Scalar"]}}}}"#
+        ),
+        mem(31.0, 3, 2 * bytes),
+        mem(40.0, 3, -2 * bytes),
+        mem(41.0, 2, -32 * d * 4),
+        mem(42.0, 1, -bytes),
+    ];
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    crate::trace::parse(text.as_bytes()).unwrap().value
+}
+
+#[test]
+fn a_lists_alike_elements_grow_alike() {
+    let (scaled, _) = lengthen(&concatenation(16), 64);
+    let dims: Vec<Vec<i64>> = scaled
+        .ops
+        .iter()
+        .filter(|o| scaled.name(o.name) == "aten::cat")
+        .flat_map(|o| {
+            scaled
+                .tensor_args(o)
+                .iter()
+                .map(|a| scaled.numbers(a.dims).to_vec())
+        })
+        .filter(|d| !d.is_empty())
+        .collect();
+    assert_eq!(dims, [vec![2, 64, 8], vec![2, 64, 8]]);
+    assert_eq!(pattern(&scaled), pattern(&concatenation(64)));
+}
+
 #[test]
 fn several_traces_are_fitted_size_by_size() {
     let traces = [attention(16, 8), attention(32, 8), attention(48, 8)];
