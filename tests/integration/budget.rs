@@ -337,6 +337,17 @@ fn fuzz_scale_new_tokens_on_a_generation_made_by_depth() {
 }
 
 #[test]
+fn fuzz_scale_new_tokens_whose_calls_a_deeper_rebuild_changes() {
+    // `--layers 4 --new-tokens 513` on a generation whose last call has an
+    // attention frame with a missing parent: traced, that frame reads as a
+    // fifth call of the model (the work check counted a 10-event step and
+    // predicted 5,294 events); at 4 blocks the renumbered frames read as
+    // four calls of 54 events and the rebuild made 27,702. A deeper rebuild
+    // that changes the calls is refused.
+    fuzz_regression("new_tokens_calls_changed_by_depth");
+}
+
+#[test]
 fn fuzz_scale_layers_with_seq_len_undercounted() {
     // `--layers 4 --seq-len 32` on a fuzzed trace: predicted 107 events,
     // rebuilt 531 (the check allows twice). Found by `scale_layers` after
