@@ -10,7 +10,7 @@
 //! traces must be the same job: the same events in the same order.
 
 use super::events::{base_total, retotal};
-use super::length::div_round;
+use super::rescale::div_round;
 use super::shape::traced_length;
 use super::{LengthFacts, ScaleError};
 use crate::diag::Warning;

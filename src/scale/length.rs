@@ -26,10 +26,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::events::{base_total, pair, retotal};
-use super::shape::{loader_spans, traced_shape};
+use super::rescale::{div_round, length_count, rebuild_inputs, Rescale};
+use super::shape::{loader_spans, optimizer_steps, traced_shape};
 use super::{LengthFacts, ScaleError};
 use crate::diag::Warning;
-use crate::trace::{Dtype, TensorArg, TensorInput, Trace};
+use crate::trace::{Dtype, TensorArg, Trace};
 
 /// Names of ops whose output may grow as the sum of their inputs' powers.
 const PRODUCTS: &[&str] = &[
@@ -41,6 +42,28 @@ const PRODUCTS: &[&str] = &[
     "conv",
     "bmm",
 ];
+
+/// Backward kernels whose output has the sizes of the forward's input,
+/// passed as an integer list (`derivatives.yaml`: `select_backward(grad,
+/// input_sizes, dim, index)` and the like), not those of the gradient they
+/// read.
+const SIZED_BY_LIST: &[&str] = &[
+    "aten::select_backward",
+    "aten::slice_backward",
+    "aten::index_select_backward",
+    "aten::diagonal_backward",
+    "aten::unfold_backward",
+    "aten::as_strided_backward",
+    "aten::embedding_backward",
+    "aten::embedding_dense_backward",
+];
+
+/// Ops that only run other ops: autograd nodes and Python autograd
+/// Functions (no namespace: `MmBackward0`, `CheckpointFunction`) and the
+/// engine's call of a node (`autograd::engine::evaluate_function: ...`).
+fn is_wrapper(name: &str) -> bool {
+    !name.contains("::") || name.starts_with("autograd::engine::")
+}
 
 /// Attention kernels (sdpa and its flash, memory-efficient and math
 /// variants, forward and backward).
@@ -118,161 +141,6 @@ pub(super) fn lengthen(
         ));
     }
     Ok((out, facts))
-}
-
-/// From the traced length `t` (and batch) to `len`.
-#[derive(Debug, Clone, Copy)]
-struct Rescale {
-    t: u32,
-    batch: u32,
-    len: u32,
-}
-
-impl Rescale {
-    /// `d · len / t`, rounded.
-    fn scale(self, d: i64) -> i64 {
-        i64::try_from(div_round(
-            i128::from(d) * i128::from(self.len),
-            i128::from(self.t),
-        ))
-        .unwrap_or(d)
-    }
-
-    /// The positions of the `k` dims to rescale (see [`length_dims`]).
-    fn dims(self, dims: &[i64], k: u32) -> Vec<usize> {
-        length_dims(dims, k, self.t, self.batch)
-    }
-
-    /// Rescales the first `k` length dims of a tensor argument and the
-    /// strides above them.
-    fn arg(self, out: &mut Trace, arg: &TensorArg, k: u32) {
-        if k == 0 {
-            return;
-        }
-        let dims: Vec<i64> = out.numbers(arg.dims).to_vec();
-        let strides: Option<Vec<i64>> = arg.strides.map(|s| out.numbers(s).to_vec());
-        let mut new_dims = dims.clone();
-        let mut new_strides = strides.clone();
-        for j in self.dims(&dims, k) {
-            let (Some(d), Some(slot)) = (dims.get(j), new_dims.get_mut(j)) else {
-                continue;
-            };
-            *slot = self.scale(*d);
-            if let (Some(old), Some(new)) = (&strides, &mut new_strides) {
-                let Some(&sj) = old.get(j) else { continue };
-                for (i, s) in old.iter().enumerate() {
-                    if *s > sj && sj > 0 {
-                        if let Some(slot) = new.get_mut(i) {
-                            *slot = self.scale(*slot);
-                        }
-                    }
-                }
-            }
-        }
-        for (i, d) in arg.dims.range().zip(new_dims) {
-            if let Some(slot) = out.op_args.numbers.get_mut(i) {
-                *slot = d;
-            }
-        }
-        if let (Some(span), Some(new)) = (arg.strides, new_strides) {
-            for (i, s) in span.range().zip(new) {
-                if let Some(slot) = out.op_args.numbers.get_mut(i) {
-                    *slot = s;
-                }
-            }
-        }
-    }
-
-    /// Rescales the integers of a view op read with power `k`: the size list
-    /// of `view`/`reshape`/`expand`/`unflatten`, and the start, end or sizes
-    /// of `slice`/`narrow`/`split` along a length dim of their input.
-    fn view(self, trace: &Trace, numbers: &mut [i64], op: &crate::trace::OpEvent, k: u32) {
-        if k == 0 {
-            return;
-        }
-        let concrete = trace.concrete_args(op);
-        let at = |pos: u16| concrete.iter().find(|c| c.position == pos);
-        let value = |pos: u16| at(pos).and_then(|c| trace.numbers(c.values).first().copied());
-        let list = match trace.name(op.name) {
-            "aten::view" | "aten::_unsafe_view" | "aten::reshape" | "aten::expand" => at(1),
-            "aten::unflatten" => at(2),
-            name @ ("aten::slice" | "aten::narrow" | "aten::split" | "aten::split_with_sizes") => {
-                let Some(input) = trace.tensor_args(op).first() else {
-                    return;
-                };
-                let dims = trace.numbers(input.dims);
-                let (dim_pos, sized) = match name {
-                    "aten::slice" | "aten::narrow" => (1, [2u16, 3]),
-                    _ => (2, [1, 1]),
-                };
-                let Some(dim) = value(dim_pos) else { return };
-                let rank = i64::try_from(dims.len()).unwrap_or(0);
-                let dim = if dim < 0 { dim + rank } else { dim };
-                let along = usize::try_from(dim)
-                    .ok()
-                    .is_some_and(|d| self.dims(dims, k).contains(&d));
-                if !along {
-                    return;
-                }
-                let longest = i64::from(self.t) * i64::from(self.batch);
-                for c in sized.iter().filter_map(|&pos| at(pos)) {
-                    for i in c.values.range() {
-                        if let Some(slot) = numbers.get_mut(i) {
-                            if *slot > 0 && *slot <= longest {
-                                *slot = self.scale(*slot);
-                            }
-                        }
-                    }
-                }
-                None
-            }
-            _ => None,
-        };
-        // A size list: its first `k` length values.
-        if let Some(c) = list {
-            let range = c.values.range();
-            let values: Vec<i64> = numbers.get(range.clone()).unwrap_or_default().to_vec();
-            for j in self.dims(&values, k) {
-                if let Some(slot) = numbers.get_mut(range.start + j) {
-                    *slot = self.scale(*slot);
-                }
-            }
-        }
-    }
-}
-
-/// The positions of the `k` dims to rescale: flattened batch × T dims
-/// first, then dims equal to T from the left (the length comes before a
-/// head's width in every layout PyTorch's attention uses).
-fn length_dims(dims: &[i64], k: u32, t: u32, batch: u32) -> Vec<usize> {
-    let (t, bt) = (i64::from(t), i64::from(t) * i64::from(batch));
-    let mut out: Vec<usize> = Vec::new();
-    if batch > 1 {
-        out.extend(
-            dims.iter()
-                .enumerate()
-                .filter(|(_, &d)| d == bt)
-                .map(|(i, _)| i),
-        );
-    }
-    out.extend(
-        dims.iter()
-            .enumerate()
-            .filter(|(_, &d)| d == t)
-            .map(|(i, _)| i),
-    );
-    out.truncate(k as usize);
-    out
-}
-
-/// How many of `dims` are the length's.
-fn length_count(dims: &[i64], t: u32, batch: u32) -> u32 {
-    let (t, bt) = (i64::from(t), i64::from(t) * i64::from(batch));
-    let n = dims
-        .iter()
-        .filter(|&&d| d == t || (batch > 1 && d == bt))
-        .count();
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The powers found: per allocation event, per tensor argument, per view op.
@@ -403,20 +271,50 @@ impl<'a> Shapes<'a> {
         let mut upper: HashMap<usize, u32> = HashMap::new();
         // A gradient `AccumulateGrad` reads has its parameter's shape: no
         // length in it, whatever its dims coincide with (a [256, 768] k_proj
-        // gradient at batch 4 × length 64). Not the inputs a reentrant
-        // checkpoint detached to recompute its block: their AccumulateGrad
-        // (in the checkpoint's nested backward) reads an activation's
-        // gradient, as long as the activation.
+        // gradient at batch 4 × length 64). Not a leaf the forward made:
+        // - the inputs a reentrant checkpoint detached to recompute its
+        //   block (their AccumulateGrad, in the checkpoint's nested
+        //   backward, reads an activation's gradient, as long as the
+        //   activation);
+        // - an activation set to require grad (the Hugging Face Trainer's
+        //   `enable_input_require_grads` on frozen input embeddings, as LoRA
+        //   with checkpointing runs): its gradient dies with the graph, before
+        //   the optimizer step has read any gradient. A parameter's `.grad`
+        //   outlives the step that reads it: the optimizer holds the
+        //   parameter, and only zero_grad drops the gradient (the analyzer's
+        //   rule, `analyzer/leaves.rs`).
         let detached = crate::trace::reentrant_checkpoint_inputs(trace);
-        let accumulates = |op: usize| {
-            !detached.contains(&op)
+        let steps = optimizer_steps(trace);
+        let in_backward = |b: usize| {
+            maker.get(&b).is_some_and(|stack| {
+                stack.iter().any(|&o| {
+                    trace
+                        .ops
+                        .get(o)
+                        .is_some_and(|o| o.fwd_thread_id.is_some_and(|t| t > 0))
+                })
+            })
+        };
+        // Freed before the end of the first step that ends after it was made
+        // (never, without a step after it: no judgement).
+        let dies_before_step = |b: usize| {
+            let made = trace.memory.get(b).map_or(i64::MAX, |m| m.ts.get());
+            let freed = partner
+                .get(b)
+                .copied()
+                .flatten()
+                .and_then(|f| trace.memory.get(f))
+                .map(|m| m.ts.get());
+            let step_end = steps.iter().map(|s| s.1).find(|&end| end > made);
+            matches!((freed, step_end), (Some(f), Some(e)) if f < e)
+        };
+        let mut leaves: std::collections::HashSet<usize> = detached.iter().copied().collect();
+        for (op, _, blocks) in &reads {
+            let accumulate = !leaves.contains(op)
                 && trace
                     .ops
-                    .get(op)
-                    .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD)
-        };
-        for (op, _, blocks) in &reads {
-            let accumulate = accumulates(*op);
+                    .get(*op)
+                    .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD);
             // Of the same-sized blocks it may read, the gradient is the one
             // kept longest: `.grad` lives until zero_grad, an input's gradient
             // of the same size is freed in backward.
@@ -425,24 +323,27 @@ impl<'a> Shapes<'a> {
             if !accumulate {
                 continue;
             }
-            let in_backward = |b: usize| {
-                maker.get(&b).is_some_and(|stack| {
-                    stack.iter().any(|&o| {
-                        trace
-                            .ops
-                            .get(o)
-                            .is_some_and(|o| o.fwd_thread_id.is_some_and(|t| t > 0))
-                    })
-                })
-            };
             let kept = blocks
                 .iter()
                 .filter(|&&b| !upper.contains_key(&b) && in_backward(b))
                 .max_by_key(|&&b| partner.get(b).copied().flatten().unwrap_or(usize::MAX));
-            if let Some(&b) = kept {
-                upper.insert(b, 0);
+            match kept {
+                Some(&b) if dies_before_step(b) => {
+                    leaves.insert(*op);
+                }
+                Some(&b) => {
+                    upper.insert(b, 0);
+                }
+                None => {}
             }
         }
+        let accumulates = |op: usize| {
+            !leaves.contains(&op)
+                && trace
+                    .ops
+                    .get(op)
+                    .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD)
+        };
         let mut args_of: HashMap<usize, Vec<(usize, &[usize])>> = HashMap::new();
         for (op, arg, blocks) in &reads {
             let (op, arg) = (*op, *arg);
@@ -489,15 +390,27 @@ impl<'a> Shapes<'a> {
                         return None;
                     }
                     let o = trace.ops.get(op)?;
+                    let name = trace.name(o.name);
+                    // An autograd node or a Python autograd Function
+                    // (`MulBackward0`, `CheckpointFunction`, recorded without
+                    // a namespace) and the engine's call of a node run ops:
+                    // the op inside made the block (a reentrant checkpoint's
+                    // forward reads only the block's input, yet its
+                    // attention makes T² scores).
+                    if is_wrapper(name) {
+                        return None;
+                    }
                     // `table[ids]`: the profiler records no index tensors, so
-                    // only the readers' shapes tell (as for a factory).
-                    if trace.name(o.name) == "aten::index" {
+                    // only the readers' shapes tell (as for a factory); nor
+                    // do the backward kernels that scatter a gradient into
+                    // the forward input's sizes, given as integers
+                    // (`select_backward`'s `[B, T, D]` from a `[B, D]`).
+                    if name == "aten::index" || SIZED_BY_LIST.contains(&name) {
                         return None;
                     }
                     let powers = args
                         .iter()
                         .map(|&(arg, b)| self.arg_power(arg, b, &block, o.start.get()));
-                    let name = trace.name(o.name);
                     Some(if is_attention(name) {
                         // The kernel's outputs have the query's shape (or
                         // less: the log-sum-exp): no longer than its inputs.
@@ -672,76 +585,9 @@ impl<'a> Shapes<'a> {
     }
 }
 
-/// The autocast view ([`Trace::tensor_args`]) made again from the
-/// rescaled dims, as the reader makes it.
-fn rebuild_inputs(trace: &mut Trace) {
-    let mut inputs = Vec::with_capacity(trace.tensor_args.len());
-    let mut ranges = Vec::with_capacity(trace.ops.len());
-    for o in &trace.ops {
-        let first = u32::try_from(inputs.len()).unwrap_or(u32::MAX);
-        for t in trace
-            .op_args
-            .tensors
-            .get(o.tensors.range())
-            .unwrap_or_default()
-        {
-            let numel = trace
-                .numbers(t.dims)
-                .iter()
-                .try_fold(1_u64, |acc, &d| acc.checked_mul(u64::try_from(d).ok()?))
-                .unwrap_or(0);
-            let dtype = t.dtype.and_then(|id| Dtype::from_name(trace.name(id)));
-            if dtype.is_none() && t.list_index.is_none() {
-                continue;
-            }
-            inputs.push(TensorInput {
-                numel,
-                dtype,
-                in_list: t.list_index.is_some(),
-            });
-        }
-        ranges.push(first..u32::try_from(inputs.len()).unwrap_or(u32::MAX));
-    }
-    for (o, r) in trace.ops.iter_mut().zip(ranges) {
-        o.tensor_args = r;
-    }
-    trace.tensor_args = inputs;
-}
-
-/// `a / b` rounded to the nearest integer (`b != 0`).
-pub(super) fn div_round(a: i128, b: i128) -> i128 {
-    if b == 0 {
-        return a;
-    }
-    let (a, b) = if b < 0 { (-a, -b) } else { (a, b) };
-    if a >= 0 {
-        (a + b / 2) / b
-    } else {
-        -((-a + b / 2) / b)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn division_rounds_to_nearest() {
-        assert_eq!(div_round(7, 2), 4);
-        assert_eq!(div_round(-7, 2), -4);
-        assert_eq!(div_round(6, -4), -2);
-    }
-
-    #[test]
-    fn length_dims_prefer_the_flattened_batch_then_the_left() {
-        // [B, H, T, D/2] at T = 32 = D/2: the length is the left 32.
-        assert_eq!(length_dims(&[4, 12, 32, 32], 1, 32, 4), [2]);
-        assert_eq!(length_dims(&[4, 12, 32, 32], 2, 32, 4), [2, 3]);
-        // [B·T, d]
-        assert_eq!(length_dims(&[128, 768], 1, 32, 4), [0]);
-        assert_eq!(length_count(&[4, 32, 768], 32, 4), 1);
-        assert_eq!(length_count(&[768, 768], 32, 4), 0);
-    }
 
     #[test]
     fn products_are_named_as_pytorch_names_them() {

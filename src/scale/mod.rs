@@ -26,6 +26,7 @@ mod frames;
 mod length;
 mod names;
 mod parts;
+mod rescale;
 mod shape;
 mod step;
 mod tokens;

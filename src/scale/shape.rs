@@ -51,6 +51,20 @@ pub(super) fn loader_spans(trace: &Trace) -> Vec<(i64, i64)> {
         .collect()
 }
 
+/// The spans of the optimizer steps, in time order: the
+/// `Optimizer.step#<class>.step` annotation `torch.optim.Optimizer` wraps
+/// every subclass's `step` in (its `profile_hook_step`).
+pub(super) fn optimizer_steps(trace: &Trace) -> Vec<(i64, i64)> {
+    let mut steps: Vec<(i64, i64)> = trace
+        .annotations
+        .iter()
+        .filter(|a| trace.name(a.name).starts_with("Optimizer.step#"))
+        .map(|a| (a.start.get(), a.start.get().saturating_add(a.dur.get())))
+        .collect();
+    steps.sort_unstable();
+    steps
+}
+
 fn loader_samples(trace: &Trace) -> Option<(u32, u32)> {
     let loader = loader_spans(trace);
     trace

@@ -159,13 +159,7 @@ const MAX_TOKENS: usize = 20_000;
 /// `n` traced blocks per stack whose last blocks have parameters of `params`
 /// bytes (one entry per parameter).
 pub(super) fn step_loops(trace: &Trace, n: usize, params: &[i64]) -> StepLoops {
-    let mut steps: Vec<(i64, i64)> = trace
-        .annotations
-        .iter()
-        .filter(|a| trace.name(a.name).starts_with("Optimizer.step#"))
-        .map(|a| (a.start.get(), a.start.get().saturating_add(a.dur.get())))
-        .collect();
-    steps.sort_unstable();
+    let steps = super::shape::optimizer_steps(trace);
     let mut out = StepLoops {
         steps: steps.len(),
         ..StepLoops::default()

@@ -20,11 +20,33 @@ fn frame(name: &str, ts: f64, dur: f64, id: i64, parent: i64) -> String {
     )
 }
 
-fn op(name: &str, ts: f64, dur: f64, seq: i64, backward: bool, dims: &str) -> String {
+/// A CPU op as the profiler writes it: `Input Dims` and `Input type` as
+/// given, and with `autograd` its sequence number and whether it runs in
+/// backward (`Fwd thread id`).
+fn call(
+    name: &str,
+    ts: f64,
+    dur: f64,
+    dims: &str,
+    types: &str,
+    autograd: Option<(i64, bool)>,
+) -> String {
+    let autograd = autograd.map_or(String::new(), |(seq, backward)| {
+        format!(
+            r#""Sequence number": {seq}, "Fwd thread id": {}, "#,
+            u8::from(backward)
+        )
+    });
     format!(
-        r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "ts": {ts}, "dur": {dur}, "args": {{"Sequence number": {seq}, "Fwd thread id": {}, "Input Dims": {dims}, "Input type": ["float", "float"]}}}}"#,
-        u8::from(backward)
+        r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "ts": {ts}, "dur": {dur}, "args": {{{autograd}"Input Dims": {dims}, "Input type": {types}}}}}"#
     )
+}
+
+/// An op of the generated stack: every input a float tensor.
+fn op(name: &str, ts: f64, dur: f64, seq: i64, backward: bool, dims: &str) -> String {
+    let n = serde_json::from_str::<Vec<serde_json::Value>>(dims).map_or(0, |d| d.len());
+    let types = serde_json::to_string(&vec!["float"; n]).unwrap_or_default();
+    call(name, ts, dur, dims, &types, Some((seq, backward)))
 }
 
 /// A model of `n` blocks: each block's forward makes a temporary and its
@@ -320,6 +342,13 @@ fn what_cannot_be_rebuilt_is_refused_with_its_reason() {
 /// q/k/v projections, `scores = q @ kᵀ` (T²), softmax (T²), `scores @ v`
 /// (T again: the product contracts T) and a sum to a scalar.
 fn attention(t: i64, d: i64) -> Trace {
+    attention_in(t, d, None)
+}
+
+/// [`attention`], everything after the embedding inside an op named
+/// `wrapper` that reads only the embedding (a Python autograd Function such
+/// as a reentrant checkpoint's `CheckpointFunction`).
+fn attention_in(t: i64, d: i64, wrapper: Option<&str>) -> Trace {
     let mut ev: Vec<String> = Vec::new();
     let f = |x: i64| x as f64;
     let mut ts = 10.0;
@@ -328,11 +357,8 @@ fn attention(t: i64, d: i64) -> Trace {
         ts
     };
     let tensor = |dims: &[i64]| dims.iter().product::<i64>() * 4;
-    let call = |name: &str, at: f64, dims: &str, types: &str| {
-        format!(
-            r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "ts": {at}, "dur": 5, "args": {{"Input Dims": {dims}, "Input type": {types}}}}}"#
-        )
-    };
+    let call =
+        |name: &str, at: f64, dims: &str, types: &str| call(name, at, 5.0, dims, types, None);
     let float2 = r#"["float", "float"]"#;
     let at = next(10.0);
     ev.push(call(
@@ -387,6 +413,16 @@ fn attention(t: i64, d: i64) -> Trace {
     ));
     ev.push(mem(at + 1.0, 8, 4));
     let end = next(10.0);
+    if let Some(name) = wrapper {
+        ev.push(self::call(
+            name,
+            27.0,
+            end - 28.0,
+            &format!("[[2, {t}, {d}]]"),
+            r#"["float"]"#,
+            None,
+        ));
+    }
     for (addr, dims) in [
         (1, [2, t, d]),
         (2, [2, t, d]),
@@ -443,6 +479,88 @@ fn a_head_as_wide_as_the_length_is_told_apart_by_the_data_flow() {
     assert_eq!((facts.linear, facts.quadratic), (5, 2));
 }
 
+#[test]
+fn an_op_that_runs_ops_is_not_the_maker_of_their_blocks() {
+    // A reentrant checkpoint's forward (`CheckpointFunction`, a Python
+    // autograd Function) reads only its block's input, [2, T, d]: taken for
+    // the maker of the scores, it bounded them as T.
+    let (scaled, facts) = lengthen(&attention_in(16, 8, Some("CheckpointFunction")), 64);
+    assert_eq!(
+        pattern(&scaled),
+        pattern(&attention_in(64, 8, Some("CheckpointFunction")))
+    );
+    assert_eq!((facts.linear, facts.quadratic), (5, 2));
+}
+
+/// An embedding `h` [2, T, d] whose row 0 is selected ([2, d]), a gradient
+/// of that row (no length in it), and `select_backward` scattering it into
+/// zeros of `h`'s sizes, which an `add` then reads beside `h`.
+fn select_backward(t: i64) -> Trace {
+    let d = 8;
+    let bytes = 2 * t * d * 4;
+    let ev = [
+        call(
+            "aten::embedding",
+            10.0,
+            5.0,
+            &format!("[[100, {d}], [2, {t}]]"),
+            r#"["float", "long int"]"#,
+            None,
+        ),
+        mem(11.0, 1, bytes),
+        call(
+            "aten::ones",
+            20.0,
+            2.0,
+            "[[], [], [], [], []]",
+            r#"["ScalarList", "Scalar", "", "", ""]"#,
+            None,
+        ),
+        mem(21.0, 2, 2 * d * 4),
+        call(
+            "aten::select_backward",
+            30.0,
+            10.0,
+            &format!("[[2, {d}], [], [], []]"),
+            r#"["float", "ScalarList", "Scalar", "Scalar"]"#,
+            None,
+        ),
+        call(
+            "aten::zeros",
+            31.0,
+            5.0,
+            "[[], [], [], [], []]",
+            r#"["ScalarList", "Scalar", "", "", ""]"#,
+            None,
+        ),
+        mem(32.0, 3, bytes),
+        call(
+            "aten::add",
+            50.0,
+            5.0,
+            &format!("[[2, {t}, {d}], [2, {t}, {d}], []]"),
+            r#"["float", "float", "Scalar"]"#,
+            None,
+        ),
+        mem(51.0, 4, bytes),
+        mem(60.0, 4, -bytes),
+        mem(61.0, 3, -bytes),
+        mem(62.0, 2, -2 * d * 4),
+        mem(63.0, 1, -bytes),
+    ];
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    crate::trace::parse(text.as_bytes()).unwrap().value
+}
+
+#[test]
+fn a_gradient_scattered_into_the_inputs_sizes_grows_as_the_input() {
+    // `select_backward(grad [2, d], input_sizes = [2, T, d])`: its output
+    // has the sizes it is given, not the gradient's.
+    let (scaled, facts) = lengthen(&select_backward(16), 64);
+    assert_eq!(pattern(&scaled), pattern(&select_backward(64)));
+    assert_eq!(facts.linear, 3);
+}
+
 /// `h` [2, T, 8] and a [4, 64] tensor made after it (no length in it; the
 /// same bytes at T = 16) are live when `cat((h, h))` reads `h` twice (as Llama's
 /// rotary `cat((freqs, freqs))`): the second element's read was bound to the
@@ -452,15 +570,32 @@ fn concatenation(t: i64) -> Trace {
     let d = 8;
     let bytes = 2 * t * d * 4;
     let ev = [
-        format!(
-            r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::embedding", "ts": 10, "dur": 5, "args": {{"Input Dims": [[100, {d}], [2, {t}]], "Input type": ["float", "long int"]}}}}"#
+        call(
+            "aten::embedding",
+            10.0,
+            5.0,
+            &format!("[[100, {d}], [2, {t}]]"),
+            r#"["float", "long int"]"#,
+            None,
         ),
         mem(11.0, 1, bytes),
-        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::ones", "ts": 20, "dur": 2, "args": {"Input Dims": [[], [], [], [], []], "Input type": ["ScalarList", "Scalar", "", "", ""]}}"#.to_owned(),
+        call(
+            "aten::ones",
+            20.0,
+            2.0,
+            "[[], [], [], [], []]",
+            r#"["ScalarList", "Scalar", "", "", ""]"#,
+            None,
+        ),
         mem(21.0, 2, 32 * d * 4),
-        r#"{"ph": "X", "cat": "cpu_op", "name": "aten::relu_", "ts": 24, "dur": 2, "args": {"Input Dims": [[4, 64]], "Input type": ["float"]}}"#.to_owned(),
-        format!(
-            r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::cat", "ts": 30, "dur": 5, "args": {{"Input Dims": [[[2, {t}, {d}], [2, {t}, {d}]], []], "Input type": ["TensorList", "Scalar"]}}}}"#
+        call("aten::relu_", 24.0, 2.0, "[[4, 64]]", r#"["float"]"#, None),
+        call(
+            "aten::cat",
+            30.0,
+            5.0,
+            &format!("[[[2, {t}, {d}], [2, {t}, {d}]], []]"),
+            r#"["TensorList", "Scalar"]"#,
+            None,
         ),
         mem(31.0, 3, 2 * bytes),
         mem(40.0, 3, -2 * bytes),

@@ -3,11 +3,12 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use memcast::orchestrator::{Category, Schedule};
-use memcast::trace::{Trace, TraceError, TraceSource};
-use memcast::{Bytes, Config, Prepared, Warned};
+use memcast::report::Report;
+use memcast::trace::{SliceSource, Trace, TraceError, TraceSource};
+use memcast::{Bytes, Config, Prepared, Settings, Warned};
 
 /// The `shared/` folder beside this checkout (`../shared`), or the folder named
 /// by `MEMCAST_SHARED`.
@@ -93,6 +94,21 @@ pub fn prepare_parsed(trace: Trace, config: &Config) -> Prepared {
     }));
     memcast::prepare_from(&mut source, config, &mut |_| {})
         .unwrap_or_else(|err| panic!("prepare: {err}"))
+}
+
+/// The report of the trace file at `path` under `settings`, as the CLI
+/// gives it (the file read whole, then prepared and estimated); panics with
+/// the path on any error.
+pub fn estimate_file(path: &Path, settings: &Settings) -> Report {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let config: Config = settings.config().unwrap();
+    let mut source = SliceSource::new(&bytes);
+    let mut sources: Vec<&mut dyn TraceSource> = vec![&mut source];
+    let prepared = memcast::pipeline::prepare_many_from(&mut sources, &config, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    memcast::estimate(&prepared, &config, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{path:?}: {e}"))
+        .value
 }
 
 /// The bytes of every block of `category` in a schedule.

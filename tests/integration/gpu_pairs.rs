@@ -8,8 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use memcast::report::Report;
-use memcast::trace::{SliceSource, TraceSource};
-use memcast::{Config, Settings};
+use memcast::Settings;
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpu-h200")
@@ -42,16 +41,7 @@ fn settings(args: &[String]) -> Settings {
 }
 
 fn estimate(trace: &str, settings: &Settings) -> Report {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(trace);
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    let config: Config = settings.config().unwrap();
-    let mut source = SliceSource::new(&bytes);
-    let mut sources: Vec<&mut dyn TraceSource> = vec![&mut source];
-    let prepared = memcast::pipeline::prepare_many_from(&mut sources, &config, &mut |_| {})
-        .unwrap_or_else(|e| panic!("{trace}: {e}"));
-    memcast::estimate(&prepared, &config, &mut |_| {})
-        .unwrap()
-        .value
+    crate::common::estimate_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join(trace), settings)
 }
 
 #[test]
