@@ -94,8 +94,15 @@ pub(super) fn prepare(
                 },
                 other => other,
             })?;
-            let derived =
-                Derivation::in_dim(traces, warnings, config, &counts, Dim::Tokens, progress)?;
+            let mut rebuilds = scale::Rebuilds::new(traces);
+            let derived = Derivation::in_dim(
+                &mut rebuilds,
+                warnings,
+                config,
+                &counts,
+                Dim::Tokens,
+                progress,
+            )?;
             return Ok(derived.and_then(|d| d.prepared(asked)));
         }
     }
@@ -105,7 +112,15 @@ pub(super) fn prepare(
     if events(layers, tokens) <= rebuilds(&|t| (first_layers + t, tokens)) {
         return Ok(None);
     }
-    let derived = Derivation::in_dim(traces, warnings, config, &counts, Dim::Depth, progress)?;
+    let mut rebuilds = scale::Rebuilds::new(traces);
+    let derived = Derivation::in_dim(
+        &mut rebuilds,
+        warnings,
+        config,
+        &counts,
+        Dim::Depth,
+        progress,
+    )?;
     Ok(derived.and_then(|d| d.prepared(layers)))
 }
 
@@ -150,14 +165,23 @@ impl Derivation {
             return Ok(None);
         }
         let counts = scale::count(traces, &config.scale);
-        Derivation::in_dim(traces, warnings, config, &counts, Dim::Tokens, progress)
+        let mut rebuilds = scale::Rebuilds::new(traces);
+        Derivation::in_dim(
+            &mut rebuilds,
+            warnings,
+            config,
+            &counts,
+            Dim::Tokens,
+            progress,
+        )
     }
 
     /// Derives the job of `traces` that `config.scale` asks for in `dim`
     /// (that dimension's count left aside); `counts`: the work of the
-    /// job ([`scale::count`]).
+    /// job ([`scale::count`]); `rebuilds`: the trace's rebuilds, which
+    /// share what their targets share.
     fn in_dim(
-        traces: &[Trace],
+        rebuilds: &mut scale::Rebuilds<'_>,
         warnings: &[Warning],
         config: &Config,
         counts: &Counts,
@@ -171,7 +195,7 @@ impl Derivation {
             config.orchestrator.autocast.what_if = false;
         }
         let config = &config;
-        let Some(trace) = traces.first() else {
+        let Some(trace) = rebuilds.traces().first() else {
             return Ok(None);
         };
         let first = match dim {
@@ -196,8 +220,8 @@ impl Derivation {
             });
             let cell = at_count(config.scale, dim, first + t);
             rebuilt.push(match dim {
-                Dim::Tokens => held_whole(traces, warnings, config, counts, cell)?,
-                Dim::Depth => rebuild(traces, warnings, config, counts, cell)?,
+                Dim::Tokens => held_whole(rebuilds, warnings, config, counts, cell)?,
+                Dim::Depth => rebuild(rebuilds, warnings, config, counts, cell)?,
             });
         }
         progress(Progress {
@@ -300,13 +324,13 @@ fn at_count(scale: Target, dim: Dim, count: u32) -> Target {
 
 /// The job at `cell` rebuilt as a trace and prepared.
 fn rebuild(
-    traces: &[Trace],
+    rebuilds: &mut scale::Rebuilds<'_>,
     warnings: &[Warning],
     config: &Config,
     counts: &Counts,
     cell: Target,
 ) -> Result<Prepared, Error> {
-    let scaled = scale::scale_counted(traces, &cell, config.work_budget(), counts)?;
+    let scaled = rebuilds.rebuild(&cell, config.work_budget(), counts)?;
     let mut w = warnings.to_vec();
     w.extend(scaled.warnings);
     let (trace, facts) = scaled.value;
@@ -317,7 +341,7 @@ fn rebuild(
 /// where it is that much deeper than the trace and the derivation holds,
 /// else rebuilt.
 fn held_whole(
-    traces: &[Trace],
+    rebuilds: &mut scale::Rebuilds<'_>,
     warnings: &[Warning],
     config: &Config,
     counts: &Counts,
@@ -329,8 +353,14 @@ fn held_whole(
     if let Some(layers) = deep {
         let mut at_cell = config.clone();
         at_cell.scale = cell;
-        let derived =
-            Derivation::in_dim(traces, warnings, &at_cell, counts, Dim::Depth, &mut |_| {})?;
+        let derived = Derivation::in_dim(
+            rebuilds,
+            warnings,
+            &at_cell,
+            counts,
+            Dim::Depth,
+            &mut |_| {},
+        )?;
         let derived = derived
             .and_then(|d| d.prepared(layers))
             .and_then(Prepared::into_held_whole);
@@ -338,5 +368,7 @@ fn held_whole(
             return Ok(prepared);
         }
     }
-    rebuild(traces, warnings, config, counts, cell)
+    // Not kept among the shared rebuilds: a job this deep is held once.
+    let mut alone = scale::Rebuilds::new(rebuilds.traces());
+    rebuild(&mut alone, warnings, config, counts, cell)
 }

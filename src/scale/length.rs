@@ -58,6 +58,9 @@ const SIZED_BY_LIST: &[&str] = &[
     "aten::embedding_dense_backward",
 ];
 
+/// The allocations every kernel makes its outputs with: no factory.
+const ALLOCATES: &[&str] = &["aten::empty", "aten::empty_strided", "aten::resize_"];
+
 /// Ops that only run other ops: autograd nodes and Python autograd
 /// Functions (no namespace: `MmBackward0`, `CheckpointFunction`) and the
 /// engine's call of a node (`autograd::engine::evaluate_function: ...`).
@@ -158,6 +161,8 @@ struct Shapes<'a> {
     ambiguous: bool,
     /// Op indices by start (longer first).
     order: Vec<usize>,
+    /// Each op's place in `order`.
+    position: Vec<usize>,
     /// Data loader spans.
     loader: Vec<(i64, i64)>,
 }
@@ -171,6 +176,12 @@ impl<'a> Shapes<'a> {
                 .get(i)
                 .map(|o| (o.start, std::cmp::Reverse(o.dur)))
         });
+        let mut position = vec![usize::MAX; order.len()];
+        for (p, &i) in order.iter().enumerate() {
+            if let Some(slot) = position.get_mut(i) {
+                *slot = p;
+            }
+        }
         let loader = loader_spans(trace);
         Shapes {
             trace,
@@ -178,6 +189,7 @@ impl<'a> Shapes<'a> {
             batch,
             ambiguous: false,
             order,
+            position,
             loader,
         }
     }
@@ -370,9 +382,10 @@ impl<'a> Shapes<'a> {
             // attention call that runs as ops (the math path: `scores = q @
             // kᵀ`, softmax, dropout), the innermost op made the block: only
             // the kernel's own outputs have the query's shape.
-            let bounds: Vec<(u32, bool, bool)> = ops
+            let bounds: Vec<(u32, bool, bool, usize)> = ops
                 .iter()
-                .filter_map(|&op| {
+                .enumerate()
+                .filter_map(|(depth, &op)| {
                     // Scalars and empty tensors (`resize_` of a `[0]`) carry
                     // no size: an op reading only those is a factory.
                     let args: Vec<(usize, &[usize])> = args_of
@@ -414,17 +427,39 @@ impl<'a> Shapes<'a> {
                     Some(if is_attention(name) {
                         // The kernel's outputs have the query's shape (or
                         // less: the log-sum-exp): no longer than its inputs.
-                        (powers.max().unwrap_or(0), false, true)
+                        (powers.max().unwrap_or(0), false, true, depth)
                     } else if is_product(name) {
-                        (powers.sum::<u32>(), true, false)
+                        (powers.sum::<u32>(), true, false, depth)
                     } else {
-                        (powers.max().unwrap_or(0), false, false)
+                        (powers.max().unwrap_or(0), false, false, depth)
                     })
                 })
                 .collect();
+            // Inside the attention call, a factory below the innermost op
+            // that reads tensors made the block (the math path's causal
+            // mask, `ones(T, T).tril()`), not the allocation every kernel
+            // makes through `empty`.
+            let factory_below = |depth: usize| {
+                ops.get(depth + 1..).unwrap_or_default().iter().any(|&op| {
+                    trace.ops.get(op).is_some_and(|o| {
+                        let name = trace.name(o.name);
+                        !ALLOCATES.contains(&name)
+                            && !is_wrapper(name)
+                            && !args_of.get(&op).is_some_and(|a| {
+                                a.iter().any(|(arg, _)| {
+                                    trace.op_args.tensors.get(*arg).is_some_and(|a| {
+                                        let dims = trace.numbers(a.dims);
+                                        !dims.is_empty() && !dims.contains(&0)
+                                    })
+                                })
+                            })
+                    })
+                })
+            };
             let bound = match (bounds.first(), bounds.last()) {
-                (Some(&(_, _, true)), Some(&(b, p, _))) => Some((b, p)),
-                (Some(&(b, p, _)), _) => Some((b, p)),
+                (Some(&(_, _, true, _)), Some(&(_, _, _, depth))) if factory_below(depth) => None,
+                (Some(&(_, _, true, _)), Some(&(b, p, _, _))) => Some((b, p)),
+                (Some(&(b, p, _, _)), _) => Some((b, p)),
                 _ => None,
             }
             // A factory (arange, zeros, full) reads no tensor: its size
@@ -524,6 +559,55 @@ impl<'a> Shapes<'a> {
         }
     }
 
+    /// The element size of each tensor argument of op `oi` that is a
+    /// tensor-list element without a recorded dtype, from the op's
+    /// children ([`crate::trace::list_element_types`]; `None` elsewhere).
+    fn list_elsizes(&self, oi: usize) -> Vec<Option<u64>> {
+        let trace = self.trace;
+        let Some(o) = trace.ops.get(oi) else {
+            return Vec::new();
+        };
+        let args = trace
+            .op_args
+            .tensors
+            .get(o.tensors.range())
+            .unwrap_or_default();
+        if !args
+            .iter()
+            .any(|a| a.list_index.is_some() && a.dtype.is_none())
+        {
+            return Vec::new();
+        }
+        let end = o.start.get().saturating_add(o.dur.get());
+        let mut children: Vec<(&[i64], u64)> = Vec::new();
+        let from = self.position.get(oi).map_or(usize::MAX, |p| p + 1);
+        for &j in self.order.get(from..).unwrap_or_default() {
+            let Some(c) = trace.ops.get(j) else { break };
+            if c.start.get() > end || children.len() >= 64 {
+                break;
+            }
+            if c.tid != o.tid {
+                continue;
+            }
+            for a in trace
+                .op_args
+                .tensors
+                .get(c.tensors.range())
+                .unwrap_or_default()
+            {
+                if let Some(size) = self.elsize(a) {
+                    children.push((trace.numbers(a.dims), size));
+                }
+            }
+        }
+        let elements: Vec<Option<&[i64]>> = args
+            .iter()
+            .map(|a| (a.list_index.is_some() && a.dtype.is_none()).then(|| trace.numbers(a.dims)))
+            .collect();
+        let concatenates = crate::trace::CONCATENATIONS.contains(&trace.name(o.name));
+        crate::trace::list_element_types(&elements, &children, concatenates)
+    }
+
     /// Matches the tensor arguments of op `oi` to the live blocks: the
     /// latest block of exactly the bytes it reads, else the smallest block
     /// larger than that and at most twice it (a slice reads less than its
@@ -549,8 +633,9 @@ impl<'a> Shapes<'a> {
             .unwrap_or(4);
         let name = self.trace.name(o.name);
         let weights = crate::trace::weight_args(name, name == "aten::addmm");
+        let listed = self.list_elsizes(oi);
         let mut used: Vec<usize> = Vec::new();
-        for ai in range {
+        for (k, ai) in range.enumerate() {
             let Some(a) = self.trace.op_args.tensors.get(ai) else {
                 continue;
             };
@@ -558,7 +643,11 @@ impl<'a> Shapes<'a> {
                 reads.push((oi, ai, Vec::new()));
                 continue;
             }
-            let extent = self.extent(a, self.elsize(a).unwrap_or(default_size));
+            let elsize = self
+                .elsize(a)
+                .or_else(|| listed.get(k).copied().flatten())
+                .unwrap_or(default_size);
+            let extent = self.extent(a, elsize);
             // Every live block the read may be (same-sized tensors cannot be
             // told apart), the latest last.
             let blocks: Vec<usize> = if extent == 0 {

@@ -34,6 +34,8 @@ pub mod work;
 
 pub use tokens::TokenFacts;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::diag::{Warned, Warning};
@@ -394,18 +396,148 @@ pub fn scale_within(
     rebuild_checked(traces, target)
 }
 
-/// Like [`scale_within`] with the work counted already (`counts`,
-/// [`count`]): for a caller that rebuilds one trace
-/// at several small targets.
-pub fn scale_counted(
-    traces: &[Trace],
-    target: &Target,
-    budget: work::Budget,
-    counts: &work::Counts,
-) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
-    validate(target)?;
-    work::check(counts, target, budget)?;
-    rebuild_checked(traces, target)
+/// Rebuilds of one job at several small targets whose work was counted
+/// already ([`count`]), each a [`scale_within`]: for a caller that derives
+/// a job from them. What the targets share is made once — the job at the
+/// length asked for, each depth's deeper trace and its calls of the model —
+/// so a grid of four token counts by four depths deepens four times, not
+/// sixteen.
+pub struct Rebuilds<'a> {
+    traces: &'a [Trace],
+    /// The traced generation's calls of the model (a token target's deeper
+    /// rebuild is checked against them).
+    traced_calls: Option<Vec<u32>>,
+    /// At a sequence length: the lengthened trace, with its warnings.
+    lengthened: BTreeMap<u32, Made<LengthFacts>>,
+    /// At a (length, depth): the deeper trace, its warnings and its calls.
+    deep: BTreeMap<(Option<u32>, u32), Deep>,
+}
+
+/// A deeper trace made once, and its calls of the model per generation
+/// (found when a token target first asks).
+type Deep = (Made<DepthFacts>, Option<Vec<u32>>);
+
+/// A trace made once, its facts and the warnings making it gave.
+type Made<F> = (Trace, F, Vec<Warning>);
+
+impl<'a> Rebuilds<'a> {
+    /// Rebuilds of `traces`.
+    pub fn new(traces: &'a [Trace]) -> Rebuilds<'a> {
+        Rebuilds {
+            traces,
+            traced_calls: None,
+            lengthened: BTreeMap::new(),
+            deep: BTreeMap::new(),
+        }
+    }
+
+    /// The traces it rebuilds.
+    pub fn traces(&self) -> &'a [Trace] {
+        self.traces
+    }
+
+    /// The job at `target` within `budget`, the work of `traces` counted
+    /// as `counts` ([`count`]): what [`scale_within`] gives.
+    pub fn rebuild(
+        &mut self,
+        target: &Target,
+        budget: work::Budget,
+        counts: &work::Counts,
+    ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
+        validate(target)?;
+        work::check(counts, target, budget)?;
+        self.make(target)
+    }
+
+    /// The job at `target`, its work checked.
+    fn make(&mut self, target: &Target) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
+        let Some(first) = self.traces.first() else {
+            return Err(ScaleError::SeveralWithoutLength);
+        };
+        let mut warnings = Vec::new();
+        let mut facts = ScaleFacts::default();
+        // The generation lengthened is the traced one, as the work check
+        // counted it: a deeper rebuild must not make one (a cut trace's
+        // block frames without a parent read as calls of the model).
+        if target.new_tokens.is_some() && self.traced_calls.is_none() {
+            self.traced_calls = Some(calls_per_generation(first)?);
+        }
+        // Several traces are of one job at several lengths: refused
+        // without a length to fit them at (as `at_length` refuses).
+        if target.seq_len.is_none() && self.traces.len() > 1 {
+            return Err(ScaleError::SeveralWithoutLength);
+        }
+        if let Some(len) = target.seq_len {
+            if !self.lengthened.contains_key(&len) {
+                let mut w = Vec::new();
+                if let Some((trace, f)) = at_length(self.traces, target, &mut w)? {
+                    self.lengthened.insert(len, (trace, f, w));
+                }
+            }
+        }
+        let lengthened = target.seq_len.and_then(|len| self.lengthened.get(&len));
+        if let Some((_, f, w)) = lengthened {
+            facts.length = Some(f.clone());
+            warnings.extend(w.iter().cloned());
+        }
+        let base = lengthened.map_or(first, |(trace, _, _)| trace);
+        let out: &Trace = match target.layers {
+            Some(layers) => {
+                let ((trace, f, w), calls) = match self.deep.entry((target.seq_len, layers)) {
+                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        let mut w = Vec::new();
+                        let (trace, f) = depth::deepen(base, layers, &mut w)?;
+                        v.insert(((trace, f, w), None))
+                    }
+                };
+                facts.depth = Some(f.clone());
+                warnings.extend(w.iter().cloned());
+                if let Some(traced) = self
+                    .traced_calls
+                    .as_ref()
+                    .filter(|_| target.new_tokens.is_some())
+                {
+                    // Nor change it: more blocks add ops inside each call,
+                    // never calls (a frame whose parent is missing read as
+                    // a call of the model, and the deeper rebuild,
+                    // renumbering frames, read the calls around it instead:
+                    // a fuzzed trace predicted 5,294 events and rebuilt
+                    // 27,702).
+                    let rebuilt = match calls {
+                        Some(c) => c.clone(),
+                        None => {
+                            let c = calls_per_generation(trace)?;
+                            *calls = Some(c.clone());
+                            c
+                        }
+                    };
+                    if &rebuilt != traced {
+                        return Err(ScaleError::StepsDiffer(format!(
+                            "with more blocks its calls of the model are not the traced ones ({traced:?} per generation traced, {rebuilt:?} rebuilt: a module frame whose parent is missing reads as a call)"
+                        )));
+                    }
+                }
+                trace
+            }
+            None => base,
+        };
+        let out = match target.new_tokens {
+            Some(n) => {
+                let (trace, f) = tokens::extend(out, n)?;
+                facts.tokens = Some(f);
+                trace
+            }
+            None => out.clone(),
+        };
+        if !facts.is_empty() {
+            warnings.push(Warning::new("scaled", describe(&facts)));
+        }
+        Ok(Warned {
+            value: (out, facts),
+            warnings,
+        })
+    }
 }
 
 /// The calls of the model each generation of `trace` makes.
@@ -421,59 +553,7 @@ fn rebuild_checked(
     traces: &[Trace],
     target: &Target,
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
-    let mut warnings = Vec::new();
-    let mut facts = ScaleFacts::default();
-    let Some(first) = traces.first() else {
-        return Err(ScaleError::SeveralWithoutLength);
-    };
-    // The generation lengthened is the traced one, as the work check
-    // counted it: a deeper rebuild must not make one (a cut trace's block
-    // frames without a parent read as calls of the model).
-    let traced_calls = match target.new_tokens {
-        Some(_) => Some(calls_per_generation(first)?),
-        None => None,
-    };
-    let lengthened = at_length(traces, target, &mut warnings)?.map(|(trace, f)| {
-        facts.length = Some(f);
-        trace
-    });
-    let base = lengthened.as_ref().unwrap_or(first);
-    let out = match target.layers {
-        Some(layers) => {
-            let (trace, f) = depth::deepen(base, layers, &mut warnings)?;
-            facts.depth = Some(f);
-            trace
-        }
-        None => lengthened.unwrap_or_else(|| first.clone()),
-    };
-    let out = match target.new_tokens {
-        Some(n) => {
-            // Nor change it: more blocks add ops inside each call, never
-            // calls (a frame whose parent is missing read as a call of the
-            // model, and the deeper rebuild, renumbering frames, read the
-            // calls around it instead: a fuzzed trace predicted 5,294 events
-            // and rebuilt 27,702).
-            if let Some(traced) = traced_calls.filter(|_| target.layers.is_some()) {
-                let rebuilt = calls_per_generation(&out)?;
-                if rebuilt != traced {
-                    return Err(ScaleError::StepsDiffer(format!(
-                        "with more blocks its calls of the model are not the traced ones ({traced:?} per generation traced, {rebuilt:?} rebuilt: a module frame whose parent is missing reads as a call)"
-                    )));
-                }
-            }
-            let (trace, f) = tokens::extend(&out, n)?;
-            facts.tokens = Some(f);
-            trace
-        }
-        None => out,
-    };
-    if !facts.is_empty() {
-        warnings.push(Warning::new("scaled", describe(&facts)));
-    }
-    Ok(Warned {
-        value: (out, facts),
-        warnings,
-    })
+    Rebuilds::new(traces).make(target)
 }
 
 /// One sentence on what was rebuilt, for the report's warnings.

@@ -700,3 +700,91 @@ mod hostile {
         }
     }
 }
+
+/// An embedding `h` [2, T, 8] read as query, key and value by an attention
+/// call on the math path, which makes its causal mask inside:
+/// `ones(T, T)` (bool), then `tril` of it, which `all` reads.
+fn masked_attention(t: i64) -> Trace {
+    let d = 8;
+    let bytes = 2 * t * d * 4;
+    let qkv = format!("[[2, {t}, {d}], [2, {t}, {d}], [2, {t}, {d}]]");
+    let floats = r#"["float", "float", "float"]"#;
+    let ev = [
+        call(
+            "aten::embedding",
+            10.0,
+            5.0,
+            &format!("[[100, {d}], [2, {t}]]"),
+            r#"["float", "long int"]"#,
+            None,
+        ),
+        mem(11.0, 1, bytes),
+        call(
+            "aten::scaled_dot_product_attention",
+            20.0,
+            50.0,
+            &qkv,
+            floats,
+            None,
+        ),
+        call(
+            "aten::_scaled_dot_product_attention_math",
+            21.0,
+            48.0,
+            &qkv,
+            floats,
+            None,
+        ),
+        call(
+            "aten::ones",
+            22.0,
+            4.0,
+            "[[], [], [], [], []]",
+            r#"["ScalarList", "ScalarType", "", "", ""]"#,
+            None,
+        ),
+        call(
+            "aten::empty",
+            23.0,
+            1.0,
+            "[[], [], [], [], [], []]",
+            r#"["ScalarList", "ScalarType", "", "", "", ""]"#,
+            None,
+        ),
+        mem(23.5, 2, t * t),
+        call(
+            "aten::tril",
+            30.0,
+            4.0,
+            &format!("[[{t}, {t}], []]"),
+            r#"["bool", "Scalar"]"#,
+            None,
+        ),
+        mem(31.0, 3, t * t),
+        mem(35.0, 2, -t * t),
+        mem(60.0, 4, bytes),
+        call(
+            "aten::all",
+            62.0,
+            1.0,
+            &format!("[[{t}, {t}]]"),
+            r#"["bool"]"#,
+            None,
+        ),
+        mem(65.0, 3, -t * t),
+        mem(80.0, 4, -bytes),
+        mem(81.0, 1, -bytes),
+    ];
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    crate::trace::parse(text.as_bytes()).unwrap().value
+}
+
+#[test]
+fn a_factory_inside_an_attention_call_is_sized_by_its_readers() {
+    // The causal mask the math path makes inside the attention call reads
+    // nothing: taken for the kernel's output, it was bounded by the query's
+    // length (T), where `tril` reads it as [T, T].
+    let (scaled, facts) = lengthen(&masked_attention(16), 64);
+    assert_eq!(pattern(&scaled), pattern(&masked_attention(64)));
+    assert_eq!(facts.quadratic, 2);
+}

@@ -23,6 +23,8 @@ mod checkpoint;
 pub use checkpoint::{reentrant_checkpoint_inputs, CHECKPOINT_BACKWARD};
 mod capture;
 pub use capture::{Capture, CAPTURE_SCHEMA};
+mod lists;
+pub use lists::{list_element_types, CONCATENATIONS};
 mod loose;
 mod signatures;
 pub use signatures::{quant_state_args, weight_args, ACCUMULATE_GRAD};
