@@ -161,8 +161,6 @@ struct Shapes<'a> {
     ambiguous: bool,
     /// Op indices by start (longer first).
     order: Vec<usize>,
-    /// Each op's place in `order`.
-    position: Vec<usize>,
     /// Data loader spans.
     loader: Vec<(i64, i64)>,
 }
@@ -176,12 +174,6 @@ impl<'a> Shapes<'a> {
                 .get(i)
                 .map(|o| (o.start, std::cmp::Reverse(o.dur)))
         });
-        let mut position = vec![usize::MAX; order.len()];
-        for (p, &i) in order.iter().enumerate() {
-            if let Some(slot) = position.get_mut(i) {
-                *slot = p;
-            }
-        }
         let loader = loader_spans(trace);
         Shapes {
             trace,
@@ -189,7 +181,6 @@ impl<'a> Shapes<'a> {
             batch,
             ambiguous: false,
             order,
-            position,
             loader,
         }
     }
@@ -559,55 +550,6 @@ impl<'a> Shapes<'a> {
         }
     }
 
-    /// The element size of each tensor argument of op `oi` that is a
-    /// tensor-list element without a recorded dtype, from the op's
-    /// children ([`crate::trace::list_element_types`]; `None` elsewhere).
-    fn list_elsizes(&self, oi: usize) -> Vec<Option<u64>> {
-        let trace = self.trace;
-        let Some(o) = trace.ops.get(oi) else {
-            return Vec::new();
-        };
-        let args = trace
-            .op_args
-            .tensors
-            .get(o.tensors.range())
-            .unwrap_or_default();
-        if !args
-            .iter()
-            .any(|a| a.list_index.is_some() && a.dtype.is_none())
-        {
-            return Vec::new();
-        }
-        let end = o.start.get().saturating_add(o.dur.get());
-        let mut children: Vec<(&[i64], u64)> = Vec::new();
-        let from = self.position.get(oi).map_or(usize::MAX, |p| p + 1);
-        for &j in self.order.get(from..).unwrap_or_default() {
-            let Some(c) = trace.ops.get(j) else { break };
-            if c.start.get() > end || children.len() >= 64 {
-                break;
-            }
-            if c.tid != o.tid {
-                continue;
-            }
-            for a in trace
-                .op_args
-                .tensors
-                .get(c.tensors.range())
-                .unwrap_or_default()
-            {
-                if let Some(size) = self.elsize(a) {
-                    children.push((trace.numbers(a.dims), size));
-                }
-            }
-        }
-        let elements: Vec<Option<&[i64]>> = args
-            .iter()
-            .map(|a| (a.list_index.is_some() && a.dtype.is_none()).then(|| trace.numbers(a.dims)))
-            .collect();
-        let concatenates = crate::trace::CONCATENATIONS.contains(&trace.name(o.name));
-        crate::trace::list_element_types(&elements, &children, concatenates)
-    }
-
     /// Matches the tensor arguments of op `oi` to the live blocks: the
     /// latest block of exactly the bytes it reads, else the smallest block
     /// larger than that and at most twice it (a slice reads less than its
@@ -633,9 +575,8 @@ impl<'a> Shapes<'a> {
             .unwrap_or(4);
         let name = self.trace.name(o.name);
         let weights = crate::trace::weight_args(name, name == "aten::addmm");
-        let listed = self.list_elsizes(oi);
         let mut used: Vec<usize> = Vec::new();
-        for (k, ai) in range.enumerate() {
+        for ai in range {
             let Some(a) = self.trace.op_args.tensors.get(ai) else {
                 continue;
             };
@@ -643,11 +584,7 @@ impl<'a> Shapes<'a> {
                 reads.push((oi, ai, Vec::new()));
                 continue;
             }
-            let elsize = self
-                .elsize(a)
-                .or_else(|| listed.get(k).copied().flatten())
-                .unwrap_or(default_size);
-            let extent = self.extent(a, elsize);
+            let extent = self.extent(a, self.elsize(a).unwrap_or(default_size));
             // Every live block the read may be (same-sized tensors cannot be
             // told apart), the latest last.
             let blocks: Vec<usize> = if extent == 0 {
