@@ -369,6 +369,6 @@ fn held_whole(
         }
     }
     // Not kept among the shared rebuilds: a job this deep is held once.
-    let mut alone = scale::Rebuilds::new(rebuilds.traces());
+    let mut alone = scale::Rebuilds::once(rebuilds.traces());
     rebuild(&mut alone, warnings, config, counts, cell)
 }

@@ -411,6 +411,9 @@ pub struct Rebuilds<'a> {
     lengthened: BTreeMap<u32, Made<LengthFacts>>,
     /// At a (length, depth): the deeper trace, its warnings and its calls.
     deep: BTreeMap<(Option<u32>, u32), Deep>,
+    /// Whether what it makes is kept for later targets; else the trace
+    /// asked for is handed over, not copied.
+    keep: bool,
 }
 
 /// A deeper trace made once, and its calls of the model per generation
@@ -428,6 +431,34 @@ impl<'a> Rebuilds<'a> {
             traced_calls: None,
             lengthened: BTreeMap::new(),
             deep: BTreeMap::new(),
+            keep: true,
+        }
+    }
+
+    /// One rebuild of `traces`: nothing is kept, so a job rebuilt whole is
+    /// never held twice.
+    pub fn once(traces: &'a [Trace]) -> Rebuilds<'a> {
+        Rebuilds {
+            keep: false,
+            ..Rebuilds::new(traces)
+        }
+    }
+
+    /// The trace made for a depth (`deep`) or else a length (`len`): a copy
+    /// where it is kept, else the trace itself.
+    fn take(&mut self, deep: Option<(Option<u32>, u32)>, len: Option<u32>) -> Option<Trace> {
+        if let Some(key) = deep {
+            return if self.keep {
+                self.deep.get(&key).map(|((trace, _, _), _)| trace.clone())
+            } else {
+                self.deep.remove(&key).map(|((trace, _, _), _)| trace)
+            };
+        }
+        let len = len?;
+        if self.keep {
+            self.lengthened.get(&len).map(|(trace, _, _)| trace.clone())
+        } else {
+            self.lengthened.remove(&len).map(|(trace, _, _)| trace)
         }
     }
 
@@ -528,7 +559,11 @@ impl<'a> Rebuilds<'a> {
                 facts.tokens = Some(f);
                 trace
             }
-            None => out.clone(),
+            None => {
+                let deep = target.layers.map(|layers| (target.seq_len, layers));
+                self.take(deep, target.seq_len)
+                    .unwrap_or_else(|| first.clone())
+            }
         };
         if !facts.is_empty() {
             warnings.push(Warning::new("scaled", describe(&facts)));
@@ -553,7 +588,7 @@ fn rebuild_checked(
     traces: &[Trace],
     target: &Target,
 ) -> Result<Warned<(Trace, ScaleFacts)>, ScaleError> {
-    Rebuilds::new(traces).make(target)
+    Rebuilds::once(traces).make(target)
 }
 
 /// One sentence on what was rebuilt, for the report's warnings.
