@@ -94,15 +94,8 @@ pub(super) fn prepare(
                 },
                 other => other,
             })?;
-            let mut rebuilds = scale::Rebuilds::new(traces);
-            let derived = Derivation::in_dim(
-                &mut rebuilds,
-                warnings,
-                config,
-                &counts,
-                Dim::Tokens,
-                progress,
-            )?;
+            let derived =
+                Derivation::from_traces(traces, warnings, config, &counts, Dim::Tokens, progress)?;
             return Ok(derived.and_then(|d| d.prepared(asked)));
         }
     }
@@ -112,15 +105,7 @@ pub(super) fn prepare(
     if events(layers, tokens) <= rebuilds(&|t| (first_layers + t, tokens)) {
         return Ok(None);
     }
-    let mut rebuilds = scale::Rebuilds::new(traces);
-    let derived = Derivation::in_dim(
-        &mut rebuilds,
-        warnings,
-        config,
-        &counts,
-        Dim::Depth,
-        progress,
-    )?;
+    let derived = Derivation::from_traces(traces, warnings, config, &counts, Dim::Depth, progress)?;
     Ok(derived.and_then(|d| d.prepared(layers)))
 }
 
@@ -165,15 +150,20 @@ impl Derivation {
             return Ok(None);
         }
         let counts = scale::count(traces, &config.scale);
+        Derivation::from_traces(traces, warnings, config, &counts, Dim::Tokens, progress)
+    }
+
+    /// [`Derivation::in_dim`] with rebuilds of its own.
+    fn from_traces(
+        traces: &[Trace],
+        warnings: &[Warning],
+        config: &Config,
+        counts: &Counts,
+        dim: Dim,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Option<Derivation>, Error> {
         let mut rebuilds = scale::Rebuilds::new(traces);
-        Derivation::in_dim(
-            &mut rebuilds,
-            warnings,
-            config,
-            &counts,
-            Dim::Tokens,
-            progress,
-        )
+        Derivation::in_dim(&mut rebuilds, warnings, config, counts, dim, progress)
     }
 
     /// Derives the job of `traces` that `config.scale` asks for in `dim`

@@ -161,6 +161,8 @@ struct Shapes<'a> {
     ambiguous: bool,
     /// Op indices by start (longer first).
     order: Vec<usize>,
+    /// Each op's place in `order`.
+    position: Vec<usize>,
     /// Data loader spans.
     loader: Vec<(i64, i64)>,
 }
@@ -174,6 +176,12 @@ impl<'a> Shapes<'a> {
                 .get(i)
                 .map(|o| (o.start, std::cmp::Reverse(o.dur)))
         });
+        let mut position = vec![usize::MAX; order.len()];
+        for (p, &i) in order.iter().enumerate() {
+            if let Some(slot) = position.get_mut(i) {
+                *slot = p;
+            }
+        }
         let loader = loader_spans(trace);
         Shapes {
             trace,
@@ -181,6 +189,7 @@ impl<'a> Shapes<'a> {
             batch,
             ambiguous: false,
             order,
+            position,
             loader,
         }
     }
@@ -311,13 +320,15 @@ impl<'a> Shapes<'a> {
             let step_end = steps.iter().map(|s| s.1).find(|&end| end > made);
             matches!((freed, step_end), (Some(f), Some(e)) if f < e)
         };
+        let is_accumulate = |op: usize| {
+            trace
+                .ops
+                .get(op)
+                .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD)
+        };
         let mut leaves: std::collections::HashSet<usize> = detached.iter().copied().collect();
         for (op, _, blocks) in &reads {
-            let accumulate = !leaves.contains(op)
-                && trace
-                    .ops
-                    .get(*op)
-                    .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD);
+            let accumulate = !leaves.contains(op) && is_accumulate(*op);
             // Of the same-sized blocks it may read, the gradient is the one
             // kept longest: `.grad` lives until zero_grad, an input's gradient
             // of the same size is freed in backward.
@@ -340,12 +351,14 @@ impl<'a> Shapes<'a> {
                 None => {}
             }
         }
-        let accumulates = |op: usize| {
-            !leaves.contains(&op)
-                && trace
-                    .ops
-                    .get(op)
-                    .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD)
+        let accumulates = |op: usize| !leaves.contains(&op) && is_accumulate(op);
+        // Scalars and empty tensors (`resize_` of a `[0]`) carry no size:
+        // an op reading only those is a factory.
+        let sized = |arg: usize| {
+            trace.op_args.tensors.get(arg).is_some_and(|a| {
+                let dims = trace.numbers(a.dims);
+                !dims.is_empty() && !dims.contains(&0)
+            })
         };
         let mut args_of: HashMap<usize, Vec<(usize, &[usize])>> = HashMap::new();
         for (op, arg, blocks) in &reads {
@@ -377,17 +390,10 @@ impl<'a> Shapes<'a> {
                 .iter()
                 .enumerate()
                 .filter_map(|(depth, &op)| {
-                    // Scalars and empty tensors (`resize_` of a `[0]`) carry
-                    // no size: an op reading only those is a factory.
                     let args: Vec<(usize, &[usize])> = args_of
                         .get(&op)?
                         .iter()
-                        .filter(|(arg, _)| {
-                            trace.op_args.tensors.get(*arg).is_some_and(|a| {
-                                let dims = trace.numbers(a.dims);
-                                !dims.is_empty() && !dims.contains(&0)
-                            })
-                        })
+                        .filter(|(arg, _)| sized(*arg))
                         .copied()
                         .collect();
                     if args.is_empty() {
@@ -436,14 +442,9 @@ impl<'a> Shapes<'a> {
                         let name = trace.name(o.name);
                         !ALLOCATES.contains(&name)
                             && !is_wrapper(name)
-                            && !args_of.get(&op).is_some_and(|a| {
-                                a.iter().any(|(arg, _)| {
-                                    trace.op_args.tensors.get(*arg).is_some_and(|a| {
-                                        let dims = trace.numbers(a.dims);
-                                        !dims.is_empty() && !dims.contains(&0)
-                                    })
-                                })
-                            })
+                            && !args_of
+                                .get(&op)
+                                .is_some_and(|a| a.iter().any(|(arg, _)| sized(*arg)))
                     })
                 })
             };
@@ -550,6 +551,55 @@ impl<'a> Shapes<'a> {
         }
     }
 
+    /// The element size of each tensor argument of op `oi` that is a
+    /// tensor-list element without a recorded dtype, from the op's
+    /// children ([`crate::trace::list_element_types`]; `None` elsewhere).
+    fn list_elsizes(&self, oi: usize) -> Vec<Option<u64>> {
+        let trace = self.trace;
+        let Some(o) = trace.ops.get(oi) else {
+            return Vec::new();
+        };
+        let args = trace
+            .op_args
+            .tensors
+            .get(o.tensors.range())
+            .unwrap_or_default();
+        if !args
+            .iter()
+            .any(|a| a.list_index.is_some() && a.dtype.is_none())
+        {
+            return Vec::new();
+        }
+        let end = o.start.get().saturating_add(o.dur.get());
+        let mut children: Vec<(&[i64], u64)> = Vec::new();
+        let from = self.position.get(oi).map_or(usize::MAX, |p| p + 1);
+        for &j in self.order.get(from..).unwrap_or_default() {
+            let Some(c) = trace.ops.get(j) else { break };
+            if c.start.get() > end || children.len() >= 64 {
+                break;
+            }
+            if c.tid != o.tid {
+                continue;
+            }
+            for a in trace
+                .op_args
+                .tensors
+                .get(c.tensors.range())
+                .unwrap_or_default()
+            {
+                if let Some(size) = self.elsize(a) {
+                    children.push((trace.numbers(a.dims), size));
+                }
+            }
+        }
+        let elements: Vec<Option<&[i64]>> = args
+            .iter()
+            .map(|a| (a.list_index.is_some() && a.dtype.is_none()).then(|| trace.numbers(a.dims)))
+            .collect();
+        let concatenates = crate::trace::CONCATENATIONS.contains(&trace.name(o.name));
+        crate::trace::list_element_types(&elements, &children, concatenates)
+    }
+
     /// Matches the tensor arguments of op `oi` to the live blocks: the
     /// latest block of exactly the bytes it reads, else the smallest block
     /// larger than that and at most twice it (a slice reads less than its
@@ -575,8 +625,9 @@ impl<'a> Shapes<'a> {
             .unwrap_or(4);
         let name = self.trace.name(o.name);
         let weights = crate::trace::weight_args(name, name == "aten::addmm");
+        let listed = self.list_elsizes(oi);
         let mut used: Vec<usize> = Vec::new();
-        for ai in range {
+        for (k, ai) in range.enumerate() {
             let Some(a) = self.trace.op_args.tensors.get(ai) else {
                 continue;
             };
@@ -584,7 +635,11 @@ impl<'a> Shapes<'a> {
                 reads.push((oi, ai, Vec::new()));
                 continue;
             }
-            let extent = self.extent(a, self.elsize(a).unwrap_or(default_size));
+            let elsize = self
+                .elsize(a)
+                .or_else(|| listed.get(k).copied().flatten())
+                .unwrap_or(default_size);
+            let extent = self.extent(a, elsize);
             // Every live block the read may be (same-sized tensors cannot be
             // told apart), the latest last.
             let blocks: Vec<usize> = if extent == 0 {
@@ -596,6 +651,23 @@ impl<'a> Shapes<'a> {
                     .find(|(_, v)| !v.is_empty())
                     .map(|(_, v)| v.clone())
                     .unwrap_or_default()
+            };
+            // The data loader reads the dataset's samples, from before the
+            // trace or made by the loader itself (its collate): never a
+            // block of the step (an optimizer state of a sample row's bytes
+            // twice over read as the row's storage kept it at its size).
+            let blocks = if self.in_loader(o.start.get()) {
+                blocks
+                    .into_iter()
+                    .filter(|&b| {
+                        self.trace
+                            .memory
+                            .get(b)
+                            .is_some_and(|m| self.in_loader(m.ts.get()))
+                    })
+                    .collect()
+            } else {
+                blocks
             };
             // The op's arguments are different tensors where the sizes allow:
             // each takes the latest block no earlier argument took (`p @ v`

@@ -1,7 +1,7 @@
 //! Tensor-list elements' types: the profiler records no dtype for the
 //! elements of a `TensorList` argument (`cat`'s, `stack`'s, `einsum`'s
 //! operands), so the op's children tell them. One rule, for every reader
-//! that sizes an element (`analyzer::resident`).
+//! that sizes an element (`analyzer::resident`, `scale::length`).
 
 /// Ops whose output is their tensor-list operands laid end to end.
 pub const CONCATENATIONS: [&str; 6] = [

@@ -139,3 +139,28 @@ fn an_input_set_to_require_grad_is_lengthened_as_the_activation_it_is() {
     }
     assert_eq!(lengthened.summary.n_parameters, full.summary.n_parameters);
 }
+
+#[test]
+fn a_bf16_job_lengthened_reads_its_lists_and_masks_as_the_longer_trace_does() {
+    // gpt2 under bf16 autocast: the cache's `cat((empty, key))` records no
+    // dtype for its operands; read as fp32, the bf16 key matched no block,
+    // was counted as a 288 KiB buffer, and every block after it kept its
+    // traced size (reserved -11.5 %). The math path's causal mask
+    // (`ones(T, T).tril()` inside the attention call) grows as T².
+    let short = "gpt2_bf16_adamw_bs2_seq48_L2";
+    let long = "gpt2_bf16_adamw_bs2_seq128_L2";
+    let full = estimate(long, None, None);
+    let lengthened = estimate(short, None, Some(128));
+    assert_eq!(lengthened.summary.buffer_bytes, full.summary.buffer_bytes);
+    let off = |a: u64, b: u64| 100.0 * (a as f64 - b as f64) / b as f64;
+    let reserved = off(
+        lengthened.peak.reserved_bytes.get(),
+        full.peak.reserved_bytes.get(),
+    );
+    assert!(reserved.abs() <= 0.5, "peak reserved {reserved:+.2} %");
+    let allocated = off(
+        lengthened.peak.allocated_bytes.get(),
+        full.peak.allocated_bytes.get(),
+    );
+    assert!(allocated.abs() <= 0.5, "peak allocated {allocated:+.2} %");
+}
