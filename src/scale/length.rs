@@ -23,14 +23,14 @@
 //! Every recorded dim, stride and view size of a block's readers is rescaled
 //! the same way, so the analyzer matches reads to the rebuilt blocks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::events::{base_total, pair, retotal};
-use super::rescale::{div_round, length_count, rebuild_inputs, Rescale};
-use super::shape::{loader_spans, optimizer_steps, traced_shape};
+use super::rescale::{div_round, length_count, rebuild_inputs, Rescale, Traced};
+use super::shape::{loader_spans, optimizer_steps, router_top_k, traced_shape};
 use super::{LengthFacts, ScaleError};
 use crate::diag::Warning;
-use crate::trace::{Dtype, TensorArg, Trace};
+use crate::trace::{Dtype, NameId, TensorArg, Trace};
 
 /// Names of ops whose output may grow as the sum of their inputs' powers.
 const PRODUCTS: &[&str] = &[
@@ -74,6 +74,14 @@ fn is_attention(name: &str) -> bool {
     name.to_ascii_lowercase().contains("attention")
 }
 
+/// bitsandbytes' kernels (`bitsandbytes::gemm_4bit`, `dequantize_4bit`,
+/// the int8 matmuls): on the CPU backend each runs ATen ops, and makes from
+/// the weight's state (its absmax, the dequantized weight) blocks the
+/// weight's size, beside its own output, the input's.
+fn is_quantized_kernel(name: &str) -> bool {
+    name.starts_with("bitsandbytes::")
+}
+
 fn is_product(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     PRODUCTS.iter().any(|p| lower.contains(p))
@@ -96,7 +104,12 @@ pub(super) fn lengthen(
     if t == len {
         return Ok((trace.clone(), facts));
     }
-    let mut shape = Shapes::new(trace, t, batch);
+    let traced = Traced {
+        t,
+        batch,
+        top_k: router_top_k(trace, t, batch),
+    };
+    let mut shape = Shapes::new(trace, traced);
     let powers = shape.powers();
     let mut out = trace.clone();
     let partner = pair(&trace.memory);
@@ -124,7 +137,7 @@ pub(super) fn lengthen(
     }
     retotal(&mut out.memory, base_total(&trace.memory));
     // Dims, strides and view sizes of every read, by the power of what it reads.
-    let to = Rescale { t, batch, len };
+    let to = Rescale { traced, len };
     for (arg_index, k) in &powers.args {
         let Some(arg) = trace.op_args.tensors.get(*arg_index).copied() else {
             continue;
@@ -146,6 +159,33 @@ pub(super) fn lengthen(
     Ok((out, facts))
 }
 
+/// The dims and dtype of every quantized weight the trace reads: the
+/// integer weight argument of a bitsandbytes kernel or autograd function
+/// (4-bit layers' packed bytes, `[in·out/2, 1]` uint8; LLM.int8()'s int8
+/// weight). Another op reading a tensor of those dims and that dtype (a
+/// `view` or `t()` of the weight on its way to the kernel) reads that
+/// weight, never a block of the step: at 48 tokens, batch 2, a
+/// `[2048·768/2, 1]` packed weight has the bytes of a `[2, 48, 2048]` fp32
+/// activation, and its view, read first, named that activation's dims.
+fn quantized_weights(trace: &Trace) -> HashSet<(&[i64], NameId)> {
+    let mut out = HashSet::new();
+    for o in &trace.ops {
+        let name = trace.name(o.name);
+        let weights = crate::trace::weight_args(name, false);
+        if !(is_quantized_kernel(name) || name.starts_with("MatMul")) || weights.is_empty() {
+            continue;
+        }
+        for a in trace.tensor_args(o) {
+            let Some(dtype) = a.dtype else { continue };
+            let integer = Dtype::from_name(trace.name(dtype)) == Some(Dtype::NonFloat);
+            if a.list_index.is_none() && integer && weights.contains(&a.position) {
+                out.insert((trace.numbers(a.dims), dtype));
+            }
+        }
+    }
+    out
+}
+
 /// The powers found: per allocation event, per tensor argument, per view op.
 struct Powers {
     block: HashMap<usize, u32>,
@@ -156,8 +196,7 @@ struct Powers {
 /// The reads of a trace matched to its blocks.
 struct Shapes<'a> {
     trace: &'a Trace,
-    t: u32,
-    batch: u32,
+    traced: Traced,
     ambiguous: bool,
     /// Op indices by start (longer first).
     order: Vec<usize>,
@@ -165,10 +204,12 @@ struct Shapes<'a> {
     position: Vec<usize>,
     /// Data loader spans.
     loader: Vec<(i64, i64)>,
+    /// The quantized weights' dims and dtypes ([`quantized_weights`]).
+    quantized: HashSet<(&'a [i64], NameId)>,
 }
 
 impl<'a> Shapes<'a> {
-    fn new(trace: &'a Trace, t: u32, batch: u32) -> Shapes<'a> {
+    fn new(trace: &'a Trace, traced: Traced) -> Shapes<'a> {
         let mut order: Vec<usize> = (0..trace.ops.len()).collect();
         order.sort_by_key(|&i| {
             trace
@@ -183,14 +224,15 @@ impl<'a> Shapes<'a> {
             }
         }
         let loader = loader_spans(trace);
+        let quantized = quantized_weights(trace);
         Shapes {
             trace,
-            t,
-            batch,
+            traced,
             ambiguous: false,
             order,
             position,
             loader,
+            quantized,
         }
     }
 
@@ -369,7 +411,7 @@ impl<'a> Shapes<'a> {
             // names the block's dims; later reads of a same-sized tensor may
             // be of another one.
             if let (Some(b), Some(a)) = (block, trace.op_args.tensors.get(arg)) {
-                let n = length_count(trace.numbers(a.dims), self.t, self.batch);
+                let n = length_count(trace.numbers(a.dims), self.traced);
                 upper.entry(b).or_insert(n);
             }
         }
@@ -421,14 +463,18 @@ impl<'a> Shapes<'a> {
                     let powers = args
                         .iter()
                         .map(|&(arg, b)| self.arg_power(arg, b, &block, o.start.get()));
+                    // Inside a kernel that runs ops, the innermost op made
+                    // the block (third field): an attention call's scores,
+                    // a quantized layer's dequantized state.
+                    let inside = is_quantized_kernel(name);
                     Some(if is_attention(name) {
                         // The kernel's outputs have the query's shape (or
                         // less: the log-sum-exp): no longer than its inputs.
                         (powers.max().unwrap_or(0), false, true, depth)
                     } else if is_product(name) {
-                        (powers.sum::<u32>(), true, false, depth)
+                        (powers.sum::<u32>(), true, inside, depth)
                     } else {
-                        (powers.max().unwrap_or(0), false, false, depth)
+                        (powers.max().unwrap_or(0), false, inside, depth)
                     })
                 })
                 .collect();
@@ -476,7 +522,7 @@ impl<'a> Shapes<'a> {
             }
             // A tensor of fewer bytes than T elements holds no length dim
             // (a loss, a norm's scalar), one of fewer than T² no two.
-            let t = u64::from(self.t);
+            let t = u64::from(self.traced.t);
             let size = m.bytes.unsigned_abs();
             let fits = u32::from(size >= t) + u32::from(size >= t.saturating_mul(t));
             block.insert(i, power.min(2).min(fits));
@@ -545,7 +591,7 @@ impl<'a> Shapes<'a> {
         };
         let integer = a.dtype.is_some() && !self.is_float(a);
         if integer || self.in_loader(ts) {
-            length_count(self.trace.numbers(a.dims), self.t, self.batch).min(2)
+            length_count(self.trace.numbers(a.dims), self.traced).min(2)
         } else {
             0
         }
@@ -625,13 +671,24 @@ impl<'a> Shapes<'a> {
             .unwrap_or(4);
         let name = self.trace.name(o.name);
         let weights = crate::trace::weight_args(name, name == "aten::addmm");
+        // A quantized weight's state (bitsandbytes' absmax and code) is the
+        // model's, made with the weight before the trace: never a block of
+        // the step, whatever its bytes match (a 4-bit layer's absmax taken
+        // for an activation made its `gemm_4bit` a product of two
+        // length-long inputs, and its output kept its traced size).
+        let state = crate::trace::quant_state_args(name);
         let listed = self.list_elsizes(oi);
         let mut used: Vec<usize> = Vec::new();
         for (k, ai) in range.enumerate() {
             let Some(a) = self.trace.op_args.tensors.get(ai) else {
                 continue;
             };
-            if a.list_index.is_none() && weights.contains(&a.position) {
+            let quantized = a
+                .dtype
+                .is_some_and(|d| self.quantized.contains(&(self.trace.numbers(a.dims), d)));
+            if a.list_index.is_none()
+                && (weights.contains(&a.position) || state.contains(&a.position) || quantized)
+            {
                 reads.push((oi, ai, Vec::new()));
                 continue;
             }

@@ -5,11 +5,37 @@
 
 use crate::trace::{Dtype, TensorArg, TensorInput, Trace};
 
-/// From the traced length `t` (and batch) to `len`.
+/// The traced length and the dims that hold it: T itself, the batch
+/// flattened with it (B·T) and, where a router sends each token to its
+/// top `k` experts, the routed rows gathered by expert (k·B·T: the
+/// grouped-GEMM path of a mixture of experts).
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Rescale {
+pub(super) struct Traced {
     pub t: u32,
     pub batch: u32,
+    /// The router's k (0 or 1: no routed rows beyond B·T).
+    pub top_k: u32,
+}
+
+impl Traced {
+    /// The flattened dims that hold the length once, longest first:
+    /// k·B·T, then B·T (with a batch).
+    fn flattened(self) -> impl Iterator<Item = i64> {
+        let bt = i64::from(self.t) * i64::from(self.batch);
+        let routed = (self.top_k > 1).then(|| bt * i64::from(self.top_k));
+        routed.into_iter().chain((self.batch > 1).then_some(bt))
+    }
+
+    /// Whether `d` holds the length.
+    fn holds(self, d: i64) -> bool {
+        d == i64::from(self.t) || self.flattened().any(|f| f == d)
+    }
+}
+
+/// From the traced length (and batch, and routing) to `len`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rescale {
+    pub traced: Traced,
     pub len: u32,
 }
 
@@ -18,14 +44,14 @@ impl Rescale {
     fn scale(self, d: i64) -> i64 {
         i64::try_from(div_round(
             i128::from(d) * i128::from(self.len),
-            i128::from(self.t),
+            i128::from(self.traced.t),
         ))
         .unwrap_or(d)
     }
 
     /// The positions of the `k` dims to rescale (see [`length_dims`]).
     fn dims(self, dims: &[i64], k: u32) -> Vec<usize> {
-        length_dims(dims, k, self.t, self.batch)
+        length_dims(dims, k, self.traced)
     }
 
     /// Rescales the first `k` length dims of a tensor argument and the
@@ -105,7 +131,11 @@ impl Rescale {
                 if !along {
                     return;
                 }
-                let longest = i64::from(self.t) * i64::from(self.batch);
+                let longest = self
+                    .traced
+                    .flattened()
+                    .max()
+                    .unwrap_or(i64::from(self.traced.t));
                 for c in sized.iter().filter_map(|&pos| at(pos)) {
                     for i in c.values.range() {
                         if let Some(slot) = numbers.get_mut(i) {
@@ -132,20 +162,20 @@ impl Rescale {
     }
 }
 
-/// The positions of the `k` dims to rescale: flattened batch × T dims
-/// first, then dims equal to T from the left (the length comes before a
-/// head's width in every layout PyTorch's attention uses).
-pub(super) fn length_dims(dims: &[i64], k: u32, t: u32, batch: u32) -> Vec<usize> {
-    let (t, bt) = (i64::from(t), i64::from(t) * i64::from(batch));
+/// The positions of the `k` dims to rescale: flattened dims first (routed
+/// rows, then batch × T), then dims equal to T from the left (the length
+/// comes before a head's width in every layout PyTorch's attention uses).
+pub(super) fn length_dims(dims: &[i64], k: u32, traced: Traced) -> Vec<usize> {
     let mut out: Vec<usize> = Vec::new();
-    if batch > 1 {
+    for f in traced.flattened() {
         out.extend(
             dims.iter()
                 .enumerate()
-                .filter(|(_, &d)| d == bt)
+                .filter(|(_, &d)| d == f)
                 .map(|(i, _)| i),
         );
     }
+    let t = i64::from(traced.t);
     out.extend(
         dims.iter()
             .enumerate()
@@ -157,12 +187,8 @@ pub(super) fn length_dims(dims: &[i64], k: u32, t: u32, batch: u32) -> Vec<usize
 }
 
 /// How many of `dims` are the length's.
-pub(super) fn length_count(dims: &[i64], t: u32, batch: u32) -> u32 {
-    let (t, bt) = (i64::from(t), i64::from(t) * i64::from(batch));
-    let n = dims
-        .iter()
-        .filter(|&&d| d == t || (batch > 1 && d == bt))
-        .count();
+pub(super) fn length_count(dims: &[i64], traced: Traced) -> u32 {
+    let n = dims.iter().filter(|&&d| traced.holds(d)).count();
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
@@ -228,12 +254,22 @@ mod tests {
 
     #[test]
     fn length_dims_prefer_the_flattened_batch_then_the_left() {
+        let traced = Traced {
+            t: 32,
+            batch: 4,
+            top_k: 0,
+        };
         // [B, H, T, D/2] at T = 32 = D/2: the length is the left 32.
-        assert_eq!(length_dims(&[4, 12, 32, 32], 1, 32, 4), [2]);
-        assert_eq!(length_dims(&[4, 12, 32, 32], 2, 32, 4), [2, 3]);
+        assert_eq!(length_dims(&[4, 12, 32, 32], 1, traced), [2]);
+        assert_eq!(length_dims(&[4, 12, 32, 32], 2, traced), [2, 3]);
         // [B·T, d]
-        assert_eq!(length_dims(&[128, 768], 1, 32, 4), [0]);
-        assert_eq!(length_count(&[4, 32, 768], 32, 4), 1);
-        assert_eq!(length_count(&[768, 768], 32, 4), 0);
+        assert_eq!(length_dims(&[128, 768], 1, traced), [0]);
+        assert_eq!(length_count(&[4, 32, 768], traced), 1);
+        assert_eq!(length_count(&[768, 768], traced), 0);
+        // Routed rows: k·B·T with a top-2 router, not without one.
+        assert_eq!(length_count(&[256, 768], traced), 0);
+        let routed = Traced { top_k: 2, ..traced };
+        assert_eq!(length_dims(&[256, 768], 1, routed), [0]);
+        assert_eq!(length_count(&[256, 768], routed), 1);
     }
 }

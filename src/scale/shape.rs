@@ -38,6 +38,31 @@ fn embedding_ids(trace: &Trace) -> Option<(u32, u32)> {
     Some((t, b.max(1)))
 }
 
+/// The k of a mixture of experts' router: the largest `topk(logits, k)`
+/// over `[B·T, experts]` (or `[T, experts]`) logits, where k > 1. Each token
+/// is sent to k experts, so the rows gathered by expert number k·B·T: they
+/// grow with the length as the tokens do (0 where no router shows).
+pub(super) fn router_top_k(trace: &Trace, t: u32, batch: u32) -> u32 {
+    let tokens = [i64::from(t) * i64::from(batch), i64::from(t)];
+    trace
+        .ops
+        .iter()
+        .filter(|o| trace.name(o.name) == "aten::topk")
+        .filter(|o| {
+            trace.tensor_args(o).first().is_some_and(|a| {
+                let dims = trace.numbers(a.dims);
+                dims.len() == 2 && dims.first().is_some_and(|d| tokens.contains(d))
+            })
+        })
+        .filter_map(|o| {
+            let k = trace.concrete_args(o).iter().find(|c| c.position == 1)?;
+            let k = *trace.numbers(k.values).first()?;
+            u32::try_from(k).ok().filter(|&k| (2..=64).contains(&k))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// The spans of the data loader's `__next__` annotations.
 pub(super) fn loader_spans(trace: &Trace) -> Vec<(i64, i64)> {
     trace

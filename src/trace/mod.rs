@@ -469,11 +469,14 @@ pub const ARGS_KEPT: ArgsKept = ArgsKept {
 /// `scaled_dot_product_attention` (query, key, value, attn_mask, dropout_p,
 /// is_causal, scale, enable_gqa): its dropout probability and causal flag
 /// choose the CUDA attention backend; `sum` and `mean` (self, dim, keepdim,
-/// dtype): the dims reduced size a CUDA reduction's global buffer.
+/// dtype): the dims reduced size a CUDA reduction's global buffer; `topk`
+/// (self, k, dim, largest, sorted): a mixture of experts' router's k, the
+/// experts each token is sent to (`--seq-len` grows the routed rows).
 pub const FLAG_OPS: &[&str] = &[
     "aten::scaled_dot_product_attention",
     "aten::sum",
     "aten::mean",
+    "aten::topk",
 ];
 
 /// The op names that return a view of (or the very tensor of) their first

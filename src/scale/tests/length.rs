@@ -445,3 +445,57 @@ fn a_factory_inside_an_attention_call_is_sized_by_its_readers() {
     assert_eq!(pattern(&scaled), pattern(&masked_attention(64)));
     assert_eq!(facts.quadratic, 2);
 }
+
+/// A 4-bit layer run as one kernel (no ATen ops inside it):
+/// `gemm_4bit(x, packed, shape, absmax, code)` on `relu(h)`, its absmax
+/// ([192] fp32) as many bytes as `h` at 12 tokens, while `h` is live.
+fn quantized_layer(t: i64) -> Trace {
+    let d = 8;
+    let bytes = 2 * t * d * 4;
+    let ev = [
+        embedding(10.0, t, d),
+        mem(11.0, 1, bytes),
+        call(
+            "aten::relu",
+            20.0,
+            5.0,
+            &format!("[[2, {t}, {d}]]"),
+            r#"["float"]"#,
+            None,
+        ),
+        mem(21.0, 2, bytes),
+        call(
+            "bitsandbytes::gemm_4bit",
+            30.0,
+            5.0,
+            &format!("[[2, {t}, {d}], [40, 1], [], [192], [16]]"),
+            r#"["float", "unsigned char", "ScalarList", "float", "float"]"#,
+            None,
+        ),
+        mem(31.0, 3, bytes),
+        call(
+            "aten::add",
+            40.0,
+            5.0,
+            &format!("[[2, {t}, {d}], [2, {t}, {d}], []]"),
+            r#"["float", "float", "Scalar"]"#,
+            None,
+        ),
+        mem(41.0, 4, bytes),
+        mem(50.0, 4, -bytes),
+        mem(51.0, 3, -bytes),
+        mem(52.0, 2, -bytes),
+        mem(53.0, 1, -bytes),
+    ];
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    crate::trace::parse(text.as_bytes()).unwrap().value
+}
+
+#[test]
+fn a_quantized_weights_state_is_never_a_block_of_the_step() {
+    // Read as `h`, the absmax made the kernel a product of two length-long
+    // inputs, contracting the length: its output kept its traced size.
+    let (scaled, facts) = lengthen(&quantized_layer(12), 64);
+    assert_eq!(pattern(&scaled), pattern(&quantized_layer(64)));
+    assert_eq!(facts.linear, 4);
+}
