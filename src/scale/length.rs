@@ -678,6 +678,7 @@ impl<'a> Shapes<'a> {
         // length-long inputs, and its output kept its traced size).
         let state = crate::trace::quant_state_args(name);
         let listed = self.list_elsizes(oi);
+        let in_loader = self.in_loader(o.start.get());
         let mut used: Vec<usize> = Vec::new();
         for (k, ai) in range.enumerate() {
             let Some(a) = self.trace.op_args.tensors.get(ai) else {
@@ -713,7 +714,7 @@ impl<'a> Shapes<'a> {
             // trace or made by the loader itself (its collate): never a
             // block of the step (an optimizer state of a sample row's bytes
             // twice over read as the row's storage kept it at its size).
-            let blocks = if self.in_loader(o.start.get()) {
+            let mut blocks = if in_loader {
                 blocks
                     .into_iter()
                     .filter(|&b| {
@@ -729,7 +730,6 @@ impl<'a> Shapes<'a> {
             // The op's arguments are different tensors where the sizes allow:
             // each takes the latest block no earlier argument took (`p @ v`
             // with p and v the same size reads both, not p twice).
-            let mut blocks = blocks;
             if let Some(pos) = blocks.iter().rposition(|b| !used.contains(b)) {
                 let chosen = blocks.remove(pos);
                 blocks.push(chosen);

@@ -14,6 +14,12 @@ fn mem(ts: f64, addr: u64, bytes: i64) -> String {
     )
 }
 
+/// The trace of `events`, as the profiler exports them.
+fn trace_of(events: &[String]) -> Trace {
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, events.join(",\n"));
+    crate::trace::parse(text.as_bytes()).unwrap().value
+}
+
 fn frame(name: &str, ts: f64, dur: f64, id: i64, parent: i64) -> String {
     format!(
         r#"{{"ph": "X", "cat": "python_function", "name": "{name}", "ts": {ts}, "dur": {dur}, "args": {{"Python id": {id}, "Python parent id": {parent}}}}}"#
@@ -154,8 +160,7 @@ fn stack(n: u32, train: bool, cache: bool) -> Trace {
             ));
         }
     }
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    crate::trace::parse(text.as_bytes()).unwrap().value
+    trace_of(&ev)
 }
 
 /// Each `[memory]` event as (bytes, how many events later its free comes,

@@ -35,6 +35,40 @@ fn estimate(name: &str, layers: Option<u32>, seq_len: Option<u32>) -> Report {
     crate::common::estimate_file(&path(&format!("{name}.json.gz")), &settings)
 }
 
+/// How far `a` is off `b`, in percent.
+fn off(a: u64, b: u64) -> f64 {
+    100.0 * (a as f64 - b as f64) / (b as f64).max(1.0)
+}
+
+/// The trace `short` asked for at `len` tokens beside the trace `long`
+/// made at that length: both reports, and how far the first's peak
+/// reserved and allocated are off the second's, in percent.
+struct Lengthened {
+    lengthened: Report,
+    full: Report,
+    reserved: f64,
+    allocated: f64,
+}
+
+fn lengthened_beside(short: &str, long: &str, len: u32) -> Lengthened {
+    let full = estimate(long, None, None);
+    let lengthened = estimate(short, None, Some(len));
+    let reserved = off(
+        lengthened.peak.reserved_bytes.get(),
+        full.peak.reserved_bytes.get(),
+    );
+    let allocated = off(
+        lengthened.peak.allocated_bytes.get(),
+        full.peak.allocated_bytes.get(),
+    );
+    Lengthened {
+        lengthened,
+        full,
+        reserved,
+        allocated,
+    }
+}
+
 #[test]
 fn reentrant_jobs_rebuilt_in_depth_and_length_are_the_deeper_longer_traces() {
     for (short, long) in [
@@ -109,7 +143,7 @@ fn an_input_set_to_require_grad_is_lengthened_as_the_activation_it_is() {
     let full = estimate(long, None, None);
     let lengthened = estimate(short, None, Some(128));
     let near = |what: &str, a: u64, b: u64| {
-        let off = 100.0 * (a as f64 - b as f64) / (b as f64).max(1.0);
+        let off = off(a, b);
         assert!(off.abs() <= 0.5, "{what}: {a} vs {b} ({off:+.2} %)");
     };
     near(
@@ -147,21 +181,18 @@ fn a_bf16_job_lengthened_reads_its_lists_and_masks_as_the_longer_trace_does() {
     // was counted as a 288 KiB buffer, and every block after it kept its
     // traced size (reserved -11.5 %). The math path's causal mask
     // (`ones(T, T).tril()` inside the attention call) grows as T².
-    let short = "gpt2_bf16_adamw_bs2_seq48_L2";
-    let long = "gpt2_bf16_adamw_bs2_seq128_L2";
-    let full = estimate(long, None, None);
-    let lengthened = estimate(short, None, Some(128));
+    let Lengthened {
+        lengthened,
+        full,
+        reserved,
+        allocated,
+    } = lengthened_beside(
+        "gpt2_bf16_adamw_bs2_seq48_L2",
+        "gpt2_bf16_adamw_bs2_seq128_L2",
+        128,
+    );
     assert_eq!(lengthened.summary.buffer_bytes, full.summary.buffer_bytes);
-    let off = |a: u64, b: u64| 100.0 * (a as f64 - b as f64) / b as f64;
-    let reserved = off(
-        lengthened.peak.reserved_bytes.get(),
-        full.peak.reserved_bytes.get(),
-    );
     assert!(reserved.abs() <= 0.5, "peak reserved {reserved:+.2} %");
-    let allocated = off(
-        lengthened.peak.allocated_bytes.get(),
-        full.peak.allocated_bytes.get(),
-    );
     assert!(allocated.abs() <= 0.5, "peak allocated {allocated:+.2} %");
 }
 
@@ -171,20 +202,17 @@ fn a_mixture_of_experts_lengthened_grows_its_routed_rows_as_the_tokens() {
     // sorted by expert: [k·B·T, d] = [192, 256] at 48 tokens, batch 2. Not
     // read as the length (neither T nor B·T), the experts' activations kept
     // their traced size (reserved -0.82 %, activations at the peak -50 %).
-    let short = "mixtral-small_adamw_bs2_seq48_L2";
-    let long = "mixtral-small_adamw_bs2_seq128_L2";
-    let full = estimate(long, None, None);
-    let lengthened = estimate(short, None, Some(128));
-    let off = |a: u64, b: u64| 100.0 * (a as f64 - b as f64) / b as f64;
-    let reserved = off(
-        lengthened.peak.reserved_bytes.get(),
-        full.peak.reserved_bytes.get(),
+    let Lengthened {
+        lengthened,
+        full,
+        reserved,
+        allocated,
+    } = lengthened_beside(
+        "mixtral-small_adamw_bs2_seq48_L2",
+        "mixtral-small_adamw_bs2_seq128_L2",
+        128,
     );
     assert!(reserved.abs() <= 0.5, "peak reserved {reserved:+.2} %");
-    let allocated = off(
-        lengthened.peak.allocated_bytes.get(),
-        full.peak.allocated_bytes.get(),
-    );
     assert!(allocated.abs() <= 0.5, "peak allocated {allocated:+.2} %");
     assert_eq!(lengthened.summary.n_parameters, full.summary.n_parameters);
 }
@@ -198,22 +226,19 @@ fn a_qlora_job_lengthened_where_activations_have_its_packed_weights_bytes() {
     // absmax read as an activation made `gemm_4bit` a product of two
     // length-long inputs, and what the kernel dequantized from the state
     // grew with the length: reserved -5.26 % from 48 tokens to 128.
-    let short = "llama-small_qlora_ckpt_bs2_seq48_L2";
-    let long = "llama-small_qlora_ckpt_bs2_seq128_L2";
-    let full = estimate(long, None, None);
-    let lengthened = estimate(short, None, Some(128));
-    let off = |a: u64, b: u64| 100.0 * (a as f64 - b as f64) / b as f64;
-    let allocated = off(
-        lengthened.peak.allocated_bytes.get(),
-        full.peak.allocated_bytes.get(),
+    let Lengthened {
+        lengthened,
+        full,
+        reserved,
+        allocated,
+    } = lengthened_beside(
+        "llama-small_qlora_ckpt_bs2_seq48_L2",
+        "llama-small_qlora_ckpt_bs2_seq128_L2",
+        128,
     );
     assert!(allocated.abs() <= 0.1, "peak allocated {allocated:+.2} %");
     // CPU kernels' scratch inside the 4-bit kernels grows as T here and
     // affinely there: the segments differ by one small block.
-    let reserved = off(
-        lengthened.peak.reserved_bytes.get(),
-        full.peak.reserved_bytes.get(),
-    );
     assert!(reserved.abs() <= 1.0, "peak reserved {reserved:+.2} %");
     assert_eq!(lengthened.summary.n_parameters, full.summary.n_parameters);
 }

@@ -126,8 +126,7 @@ fn attention_in(t: i64, d: i64, wrapper: Option<&str>) -> Trace {
     ev.push(mem(end + 10.0, 6, -tensor(&[2, t, t])));
     ev.push(mem(end + 11.0, 7, -tensor(&[2, t, d])));
     ev.push(mem(end + 12.0, 8, -4));
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    crate::trace::parse(text.as_bytes()).unwrap().value
+    trace_of(&ev)
 }
 
 fn lengthen(trace: &Trace, len: u32) -> (Trace, LengthFacts) {
@@ -219,8 +218,7 @@ fn select_backward(t: i64) -> Trace {
         mem(62.0, 2, -2 * d * 4),
         mem(63.0, 1, -bytes),
     ];
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    crate::trace::parse(text.as_bytes()).unwrap().value
+    trace_of(&ev)
 }
 
 #[test]
@@ -259,8 +257,7 @@ fn concatenation(t: i64) -> Trace {
         mem(41.0, 2, -32 * d * 4),
         mem(42.0, 1, -bytes),
     ];
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    crate::trace::parse(text.as_bytes()).unwrap().value
+    trace_of(&ev)
 }
 
 #[test]
@@ -323,8 +320,7 @@ fn loader_batch(t: i64) -> Trace {
         mem(61.0, 1, -2 * t * 8),
         mem(62.0, 9, -256),
     ];
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    crate::trace::parse(text.as_bytes()).unwrap().value
+    trace_of(&ev)
 }
 
 #[test]
@@ -432,8 +428,7 @@ fn masked_attention(t: i64) -> Trace {
         mem(80.0, 4, -bytes),
         mem(81.0, 1, -bytes),
     ];
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    crate::trace::parse(text.as_bytes()).unwrap().value
+    trace_of(&ev)
 }
 
 #[test]
@@ -487,8 +482,7 @@ fn quantized_layer(t: i64) -> Trace {
         mem(52.0, 2, -bytes),
         mem(53.0, 1, -bytes),
     ];
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    crate::trace::parse(text.as_bytes()).unwrap().value
+    trace_of(&ev)
 }
 
 #[test]
