@@ -16,7 +16,13 @@
 //!   was; a tensor the template frees that came from the block above it in
 //!   backward (the gradient of its output) comes from the copy above; a
 //!   tensor every block keeps (a KV-cache entry, a gradient, a cast weight)
-//!   is kept by every copy and freed where the template's is.
+//!   is kept by every copy and freed where the template's is. The gradient
+//!   of a tensor every block reads (a decoder's encoder output) is summed
+//!   out of place once, by the first block backward runs, and in place by
+//!   every later one (`InputBuffer::accumulate`): where the template makes
+//!   such a sum and the predecessor does not, the earliest copy makes it and
+//!   the others add in place, freeing their first contribution as it
+//!   arrives.
 //! - Module frames are renumbered as the profiler numbers a deeper model's
 //!   (per class, in call order), autograd sequence numbers follow call
 //!   order, so the analyzer finds each copy's parameters (its `AccumulateGrad`
@@ -324,6 +330,60 @@ impl<'a> Links<'a> {
         part.events.get(t).copied()
     }
 
+    /// The template's backward allocations that add two gradient
+    /// contributions out of place (`engine_accumulations`) where the
+    /// predecessor, which runs after it, makes none at the aligned place.
+    fn first_accumulations(&self) -> BTreeSet<usize> {
+        let backward = || self.parts.iter().filter(|p| p.kind == Kind::Backward);
+        let accumulations = engine_accumulations(
+            self.trace,
+            backward()
+                .flat_map(|p| p.events.iter().chain(&p.pred).copied())
+                .filter(|&e| self.is_alloc(e)),
+        );
+        backward()
+            .flat_map(|p| {
+                p.events.iter().enumerate().filter_map(|(pos, &e)| {
+                    let twin = p
+                        .t2p
+                        .get(pos)
+                        .copied()
+                        .flatten()
+                        .and_then(|q| p.pred.get(q));
+                    (accumulations.contains(&e) && !twin.is_some_and(|t| accumulations.contains(t)))
+                        .then_some(e)
+                })
+            })
+            .collect()
+    }
+
+    /// For the out-of-place accumulation at position `pos` of part `pi`:
+    /// the free of its first operand (the first free after it, in the
+    /// same engine call), that operand's allocation in the same part, and
+    /// the end of the engine call that made it.
+    fn first_contribution(&self, pi: usize, pos: usize) -> Option<(usize, usize, i64)> {
+        let part = self.parts.get(pi)?;
+        let &a = part.events.get(pos)?;
+        let call = engine_call(self.trace, a)?;
+        let free = part
+            .events
+            .iter()
+            .skip(pos + 1)
+            .copied()
+            .take_while(|&e| {
+                self.trace
+                    .memory
+                    .get(e)
+                    .is_some_and(|m| m.ts.get() <= call.1)
+            })
+            .find(|&e| !self.is_alloc(e))?;
+        let alloc = self.partner(free)?;
+        if !part.events.contains(&alloc) {
+            return None;
+        }
+        Some((free, alloc, engine_call(self.trace, alloc)?.1))
+    }
+
     /// The copies of every part and the address of every template event in
     /// every copy, by how the block's tensors cross blocks:
     /// - freed in a part of the same block (a temporary, a saved
@@ -366,6 +426,7 @@ impl<'a> Links<'a> {
                     .map(move |(pos, &e)| (pi, pos, e))
             })
             .collect();
+        let first_only = self.first_accumulations();
         for &(pi, pos, a) in &template {
             if !self.is_alloc(a) {
                 continue;
@@ -374,6 +435,51 @@ impl<'a> Links<'a> {
             let floc = f.map(|f| self.loc(f));
             let stack = self.parts.get(pi).map_or(0, |p| p.stack);
             let same_stack = floc.is_some_and(|l| self.in_stack(l, stack));
+            // A gradient buffer of a tensor every block reads (a decoder's
+            // encoder output, a shared position bias): the engine adds a
+            // second contribution out of place only while the buffer does
+            // not own its sum, so once per backward pass, in the first block
+            // that runs it, and in place after (`InputBuffer::accumulate`,
+            // torch/csrc/autograd/input_buffer.cpp). The template ran first
+            // in the trace, the predecessor after it shows a later block; in
+            // the deeper job the first copy (`k`, which runs earliest) makes
+            // the sum, and the template and the other copies add in place.
+            // A block adding in place frees its first contribution as it
+            // arrives, at the end of the engine's call that made it, where
+            // the first block stored it to add it to the second.
+            if first_only.contains(&a) && !matches!(floc, Some(Loc::Template(..)) if same_stack) {
+                let first = self.first_contribution(pi, pos);
+                for c in 0..k {
+                    plan.addr.insert((a, c), None);
+                    let Some((free, alloc, arrival)) = first else {
+                        continue;
+                    };
+                    let addr = match plan.addr.get(&(alloc, c)) {
+                        Some(Some(x)) => *x,
+                        Some(None) => continue,
+                        None => self.addr(alloc),
+                    };
+                    plan.addr.insert((free, c), None);
+                    plan.extra.push(Extra {
+                        when: When::In {
+                            repeat: pi,
+                            copy: c,
+                            ts: arrival,
+                        },
+                        like: free,
+                        addr,
+                        bytes: trace.memory.get(free).map_or(0, |m| m.bytes),
+                    });
+                }
+                // A fresh address: the template's own events keep theirs,
+                // and its later blocks may reuse the sum's.
+                let x = plan.fresh();
+                plan.addr.insert((a, k), Some(x));
+                if let Some(f) = f {
+                    plan.addr.insert((f, 0), Some(x));
+                }
+                continue;
+            }
             match floc {
                 Some(Loc::Template(..)) if same_stack => {
                     let f = f.unwrap_or(a);
@@ -459,4 +565,62 @@ impl<'a> Links<'a> {
         }
         plan
     }
+}
+
+/// The allocations among `allocs` that the autograd engine makes to add two
+/// gradient contributions out of place: an `aten::add` run directly by the
+/// engine's call of a node (`autograd::engine::evaluate_function: ...`),
+/// not by a node's own formula.
+fn engine_accumulations(trace: &Trace, allocs: impl Iterator<Item = usize>) -> BTreeSet<usize> {
+    let mut order: Vec<usize> = (0..trace.ops.len()).collect();
+    order.sort_by_key(|&i| trace.ops.get(i).map_or(0, |o| o.start.get()));
+    let starts: Vec<i64> = order
+        .iter()
+        .map(|&i| trace.ops.get(i).map_or(0, |o| o.start.get()))
+        .collect();
+    // The ops around `m`, innermost first, on its thread (a bounded look
+    // back: an engine's call holds a few ops).
+    let around = |ts: i64, tid: i64| {
+        let end = starts.partition_point(|&s| s <= ts);
+        order
+            .get(end.saturating_sub(64)..end)
+            .unwrap_or(&[])
+            .iter()
+            .rev()
+            .filter_map(|&i| trace.ops.get(i))
+            .filter(move |o| o.tid == tid && o.start.get() + o.dur.get() >= ts)
+    };
+    allocs
+        .filter(|&e| {
+            let Some(m) = trace.memory.get(e) else {
+                return false;
+            };
+            let mut ops = around(m.ts.get(), m.tid);
+            let (Some(inner), Some(outer)) = (ops.next(), ops.next()) else {
+                return false;
+            };
+            trace.name(inner.name) == "aten::add"
+                && trace
+                    .name(outer.name)
+                    .starts_with("autograd::engine::evaluate_function: ")
+        })
+        .collect()
+}
+
+/// The innermost engine call of a node (`autograd::engine::evaluate_function:
+/// ...`) around `[memory]` event `e`, as its (start, end).
+fn engine_call(trace: &Trace, e: usize) -> Option<(i64, i64)> {
+    let m = trace.memory.get(e)?;
+    let ts = m.ts.get();
+    trace
+        .ops
+        .iter()
+        .filter(|o| o.tid == m.tid && o.start.get() <= ts && ts <= o.start.get() + o.dur.get())
+        .filter(|o| {
+            trace
+                .name(o.name)
+                .starts_with("autograd::engine::evaluate_function: ")
+        })
+        .map(|o| (o.start.get(), o.start.get() + o.dur.get()))
+        .max_by_key(|&(start, _)| start)
 }

@@ -206,6 +206,9 @@ struct Shapes<'a> {
     loader: Vec<(i64, i64)>,
     /// The quantized weights' dims and dtypes ([`quantized_weights`]).
     quantized: HashSet<(&'a [i64], NameId)>,
+    /// The reads of the model's state (weights, quantized weights and
+    /// their state: `read_args`), which never hold the length.
+    state: HashSet<usize>,
 }
 
 impl<'a> Shapes<'a> {
@@ -233,6 +236,7 @@ impl<'a> Shapes<'a> {
             position,
             loader,
             quantized,
+            state: HashSet::new(),
         }
     }
 
@@ -280,6 +284,7 @@ impl<'a> Shapes<'a> {
         let mut live: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         let mut reads: Vec<(usize, usize, Vec<usize>)> = Vec::new(); // (op, arg, candidate blocks)
         let mut maker: HashMap<usize, Vec<usize>> = HashMap::new(); // block -> op stack
+        let mut state_reads: HashSet<usize> = HashSet::new(); // the model's state's reads
         let mut stack: Vec<usize> = Vec::new();
         let mut next_op = 0;
         for (i, m) in trace.memory.iter().enumerate() {
@@ -298,7 +303,7 @@ impl<'a> Shapes<'a> {
                         .is_some_and(|p| p.start.get() + p.dur.get() >= start)
                 });
                 stack.push(oi);
-                self.read_args(oi, &live, &mut reads);
+                self.read_args(oi, &live, &mut reads, &mut state_reads);
             }
             stack.retain(|&s| {
                 trace
@@ -320,8 +325,9 @@ impl<'a> Shapes<'a> {
         // ops after the last event still read
         while let Some(&oi) = self.order.get(next_op) {
             next_op += 1;
-            self.read_args(oi, &live, &mut reads);
+            self.read_args(oi, &live, &mut reads, &mut state_reads);
         }
+        self.state = state_reads;
         let mut upper: HashMap<usize, u32> = HashMap::new();
         // A gradient `AccumulateGrad` reads has its parameter's shape: no
         // length in it, whatever its dims coincide with (a [256, 768] k_proj
@@ -582,6 +588,11 @@ impl<'a> Shapes<'a> {
         powers: &HashMap<usize, u32>,
         ts: i64,
     ) -> u32 {
+        // A weight's dims may equal the length's at some length (a packed
+        // 4-bit weight's `[n, 1]` bytes): a weight still never holds it.
+        if self.state.contains(&arg) {
+            return 0;
+        }
         // The block the read most likely is (see `read_args`).
         if let Some(b) = blocks.last() {
             return powers.get(b).copied().unwrap_or(0);
@@ -655,6 +666,7 @@ impl<'a> Shapes<'a> {
         oi: usize,
         live: &BTreeMap<u64, Vec<usize>>,
         reads: &mut Vec<(usize, usize, Vec<usize>)>,
+        state_reads: &mut HashSet<usize>,
     ) {
         let Some(o) = self.trace.ops.get(oi) else {
             return;
@@ -691,6 +703,7 @@ impl<'a> Shapes<'a> {
                 && (weights.contains(&a.position) || state.contains(&a.position) || quantized)
             {
                 reads.push((oi, ai, Vec::new()));
+                state_reads.insert(ai);
                 continue;
             }
             let elsize = self

@@ -445,6 +445,11 @@ fn a_factory_inside_an_attention_call_is_sized_by_its_readers() {
 /// `gemm_4bit(x, packed, shape, absmax, code)` on `relu(h)`, its absmax
 /// ([192] fp32) as many bytes as `h` at 12 tokens, while `h` is live.
 fn quantized_layer(t: i64) -> Trace {
+    quantized_layer_packed(t, 40)
+}
+
+/// `quantized_layer` with a packed weight of `[rows, 1]` bytes.
+fn quantized_layer_packed(t: i64, rows: i64) -> Trace {
     let d = 8;
     let bytes = 2 * t * d * 4;
     let ev = [
@@ -463,7 +468,7 @@ fn quantized_layer(t: i64) -> Trace {
             "bitsandbytes::gemm_4bit",
             30.0,
             5.0,
-            &format!("[[2, {t}, {d}], [40, 1], [], [192], [16]]"),
+            &format!("[[2, {t}, {d}], [{rows}, 1], [], [192], [16]]"),
             r#"["float", "unsigned char", "ScalarList", "float", "float"]"#,
             None,
         ),
@@ -492,4 +497,13 @@ fn a_quantized_weights_state_is_never_a_block_of_the_step() {
     let (scaled, facts) = lengthen(&quantized_layer(12), 64);
     assert_eq!(pattern(&scaled), pattern(&quantized_layer(64)));
     assert_eq!(facts.linear, 4);
+}
+
+#[test]
+fn a_packed_weight_with_the_lengths_dims_holds_no_length() {
+    // 24 packed rows at batch 2 × 12 tokens: read as holding the length,
+    // the weight made the kernel a product of two length-long inputs, and
+    // its output kept its traced size.
+    let (scaled, _) = lengthen(&quantized_layer_packed(12, 24), 64);
+    assert_eq!(pattern(&scaled), pattern(&quantized_layer_packed(64, 24)));
 }
