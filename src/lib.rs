@@ -55,6 +55,6 @@ pub mod web;
 pub use diag::{Warned, Warning};
 pub use pipeline::{
     estimate, estimate_with, prepare, prepare_from, prepare_parsed, run, run_from, Config, Error,
-    InTurn, Parallel, Prepared, Progress, Settings, SimulationJob, Stage,
+    InTurn, Parallel, Prepared, Progress, Settings, SimulationJob, Stage, Task,
 };
 pub use units::{Bytes, Nanos};

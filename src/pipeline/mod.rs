@@ -24,7 +24,7 @@ mod stream;
 
 pub use capture::{figures as capture_figures, CaptureFigures};
 pub use config::{Config, DEFAULT_MEMORY_BUDGET, DEFAULT_TARGET};
-pub use runs::{InTurn, Parallel, SimulationJob};
+pub use runs::{InTurn, Parallel, SimulationJob, Task};
 pub use settings::Settings;
 pub use simulate::{schedule_ops, simulate_job};
 
@@ -243,7 +243,7 @@ pub fn run_from(
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
 ) -> Result<Warned<Report>, Error> {
-    let prepared = prepare_from(source, config, progress)?;
+    let prepared = prepare_many_with(&mut [source], config, progress, parallel)?;
     estimate_with(&prepared, config, progress, parallel)
 }
 
@@ -273,6 +273,17 @@ pub fn prepare_many_from(
     config: &Config,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Prepared, Error> {
+    prepare_many_with(sources, config, progress, &InTurn)
+}
+
+/// [`prepare_many_from`] with `parallel` running the independent rebuilds
+/// a derived job is made from (the same result however they run).
+pub fn prepare_many_with(
+    sources: &mut [&mut dyn TraceSource],
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Prepared, Error> {
     let mut traces = Vec::with_capacity(sources.len());
     let mut warnings = Vec::new();
     for source in sources.iter_mut() {
@@ -296,7 +307,7 @@ pub fn prepare_many_from(
         .map(crate::scale::inspect)
         .unwrap_or_default();
     progress(Progress::start(Stage::Rebuilding));
-    if let Some(mut prepared) = stream::prepare(&traces, &warnings, config, progress)? {
+    if let Some(mut prepared) = stream::prepare(&traces, &warnings, config, progress, parallel)? {
         prepared.traced = traced;
         prepared.capture = capture;
         return Ok(prepared);
@@ -338,7 +349,7 @@ pub fn prepare_parsed(
         )?,
         _ => {
             progress(Progress::start(Stage::Rebuilding));
-            match stream::prepare(traces, &warnings, config, progress)? {
+            match stream::prepare(traces, &warnings, config, progress, &InTurn)? {
                 Some(prepared) => prepared,
                 None => {
                     let scaled = rebuild(traces, config)?;

@@ -40,7 +40,19 @@ pub trait Parallel {
         jobs: Vec<SimulationJob<'a>>,
         simulated: &mut dyn FnMut(u64),
     ) -> Vec<SimulatedRun>;
+
+    /// Runs independent pieces of work (a derivation's rebuilds), each
+    /// writing its result where it was told; in turn unless the shell can
+    /// run them side by side.
+    fn run_tasks<'a>(&self, tasks: Vec<Task<'a>>) {
+        for task in tasks {
+            task();
+        }
+    }
 }
+
+/// One piece of work for [`Parallel::run_tasks`].
+pub type Task<'a> = Box<dyn FnOnce() + Send + 'a>;
 
 /// Runs jobs one after the other on the calling thread.
 #[derive(Debug, Clone, Copy, Default)]

@@ -22,7 +22,7 @@
 //! before; so is one with few copies (nothing to gain), and the autocast
 //! what-if's job of a streamed generation.
 
-use super::{prepare_trace, Config, Error, Prepared, Progress, Stage};
+use super::{prepare_trace, Config, Error, InTurn, Parallel, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::program::{grown_text, Dim, Grid, Program};
 use crate::scale::{self, work::Counts, Target};
@@ -44,6 +44,7 @@ pub(super) fn prepare(
     warnings: &[Warning],
     config: &Config,
     progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
 ) -> Result<Option<Prepared>, Error> {
     let target = config.scale;
     if config.materialize {
@@ -94,8 +95,15 @@ pub(super) fn prepare(
                 },
                 other => other,
             })?;
-            let derived =
-                Derivation::from_traces(traces, warnings, config, &counts, Dim::Tokens, progress)?;
+            let derived = Derivation::from_traces(
+                traces,
+                warnings,
+                config,
+                &counts,
+                Dim::Tokens,
+                progress,
+                parallel,
+            )?;
             return Ok(derived.and_then(|d| d.prepared(asked)));
         }
     }
@@ -105,7 +113,15 @@ pub(super) fn prepare(
     if events(layers, tokens) <= rebuilds(&|t| (first_layers + t, tokens)) {
         return Ok(None);
     }
-    let derived = Derivation::from_traces(traces, warnings, config, &counts, Dim::Depth, progress)?;
+    let derived = Derivation::from_traces(
+        traces,
+        warnings,
+        config,
+        &counts,
+        Dim::Depth,
+        progress,
+        parallel,
+    )?;
     Ok(derived.and_then(|d| d.prepared(layers)))
 }
 
@@ -150,7 +166,15 @@ impl Derivation {
             return Ok(None);
         }
         let counts = scale::count(traces, &config.scale);
-        Derivation::from_traces(traces, warnings, config, &counts, Dim::Tokens, progress)
+        Derivation::from_traces(
+            traces,
+            warnings,
+            config,
+            &counts,
+            Dim::Tokens,
+            progress,
+            &InTurn,
+        )
     }
 
     /// [`Derivation::in_dim`] with rebuilds of its own.
@@ -161,9 +185,18 @@ impl Derivation {
         counts: &Counts,
         dim: Dim,
         progress: &mut dyn FnMut(Progress),
+        parallel: &dyn Parallel,
     ) -> Result<Option<Derivation>, Error> {
         let mut rebuilds = scale::Rebuilds::new(traces);
-        Derivation::in_dim(&mut rebuilds, warnings, config, counts, dim, progress)
+        Derivation::in_dim(
+            &mut rebuilds,
+            warnings,
+            config,
+            counts,
+            dim,
+            progress,
+            parallel,
+        )
     }
 
     /// Derives the job of `traces` that `config.scale` asks for in `dim`
@@ -177,6 +210,7 @@ impl Derivation {
         counts: &Counts,
         dim: Dim,
         progress: &mut dyn FnMut(Progress),
+        parallel: &dyn Parallel,
     ) -> Result<Option<Derivation>, Error> {
         let mut config = config.clone();
         // A generation's mixed-precision what-if job is not derived: it is
@@ -201,19 +235,58 @@ impl Derivation {
                 traced => traced + FIRST,
             },
         };
-        let mut rebuilt = Vec::with_capacity(COUNTS as usize);
-        for t in 0..COUNTS {
-            progress(Progress {
-                stage: Stage::Rebuilding,
-                done: u64::from(t),
-                total: u64::from(COUNTS),
-            });
-            let cell = at_count(config.scale, dim, first + t);
-            rebuilt.push(match dim {
-                Dim::Tokens => held_whole(rebuilds, warnings, config, counts, cell)?,
-                Dim::Depth => rebuild(rebuilds, warnings, config, counts, cell)?,
-            });
-        }
+        progress(Progress {
+            stage: Stage::Rebuilding,
+            done: 0,
+            total: u64::from(COUNTS),
+        });
+        let cells: Vec<Target> = (0..COUNTS)
+            .map(|t| at_count(config.scale, dim, first + t))
+            .collect();
+        let rebuilt = match dim {
+            // Each step count's job is a derivation in depth of its own,
+            // whose rebuilds run side by side.
+            Dim::Tokens => {
+                let mut rebuilt = Vec::with_capacity(cells.len());
+                for (t, cell) in cells.iter().enumerate() {
+                    progress(Progress {
+                        stage: Stage::Rebuilding,
+                        done: t as u64,
+                        total: u64::from(COUNTS),
+                    });
+                    rebuilt.push(held_whole(
+                        rebuilds, warnings, config, counts, *cell, parallel,
+                    )?);
+                }
+                rebuilt
+            }
+            // Independent once the deeper traces they share are made.
+            Dim::Depth => {
+                rebuilds.warm(&cells, config.work_budget(), counts)?;
+                let mut slots: Vec<Option<Result<Prepared, Error>>> =
+                    (0..cells.len()).map(|_| None).collect();
+                let tasks: Vec<super::Task<'_>> = cells
+                    .iter()
+                    .zip(slots.iter_mut())
+                    .map(|(&cell, slot)| {
+                        let mut own = rebuilds.clone();
+                        Box::new(move || {
+                            *slot = Some(rebuild(&mut own, warnings, config, counts, cell));
+                        }) as super::Task<'_>
+                    })
+                    .collect();
+                parallel.run_tasks(tasks);
+                // A task the shell did not run is run here.
+                let mut rebuilt = Vec::with_capacity(cells.len());
+                for (slot, cell) in slots.into_iter().zip(&cells) {
+                    rebuilt.push(match slot {
+                        Some(done) => done?,
+                        None => rebuild(rebuilds, warnings, config, counts, *cell)?,
+                    });
+                }
+                rebuilt
+            }
+        };
         progress(Progress {
             stage: Stage::Orchestrating,
             done: 0,
@@ -336,6 +409,7 @@ fn held_whole(
     config: &Config,
     counts: &Counts,
     cell: Target,
+    parallel: &dyn Parallel,
 ) -> Result<Prepared, Error> {
     let deep = cell
         .layers
@@ -350,6 +424,7 @@ fn held_whole(
             counts,
             Dim::Depth,
             &mut |_| {},
+            parallel,
         )?;
         let derived = derived
             .and_then(|d| d.prepared(layers))

@@ -4,8 +4,9 @@
 //! (a decode step holds one call of every block).
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
+
+use rustc_hash::FxHashMap;
 
 use super::derive::{derive, Atom, Derived, Grown, Line, Name, Plane};
 use super::{Dim, EventKey, Leaf, Node, Poly, C_DEPTH, C_TOKENS, J_DEPTH, J_TOKENS};
@@ -14,14 +15,14 @@ use crate::orchestrator::{EventKind, Schedule};
 /// Items numbered in the order they were first seen.
 #[derive(Debug)]
 pub(crate) struct Table<K> {
-    ids: HashMap<K, u32>,
+    ids: FxHashMap<K, u32>,
     pub(crate) items: Vec<K>,
 }
 
 impl<K> Default for Table<K> {
     fn default() -> Self {
         Table {
-            ids: HashMap::new(),
+            ids: FxHashMap::default(),
             items: Vec::new(),
         }
     }
@@ -60,50 +61,71 @@ pub(crate) const SIZE_OR_BACK: usize = 1;
 pub(crate) const LAYER_NUMBERS: usize = 2;
 
 impl Atoms {
-    /// The items of a schedule's events.
+    /// The items of a schedule's events. A block's key (but its kind) and
+    /// its layer's numbers are found once, at its allocation.
     pub(crate) fn of(&mut self, schedule: &Schedule) -> Vec<Atom> {
-        let mut made_at: Vec<usize> = vec![0; schedule.blocks.len()];
-        for (i, e) in schedule.events.iter().enumerate() {
-            if e.kind == EventKind::Alloc {
-                if let Some(slot) = made_at.get_mut(e.block.index()) {
-                    *slot = i;
-                }
-            }
+        /// A block's keys (allocation, free) and its layer's numbers.
+        struct Seen {
+            made_at: usize,
+            keys: [u32; 2],
+            numbers: Vec<i64>,
         }
+        let mut seen: Vec<Option<Seen>> = Vec::new();
+        seen.resize_with(schedule.blocks.len(), || None);
         let mut out = Vec::with_capacity(schedule.events.len());
         for (i, e) in schedule.events.iter().enumerate() {
-            let Some(block) = schedule.block(e.block) else {
+            let Some(slot) = seen.get_mut(e.block.index()) else {
                 continue;
             };
-            let (template, numbers) = match block.layer.as_deref() {
-                Some(layer) => {
-                    let (t, n) = split_numbers(layer);
-                    (Some(self.names.id(&t)), n)
-                }
-                None => (None, Vec::new()),
+            if slot.is_none() || e.kind == EventKind::Alloc {
+                let Some(block) = schedule.block(e.block) else {
+                    continue;
+                };
+                let (template, numbers) = match block.layer.as_deref() {
+                    Some(layer) => {
+                        let (t, n) = split_numbers(layer);
+                        (Some(self.names.id(&t)), n)
+                    }
+                    None => (None, Vec::new()),
+                };
+                let key = |kind| EventKey {
+                    kind,
+                    category: block.category,
+                    phase: block.phase,
+                    iteration: block.iteration,
+                    op: None,
+                    layer: template,
+                    numbers: u32::try_from(numbers.len()).unwrap_or(u32::MAX),
+                    on: block.on,
+                    per_gpu: block.per_gpu,
+                };
+                let op = block.op.as_deref().map(|op| self.names.id(op));
+                let keys = [EventKind::Alloc, EventKind::Free]
+                    .map(|kind| self.keys.id(&EventKey { op, ..key(kind) }));
+                *slot = Some(Seen {
+                    made_at: i,
+                    keys,
+                    numbers,
+                });
+            }
+            let Some(block) = slot.as_ref() else {
+                continue;
             };
-            let key = EventKey {
-                kind: e.kind,
-                category: block.category,
-                phase: block.phase,
-                iteration: block.iteration,
-                op: block.op.as_deref().map(|op| self.names.id(op)),
-                layer: template,
-                numbers: u32::try_from(numbers.len()).unwrap_or(u32::MAX),
-                on: block.on,
-                per_gpu: block.per_gpu,
+            let (key, second) = match e.kind {
+                EventKind::Alloc => (
+                    block.keys[0],
+                    schedule
+                        .block(e.block)
+                        .map_or(0, |b| i64::try_from(b.size.get()).unwrap_or(i64::MAX)),
+                ),
+                EventKind::Free => (
+                    block.keys[1],
+                    i64::try_from(i.saturating_sub(block.made_at)).unwrap_or(i64::MAX),
+                ),
             };
-            let key = self.keys.id(&key);
-            let second = match e.kind {
-                EventKind::Alloc => i64::try_from(block.size.get()).unwrap_or(i64::MAX),
-                EventKind::Free => {
-                    let made = made_at.get(e.block.index()).copied().unwrap_or(i);
-                    i64::try_from(i - made).unwrap_or(i64::MAX)
-                }
-            };
-            let mut attrs = Vec::with_capacity(LAYER_NUMBERS + numbers.len());
+            let mut attrs = Vec::with_capacity(LAYER_NUMBERS + block.numbers.len());
             attrs.extend([e.time.get(), second]);
-            attrs.extend(numbers);
+            attrs.extend_from_slice(&block.numbers);
             out.push(Atom { key, attrs });
         }
         out

@@ -35,6 +35,7 @@ pub mod work;
 pub use tokens::TokenFacts;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -402,6 +403,7 @@ pub fn scale_within(
 /// length asked for, each depth's deeper trace and its calls of the model —
 /// so a grid of four token counts by four depths deepens four times, not
 /// sixteen.
+#[derive(Clone)]
 pub struct Rebuilds<'a> {
     traces: &'a [Trace],
     /// The traced generation's calls of the model (a token target's deeper
@@ -420,8 +422,9 @@ pub struct Rebuilds<'a> {
 /// (found when a token target first asks).
 type Deep = (Made<DepthFacts>, Option<Vec<u32>>);
 
-/// A trace made once, its facts and the warnings making it gave.
-type Made<F> = (Trace, F, Vec<Warning>);
+/// A trace made once, its facts and the warnings making it gave (shared
+/// by the clones of its [`Rebuilds`]).
+type Made<F> = (Arc<Trace>, F, Vec<Warning>);
 
 impl<'a> Rebuilds<'a> {
     /// Rebuilds of `traces`.
@@ -447,19 +450,33 @@ impl<'a> Rebuilds<'a> {
     /// The trace made for a depth (`deep`) or else a length (`len`): a copy
     /// where it is kept, else the trace itself.
     fn take(&mut self, deep: Option<(Option<u32>, u32)>, len: Option<u32>) -> Option<Trace> {
-        if let Some(key) = deep {
-            return if self.keep {
-                self.deep.get(&key).map(|((trace, _, _), _)| trace.clone())
-            } else {
-                self.deep.remove(&key).map(|((trace, _, _), _)| trace)
-            };
+        let shared = match deep {
+            Some(key) if self.keep => self.deep.get(&key).map(|((trace, _, _), _)| trace.clone()),
+            Some(key) => self.deep.remove(&key).map(|((trace, _, _), _)| trace),
+            None if self.keep => self
+                .lengthened
+                .get(&len?)
+                .map(|(trace, _, _)| trace.clone()),
+            None => self.lengthened.remove(&len?).map(|(trace, _, _)| trace),
+        }?;
+        Some(Arc::try_unwrap(shared).unwrap_or_else(|shared| Trace::clone(&shared)))
+    }
+
+    /// Makes what the jobs at `targets` share (the lengthened trace, each
+    /// depth's deeper trace and its calls of the model), each target's work
+    /// checked: the clones made after share it.
+    pub fn warm(
+        &mut self,
+        targets: &[Target],
+        budget: work::Budget,
+        counts: &work::Counts,
+    ) -> Result<(), ScaleError> {
+        for target in targets {
+            validate(target)?;
+            work::check(counts, target, budget)?;
+            self.shared(target, &mut Vec::new(), &mut ScaleFacts::default())?;
         }
-        let len = len?;
-        if self.keep {
-            self.lengthened.get(&len).map(|(trace, _, _)| trace.clone())
-        } else {
-            self.lengthened.remove(&len).map(|(trace, _, _)| trace)
-        }
+        Ok(())
     }
 
     /// The traces it rebuilds.
@@ -487,6 +504,42 @@ impl<'a> Rebuilds<'a> {
         };
         let mut warnings = Vec::new();
         let mut facts = ScaleFacts::default();
+        let base = self.shared(target, &mut warnings, &mut facts)?;
+        let out = match target.new_tokens {
+            Some(n) => {
+                let base = base.as_deref().unwrap_or(first);
+                let (trace, f) = tokens::extend(base, n)?;
+                facts.tokens = Some(f);
+                trace
+            }
+            None => {
+                drop(base);
+                let deep = target.layers.map(|layers| (target.seq_len, layers));
+                self.take(deep, target.seq_len)
+                    .unwrap_or_else(|| first.clone())
+            }
+        };
+        if !facts.is_empty() {
+            warnings.push(Warning::new("scaled", describe(&facts)));
+        }
+        Ok(Warned {
+            value: (out, facts),
+            warnings,
+        })
+    }
+
+    /// The trace the job at `target` grows its decode steps from: the
+    /// traced one (`None`), lengthened, deepened, each made once; its
+    /// facts and warnings added to `facts` and `warnings`.
+    fn shared(
+        &mut self,
+        target: &Target,
+        warnings: &mut Vec<Warning>,
+        facts: &mut ScaleFacts,
+    ) -> Result<Option<Arc<Trace>>, ScaleError> {
+        let Some(first) = self.traces.first() else {
+            return Err(ScaleError::SeveralWithoutLength);
+        };
         // The generation lengthened is the traced one, as the work check
         // counted it: a deeper rebuild must not make one (a cut trace's
         // block frames without a parent read as calls of the model).
@@ -502,7 +555,7 @@ impl<'a> Rebuilds<'a> {
             if !self.lengthened.contains_key(&len) {
                 let mut w = Vec::new();
                 if let Some((trace, f)) = at_length(self.traces, target, &mut w)? {
-                    self.lengthened.insert(len, (trace, f, w));
+                    self.lengthened.insert(len, (Arc::new(trace), f, w));
                 }
             }
         }
@@ -511,67 +564,46 @@ impl<'a> Rebuilds<'a> {
             facts.length = Some(f.clone());
             warnings.extend(w.iter().cloned());
         }
-        let base = lengthened.map_or(first, |(trace, _, _)| trace);
-        let out: &Trace = match target.layers {
-            Some(layers) => {
-                let ((trace, f, w), calls) = match self.deep.entry((target.seq_len, layers)) {
-                    std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(v) => {
-                        let mut w = Vec::new();
-                        let (trace, f) = depth::deepen(base, layers, &mut w)?;
-                        v.insert(((trace, f, w), None))
-                    }
-                };
-                facts.depth = Some(f.clone());
-                warnings.extend(w.iter().cloned());
-                if let Some(traced) = self
-                    .traced_calls
-                    .as_ref()
-                    .filter(|_| target.new_tokens.is_some())
-                {
-                    // Nor change it: more blocks add ops inside each call,
-                    // never calls (a frame whose parent is missing read as
-                    // a call of the model, and the deeper rebuild,
-                    // renumbering frames, read the calls around it instead:
-                    // a fuzzed trace predicted 5,294 events and rebuilt
-                    // 27,702).
-                    let rebuilt = match calls {
-                        Some(c) => c.clone(),
-                        None => {
-                            let c = calls_per_generation(trace)?;
-                            *calls = Some(c.clone());
-                            c
-                        }
-                    };
-                    if &rebuilt != traced {
-                        return Err(ScaleError::StepsDiffer(format!(
-                            "with more blocks its calls of the model are not the traced ones ({traced:?} per generation traced, {rebuilt:?} rebuilt: a module frame whose parent is missing reads as a call)"
-                        )));
-                    }
+        let base = lengthened.map(|(trace, _, _)| Arc::clone(trace));
+        let Some(layers) = target.layers else {
+            return Ok(base);
+        };
+        let ((trace, f, w), calls) = match self.deep.entry((target.seq_len, layers)) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let mut w = Vec::new();
+                let (trace, f) = depth::deepen(base.as_deref().unwrap_or(first), layers, &mut w)?;
+                v.insert(((Arc::new(trace), f, w), None))
+            }
+        };
+        facts.depth = Some(f.clone());
+        warnings.extend(w.iter().cloned());
+        if let Some(traced) = self
+            .traced_calls
+            .as_ref()
+            .filter(|_| target.new_tokens.is_some())
+        {
+            // Nor change it: more blocks add ops inside each call,
+            // never calls (a frame whose parent is missing read as
+            // a call of the model, and the deeper rebuild,
+            // renumbering frames, read the calls around it instead:
+            // a fuzzed trace predicted 5,294 events and rebuilt
+            // 27,702).
+            let rebuilt = match calls {
+                Some(c) => c.clone(),
+                None => {
+                    let c = calls_per_generation(trace)?;
+                    *calls = Some(c.clone());
+                    c
                 }
-                trace
+            };
+            if &rebuilt != traced {
+                return Err(ScaleError::StepsDiffer(format!(
+                    "with more blocks its calls of the model are not the traced ones ({traced:?} per generation traced, {rebuilt:?} rebuilt: a module frame whose parent is missing reads as a call)"
+                )));
             }
-            None => base,
-        };
-        let out = match target.new_tokens {
-            Some(n) => {
-                let (trace, f) = tokens::extend(out, n)?;
-                facts.tokens = Some(f);
-                trace
-            }
-            None => {
-                let deep = target.layers.map(|layers| (target.seq_len, layers));
-                self.take(deep, target.seq_len)
-                    .unwrap_or_else(|| first.clone())
-            }
-        };
-        if !facts.is_empty() {
-            warnings.push(Warning::new("scaled", describe(&facts)));
         }
-        Ok(Warned {
-            value: (out, facts),
-            warnings,
-        })
+        Ok(Some(Arc::clone(trace)))
     }
 }
 

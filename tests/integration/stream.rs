@@ -251,3 +251,65 @@ fn what_ifs_on_a_job_derived_in_depth_answer_as_on_the_job_built_whole() {
         );
     }
 }
+
+/// Runs a derivation's rebuilds each on a thread of its own, the last
+/// first (simulations in turn).
+struct SideBySide;
+
+impl memcast::Parallel for SideBySide {
+    fn run_all<'a>(
+        &self,
+        jobs: Vec<memcast::SimulationJob<'a>>,
+        simulated: &mut dyn FnMut(u64),
+    ) -> Vec<memcast::report::SimulatedRun> {
+        memcast::InTurn.run_all(jobs, simulated)
+    }
+
+    fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>) {
+        std::thread::scope(|scope| {
+            for task in tasks.into_iter().rev() {
+                scope.spawn(task);
+            }
+        });
+    }
+}
+
+#[test]
+fn a_job_derived_from_rebuilds_run_side_by_side_is_the_job_derived_in_turn() {
+    for (name, layers, new_tokens) in [
+        (
+            "fixtures/traces-llm/llama_gen16_dynamic.json.gz",
+            16,
+            Some(200),
+        ),
+        (
+            "fixtures/traces-depth/llama-small_adamw_bs4_seq128_L2.json.gz",
+            24,
+            None,
+        ),
+    ] {
+        let bytes = read_shared(name);
+        let settings = Settings {
+            layers: Some(layers),
+            new_tokens,
+            ..Settings::default()
+        };
+        let config = settings.config().unwrap();
+        let prepared = |parallel: &dyn memcast::Parallel| {
+            let mut source = memcast::trace::SliceSource::new(&bytes);
+            let mut sources: Vec<&mut dyn memcast::trace::TraceSource> = vec![&mut source];
+            let prepared =
+                memcast::pipeline::prepare_many_with(&mut sources, &config, &mut |_| {}, parallel)
+                    .unwrap();
+            assert!(prepared.program.is_some(), "{name}: not derived");
+            let report = memcast::pipeline::estimate(&prepared, &config, &mut |_| {})
+                .unwrap()
+                .value;
+            serde_json::to_string(&report).unwrap()
+        };
+        assert!(
+            prepared(&SideBySide) == prepared(&memcast::InTurn),
+            "{name}: the reports differ"
+        );
+    }
+}

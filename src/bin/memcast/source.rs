@@ -284,6 +284,26 @@ impl memcast::Parallel for Threads {
         simulated(events.load(std::sync::atomic::Ordering::Relaxed));
         done.into_iter().map(|(_, run)| run).collect()
     }
+
+    fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>) {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        if cores < 2 || tasks.len() < 2 {
+            tasks.into_iter().for_each(|task| task());
+            return;
+        }
+        // Deal the tasks round-robin to `cores` threads.
+        let mut lanes: Vec<Vec<memcast::Task<'a>>> = (0..cores).map(|_| Vec::new()).collect();
+        for (index, task) in tasks.into_iter().enumerate() {
+            if let Some(lane) = lanes.get_mut(index % cores) {
+                lane.push(task);
+            }
+        }
+        std::thread::scope(|scope| {
+            for lane in lanes {
+                scope.spawn(move || lane.into_iter().for_each(|task| task()));
+            }
+        });
+    }
 }
 
 /// Estimates one trace, or several of one job at different sequence lengths
@@ -315,7 +335,7 @@ pub fn estimate_files(
         .iter_mut()
         .map(|s| s as &mut dyn TraceSource)
         .collect();
-    let prepared = memcast::pipeline::prepare_many_from(&mut dyns, config, &mut |_| {})
+    let prepared = memcast::pipeline::prepare_many_with(&mut dyns, config, &mut |_| {}, &Threads)
         .with_context(|| format!("failed to estimate {}", what()))?;
     Ok(
         memcast::estimate_with(&prepared, config, &mut |_| {}, &Threads)
