@@ -263,6 +263,7 @@ fn backward_start(trace: &Trace, seg: Seg) -> Option<i64> {
 /// free: what the plan links by.
 struct Links<'a> {
     trace: &'a Trace,
+    ops: OpsByStart<'a>,
     parts: &'a [Part],
     loc: Vec<Loc>,
     partner: Vec<Option<usize>>,
@@ -287,6 +288,7 @@ impl<'a> Links<'a> {
         }
         Links {
             trace,
+            ops: OpsByStart::new(trace),
             parts,
             loc,
             partner: pair(&trace.memory),
@@ -335,12 +337,10 @@ impl<'a> Links<'a> {
     /// predecessor, which runs after it, makes none at the aligned place.
     fn first_accumulations(&self) -> BTreeSet<usize> {
         let backward = || self.parts.iter().filter(|p| p.kind == Kind::Backward);
-        let accumulations = engine_accumulations(
-            self.trace,
-            backward()
-                .flat_map(|p| p.events.iter().chain(&p.pred).copied())
-                .filter(|&e| self.is_alloc(e)),
-        );
+        let accumulations: BTreeSet<usize> = backward()
+            .flat_map(|p| p.events.iter().chain(&p.pred).copied())
+            .filter(|&e| self.is_alloc(e) && self.ops.is_accumulation(e))
+            .collect();
         backward()
             .flat_map(|p| {
                 p.events.iter().enumerate().filter_map(|(pos, &e)| {
@@ -364,7 +364,7 @@ impl<'a> Links<'a> {
     fn first_contribution(&self, pi: usize, pos: usize) -> Option<(usize, usize, i64)> {
         let part = self.parts.get(pi)?;
         let &a = part.events.get(pos)?;
-        let call = engine_call(self.trace, a)?;
+        let call = self.ops.engine_call(a)?;
         let free = part
             .events
             .iter()
@@ -378,10 +378,10 @@ impl<'a> Links<'a> {
             })
             .find(|&e| !self.is_alloc(e))?;
         let alloc = self.partner(free)?;
-        if !part.events.contains(&alloc) {
+        if !matches!(self.loc(alloc), Loc::Template(q, _) if q == pi) {
             return None;
         }
-        Some((free, alloc, engine_call(self.trace, alloc)?.1))
+        Some((free, alloc, self.ops.engine_call(alloc)?.1))
     }
 
     /// The copies of every part and the address of every template event in
@@ -567,60 +567,66 @@ impl<'a> Links<'a> {
     }
 }
 
-/// The allocations among `allocs` that the autograd engine makes to add two
-/// gradient contributions out of place: an `aten::add` run directly by the
-/// engine's call of a node (`autograd::engine::evaluate_function: ...`),
-/// not by a node's own formula.
-fn engine_accumulations(trace: &Trace, allocs: impl Iterator<Item = usize>) -> BTreeSet<usize> {
-    let mut order: Vec<usize> = (0..trace.ops.len()).collect();
-    order.sort_by_key(|&i| trace.ops.get(i).map_or(0, |o| o.start.get()));
-    let starts: Vec<i64> = order
-        .iter()
-        .map(|&i| trace.ops.get(i).map_or(0, |o| o.start.get()))
-        .collect();
-    // The ops around `m`, innermost first, on its thread (a bounded look
-    // back: an engine's call holds a few ops).
-    let around = |ts: i64, tid: i64| {
-        let end = starts.partition_point(|&s| s <= ts);
-        order
+/// The trace's ops by start, to find the ops around a `[memory]` event.
+struct OpsByStart<'a> {
+    trace: &'a Trace,
+    order: Vec<usize>,
+    starts: Vec<i64>,
+}
+
+/// The prefix of the op the autograd engine records around each node it runs.
+const ENGINE_CALL: &str = "autograd::engine::evaluate_function: ";
+
+impl<'a> OpsByStart<'a> {
+    fn new(trace: &'a Trace) -> OpsByStart<'a> {
+        let mut order: Vec<usize> = (0..trace.ops.len()).collect();
+        order.sort_by_key(|&i| trace.ops.get(i).map_or(0, |o| o.start.get()));
+        let starts = order
+            .iter()
+            .map(|&i| trace.ops.get(i).map_or(0, |o| o.start.get()))
+            .collect();
+        OpsByStart {
+            trace,
+            order,
+            starts,
+        }
+    }
+
+    /// The ops around `[memory]` event `e` on its thread, innermost first
+    /// (a bounded look back: an engine's call holds a few ops).
+    fn around(&self, e: usize) -> impl Iterator<Item = &'a OpEvent> + '_ {
+        let trace = self.trace;
+        let (ts, tid) = trace
+            .memory
+            .get(e)
+            .map_or((i64::MIN, i64::MIN), |m| (m.ts.get(), m.tid));
+        let end = self.starts.partition_point(|&s| s <= ts);
+        self.order
             .get(end.saturating_sub(64)..end)
             .unwrap_or(&[])
             .iter()
             .rev()
-            .filter_map(|&i| trace.ops.get(i))
+            .filter_map(move |&i| trace.ops.get(i))
             .filter(move |o| o.tid == tid && o.start.get() + o.dur.get() >= ts)
-    };
-    allocs
-        .filter(|&e| {
-            let Some(m) = trace.memory.get(e) else {
-                return false;
-            };
-            let mut ops = around(m.ts.get(), m.tid);
-            let (Some(inner), Some(outer)) = (ops.next(), ops.next()) else {
-                return false;
-            };
-            trace.name(inner.name) == "aten::add"
-                && trace
-                    .name(outer.name)
-                    .starts_with("autograd::engine::evaluate_function: ")
-        })
-        .collect()
-}
+    }
 
-/// The innermost engine call of a node (`autograd::engine::evaluate_function:
-/// ...`) around `[memory]` event `e`, as its (start, end).
-fn engine_call(trace: &Trace, e: usize) -> Option<(i64, i64)> {
-    let m = trace.memory.get(e)?;
-    let ts = m.ts.get();
-    trace
-        .ops
-        .iter()
-        .filter(|o| o.tid == m.tid && o.start.get() <= ts && ts <= o.start.get() + o.dur.get())
-        .filter(|o| {
-            trace
-                .name(o.name)
-                .starts_with("autograd::engine::evaluate_function: ")
-        })
-        .map(|o| (o.start.get(), o.start.get() + o.dur.get()))
-        .max_by_key(|&(start, _)| start)
+    /// Whether the autograd engine made allocation `e` to add two gradient
+    /// contributions out of place: an `aten::add` run directly by the
+    /// engine's call of a node, not by a node's own formula.
+    fn is_accumulation(&self, e: usize) -> bool {
+        let mut ops = self.around(e);
+        let (Some(inner), Some(outer)) = (ops.next(), ops.next()) else {
+            return false;
+        };
+        self.trace.name(inner.name) == "aten::add"
+            && self.trace.name(outer.name).starts_with(ENGINE_CALL)
+    }
+
+    /// The innermost engine call of a node around `[memory]` event `e`,
+    /// as its (start, end).
+    fn engine_call(&self, e: usize) -> Option<(i64, i64)> {
+        self.around(e)
+            .find(|o| self.trace.name(o.name).starts_with(ENGINE_CALL))
+            .map(|o| (o.start.get(), o.start.get() + o.dur.get()))
+    }
 }
