@@ -14,9 +14,11 @@
 mod build;
 mod derive;
 mod facts;
+mod fast;
 
 pub(crate) use build::Grid;
 pub(crate) use facts::grown_text;
+use fast::FastLeaf;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -404,6 +406,11 @@ pub struct Program {
     iterations: Vec<IterationSpan>,
     phases: Vec<PhaseWindow>,
     kernels: Vec<KernelNote>,
+    /// Each leaf's event in the form the stream reads it fastest (made
+    /// with the program; a program read back without it streams from
+    /// `leaves`).
+    #[serde(skip)]
+    fast: Vec<Option<FastLeaf>>,
 }
 
 impl Program {
@@ -445,7 +452,13 @@ impl Program {
             iterations: first.iterations.clone(),
             phases: first.phases.clone(),
             kernels: first.kernels.clone(),
+            fast: Vec::new(),
         };
+        program.fast = program
+            .leaves
+            .iter()
+            .map(|leaf| FastLeaf::of(leaf, &program.keys))
+            .collect();
         program.count_at([0, 0]);
         Some(program)
     }
@@ -593,6 +606,9 @@ impl Program {
     }
 
     fn event(&self, item: u32, leaf: &Leaf, index: u64, terms: &Terms) -> Option<JobEvent> {
+        if let Some(Some(fast)) = self.fast.get(item as usize) {
+            return Some(fast.event(item, index, terms));
+        }
         let key = self.key(leaf)?;
         let second = leaf.attrs.get(build::SIZE_OR_BACK)?.at(terms);
         let (block, size) = match key.kind {
