@@ -12,12 +12,63 @@ use crate::units::{Bytes, Nanos};
 /// evaluated as [`Poly::at`] evaluates them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct FastLeaf {
+    head: Head,
+    time: FastPoly,
+    second: FastPoly,
+}
+
+/// What an event's key says of the event it makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Head {
     kind: EventKind,
     category: Category,
     on: ArchSet,
     per_gpu: Option<PerGpu>,
-    time: FastPoly,
-    second: FastPoly,
+}
+
+impl Head {
+    pub(super) fn of(key: &EventKey) -> Head {
+        Head {
+            kind: key.kind,
+            category: key.category,
+            on: key.on,
+            per_gpu: key.per_gpu,
+        }
+    }
+
+    /// The event of leaf `item`, the `index`-th of the job, at `terms`,
+    /// whose time and second number (size, or how far back its block was
+    /// made) are `time` and `second`.
+    #[inline]
+    pub(super) fn event(
+        &self,
+        [time, second]: [i64; 2],
+        item: u32,
+        index: u64,
+        terms: &Terms,
+    ) -> JobEvent {
+        let (block, size) = match self.kind {
+            EventKind::Alloc => (index, Bytes(u64::try_from(second).unwrap_or(0))),
+            EventKind::Free => (
+                index.saturating_sub(u64::try_from(second).unwrap_or(0)),
+                Bytes::ZERO,
+            ),
+        };
+        let copy = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
+        JobEvent {
+            time: Nanos(time),
+            kind: self.kind,
+            block,
+            size,
+            category: self.category,
+            on: self.on,
+            per_gpu: self.per_gpu,
+            facts: FactsRef {
+                item,
+                copy: [copy(terms.vars[0]), copy(terms.vars[2])],
+            },
+        }
+    }
 }
 
 /// A [`Poly`] of at most four terms, in the order of their masks.
@@ -66,42 +117,18 @@ impl FastPoly {
 
 impl FastLeaf {
     pub(super) fn of(leaf: &Leaf, keys: &[EventKey]) -> Option<FastLeaf> {
-        let key = keys.get(leaf.key as usize)?;
         Some(FastLeaf {
-            kind: key.kind,
-            category: key.category,
-            on: key.on,
-            per_gpu: key.per_gpu,
+            head: Head::of(keys.get(leaf.key as usize)?),
             time: FastPoly::of(leaf.attrs.get(build::TIME)?)?,
             second: FastPoly::of(leaf.attrs.get(build::SIZE_OR_BACK)?)?,
         })
     }
 
-    /// [`Program::event`] of a leaf read fast: the same event.
+    /// [`super::Program::event`] of a leaf read fast: the same event.
     #[inline]
     pub(super) fn event(&self, item: u32, index: u64, terms: &Terms) -> JobEvent {
-        let second = self.second.at(terms);
-        let (block, size) = match self.kind {
-            EventKind::Alloc => (index, Bytes(u64::try_from(second).unwrap_or(0))),
-            EventKind::Free => (
-                index.saturating_sub(u64::try_from(second).unwrap_or(0)),
-                Bytes::ZERO,
-            ),
-        };
-        let copy = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-        JobEvent {
-            time: Nanos(self.time.at(terms)),
-            kind: self.kind,
-            block,
-            size,
-            category: self.category,
-            on: self.on,
-            per_gpu: self.per_gpu,
-            facts: FactsRef {
-                item,
-                copy: [copy(terms.vars[0]), copy(terms.vars[2])],
-            },
-        }
+        let numbers = [self.time.at(terms), self.second.at(terms)];
+        self.head.event(numbers, item, index, terms)
     }
 }
 

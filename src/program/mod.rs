@@ -610,28 +610,11 @@ impl Program {
             return Some(fast.event(item, index, terms));
         }
         let key = self.key(leaf)?;
-        let second = leaf.attrs.get(build::SIZE_OR_BACK)?.at(terms);
-        let (block, size) = match key.kind {
-            EventKind::Alloc => (index, Bytes(u64::try_from(second).unwrap_or(0))),
-            EventKind::Free => (
-                index.saturating_sub(u64::try_from(second).unwrap_or(0)),
-                Bytes::ZERO,
-            ),
-        };
-        let copy = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-        Some(JobEvent {
-            time: Nanos(leaf.attrs.get(build::TIME)?.at(terms)),
-            kind: key.kind,
-            block,
-            size,
-            category: key.category,
-            on: key.on,
-            per_gpu: key.per_gpu,
-            facts: FactsRef {
-                item,
-                copy: [copy(terms.vars[0]), copy(terms.vars[2])],
-            },
-        })
+        let numbers = [
+            leaf.attrs.get(build::TIME)?.at(terms),
+            leaf.attrs.get(build::SIZE_OR_BACK)?.at(terms),
+        ];
+        Some(fast::Head::of(key).event(numbers, item, index, terms))
     }
 
     fn for_each(&self, f: &mut dyn FnMut(&JobEvent) -> ControlFlow<()>) {

@@ -51,8 +51,14 @@ struct Lengthened {
 }
 
 fn lengthened_beside(short: &str, long: &str, len: u32) -> Lengthened {
+    rebuilt_beside(short, long, None, Some(len))
+}
+
+/// [`lengthened_beside`] for any rebuild: `short` at `layers` blocks and
+/// `len` tokens (`None`: as traced) beside `long`.
+fn rebuilt_beside(short: &str, long: &str, layers: Option<u32>, len: Option<u32>) -> Lengthened {
     let full = estimate(long, None, None);
-    let lengthened = estimate(short, None, Some(len));
+    let lengthened = estimate(short, layers, len);
     let reserved = off(
         lengthened.peak.reserved_bytes.get(),
         full.peak.reserved_bytes.get(),
@@ -252,16 +258,12 @@ fn a_gradient_every_block_adds_to_is_made_once_by_the_first_block_backward_runs(
     // allocated.
     let short = "t5-small_lora_adamw_bs2_seq128_L2";
     let long = "t5-small_lora_adamw_bs2_seq128_L4";
-    let full = estimate(long, None, None);
-    let deepened = estimate(short, Some(4), None);
-    let reserved = off(
-        deepened.peak.reserved_bytes.get(),
-        full.peak.reserved_bytes.get(),
-    );
-    let allocated = off(
-        deepened.peak.allocated_bytes.get(),
-        full.peak.allocated_bytes.get(),
-    );
+    let Lengthened {
+        lengthened: deepened,
+        full,
+        reserved,
+        allocated,
+    } = rebuilt_beside(short, long, Some(4), None);
     assert!(
         reserved.abs() <= 0.1 && allocated.abs() <= 0.1,
         "reserved {reserved:+.2} %, allocated {allocated:+.2} %"
