@@ -288,7 +288,9 @@ impl<'a> Links<'a> {
         }
         Links {
             trace,
-            ops: OpsByStart::new(trace),
+            // Only a backward part is searched for the engine's sums: a
+            // forward-only rebuild does not sort the ops for it.
+            ops: OpsByStart::new(trace, parts.iter().any(|p| p.kind == Kind::Backward)),
             parts,
             loc,
             partner: pair(&trace.memory),
@@ -333,7 +335,7 @@ impl<'a> Links<'a> {
     }
 
     /// The template's backward allocations that add two gradient
-    /// contributions out of place (`engine_accumulations`) where the
+    /// contributions out of place ([`OpsByStart::is_accumulation`]) where the
     /// predecessor, which runs after it, makes none at the aligned place.
     fn first_accumulations(&self) -> BTreeSet<usize> {
         let backward = || self.parts.iter().filter(|p| p.kind == Kind::Backward);
@@ -574,12 +576,11 @@ struct OpsByStart<'a> {
     starts: Vec<i64>,
 }
 
-/// The prefix of the op the autograd engine records around each node it runs.
-const ENGINE_CALL: &str = "autograd::engine::evaluate_function: ";
-
 impl<'a> OpsByStart<'a> {
-    fn new(trace: &'a Trace) -> OpsByStart<'a> {
-        let mut order: Vec<usize> = (0..trace.ops.len()).collect();
+    /// The ops of `trace` by start, or none where `needed` is false.
+    fn new(trace: &'a Trace, needed: bool) -> OpsByStart<'a> {
+        let count = if needed { trace.ops.len() } else { 0 };
+        let mut order: Vec<usize> = (0..count).collect();
         order.sort_by_key(|&i| trace.ops.get(i).map_or(0, |o| o.start.get()));
         let starts = order
             .iter()
@@ -619,14 +620,17 @@ impl<'a> OpsByStart<'a> {
             return false;
         };
         self.trace.name(inner.name) == "aten::add"
-            && self.trace.name(outer.name).starts_with(ENGINE_CALL)
+            && self
+                .trace
+                .name(outer.name)
+                .starts_with(frames::AUTOGRAD_NODE)
     }
 
     /// The innermost engine call of a node around `[memory]` event `e`,
     /// as its (start, end).
     fn engine_call(&self, e: usize) -> Option<(i64, i64)> {
         self.around(e)
-            .find(|o| self.trace.name(o.name).starts_with(ENGINE_CALL))
+            .find(|o| self.trace.name(o.name).starts_with(frames::AUTOGRAD_NODE))
             .map(|o| (o.start.get(), o.start.get() + o.dur.get()))
     }
 }

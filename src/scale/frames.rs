@@ -96,7 +96,7 @@ pub(crate) fn block_calls(
 }
 
 /// The prefix of the op the autograd engine records around each node it runs.
-const AUTOGRAD_NODE: &str = "autograd::engine::evaluate_function: ";
+pub(super) const AUTOGRAD_NODE: &str = "autograd::engine::evaluate_function: ";
 
 /// Every module frame, with its module ancestors.
 pub(crate) fn module_frames(trace: &Trace) -> Vec<ModuleFrame> {

@@ -237,19 +237,13 @@ impl memcast::Parallel for Threads {
         jobs: Vec<memcast::SimulationJob<'a>>,
         simulated: &mut dyn FnMut(u64),
     ) -> Vec<memcast::report::SimulatedRun> {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let cores = cores();
         if cores < 2 || jobs.len() < 2 {
             return memcast::InTurn.run_all(jobs, simulated);
         }
         // Deal the jobs round-robin to `cores` threads; collect in order.
-        let mut lanes: Vec<Vec<(usize, memcast::SimulationJob<'a>)>> =
-            (0..cores).map(|_| Vec::new()).collect();
         let n = jobs.len();
-        for (index, job) in jobs.into_iter().enumerate() {
-            if let Some(lane) = lanes.get_mut(index % cores) {
-                lane.push((index, job));
-            }
-        }
+        let lanes = deal(jobs, cores);
         // The jobs count the events they simulated here; this thread
         // passes the sum on while it waits.
         let events = std::sync::atomic::AtomicU64::new(0);
@@ -286,24 +280,33 @@ impl memcast::Parallel for Threads {
     }
 
     fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>) {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let cores = cores();
         if cores < 2 || tasks.len() < 2 {
             tasks.into_iter().for_each(|task| task());
             return;
         }
-        // Deal the tasks round-robin to `cores` threads.
-        let mut lanes: Vec<Vec<memcast::Task<'a>>> = (0..cores).map(|_| Vec::new()).collect();
-        for (index, task) in tasks.into_iter().enumerate() {
-            if let Some(lane) = lanes.get_mut(index % cores) {
-                lane.push(task);
-            }
-        }
         std::thread::scope(|scope| {
-            for lane in lanes {
-                scope.spawn(move || lane.into_iter().for_each(|task| task()));
+            for lane in deal(tasks, cores) {
+                scope.spawn(move || lane.into_iter().for_each(|(_, task)| task()));
             }
         });
     }
+}
+
+/// The machine's cores (1 where it cannot tell).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// `items` dealt round-robin to `lanes` lanes, each with its index.
+fn deal<T>(items: Vec<T>, lanes: usize) -> Vec<Vec<(usize, T)>> {
+    let mut dealt: Vec<Vec<(usize, T)>> = (0..lanes).map(|_| Vec::new()).collect();
+    for (index, item) in items.into_iter().enumerate() {
+        if let Some(lane) = dealt.get_mut(index % lanes.max(1)) {
+            lane.push((index, item));
+        }
+    }
+    dealt
 }
 
 /// Estimates one trace, or several of one job at different sequence lengths
