@@ -64,14 +64,19 @@ impl Atoms {
     /// The items of a schedule's events. A block's key (but its kind) and
     /// its layer's numbers are found once, at its allocation.
     pub(crate) fn of(&mut self, schedule: &Schedule) -> Vec<Atom> {
-        /// A block's keys (allocation, free) and its layer's numbers.
+        /// A block's keys (allocation, free) and where its layer's numbers
+        /// lie in `numbers`.
         struct Seen {
             made_at: usize,
             keys: [u32; 2],
-            numbers: Vec<i64>,
+            numbers: std::ops::Range<usize>,
         }
         let mut seen: Vec<Option<Seen>> = Vec::new();
         seen.resize_with(schedule.blocks.len(), || None);
+        // Each layer's template and numbers, split once: many blocks share
+        // a layer.
+        let mut layers: FxHashMap<&str, (u32, std::ops::Range<usize>)> = FxHashMap::default();
+        let mut numbers: Vec<i64> = Vec::new();
         let mut out = Vec::with_capacity(schedule.events.len());
         for (i, e) in schedule.events.iter().enumerate() {
             let Some(slot) = seen.get_mut(e.block.index()) else {
@@ -81,12 +86,17 @@ impl Atoms {
                 let Some(block) = schedule.block(e.block) else {
                     continue;
                 };
-                let (template, numbers) = match block.layer.as_deref() {
+                let (template, range) = match block.layer.as_deref() {
                     Some(layer) => {
-                        let (t, n) = split_numbers(layer);
-                        (Some(self.names.id(&t)), n)
+                        let (t, range) = layers.entry(layer).or_insert_with(|| {
+                            let (t, n) = split_numbers(layer);
+                            let from = numbers.len();
+                            numbers.extend_from_slice(&n);
+                            (self.names.id(&t), from..numbers.len())
+                        });
+                        (Some(*t), range.clone())
                     }
-                    None => (None, Vec::new()),
+                    None => (None, 0..0),
                 };
                 let key = |kind| EventKey {
                     kind,
@@ -95,7 +105,7 @@ impl Atoms {
                     iteration: block.iteration,
                     op: None,
                     layer: template,
-                    numbers: u32::try_from(numbers.len()).unwrap_or(u32::MAX),
+                    numbers: u32::try_from(range.len()).unwrap_or(u32::MAX),
                     on: block.on,
                     per_gpu: block.per_gpu,
                 };
@@ -105,7 +115,7 @@ impl Atoms {
                 *slot = Some(Seen {
                     made_at: i,
                     keys,
-                    numbers,
+                    numbers: range,
                 });
             }
             let Some(block) = slot.as_ref() else {
@@ -123,9 +133,10 @@ impl Atoms {
                     i64::try_from(i.saturating_sub(block.made_at)).unwrap_or(i64::MAX),
                 ),
             };
-            let mut attrs = Vec::with_capacity(LAYER_NUMBERS + block.numbers.len());
+            let layer = numbers.get(block.numbers.clone()).unwrap_or(&[]);
+            let mut attrs = Vec::with_capacity(LAYER_NUMBERS + layer.len());
             attrs.extend([e.time.get(), second]);
-            attrs.extend_from_slice(&block.numbers);
+            attrs.extend_from_slice(layer);
             out.push(Atom { key, attrs });
         }
         out

@@ -289,12 +289,14 @@ fn named_mask(wanted: &[Atom], stretch: &[Atom], name: Name<'_>) -> Option<Vec<b
 /// (j = 1, 2, 3), each number on its line or plane; see the module docs.
 fn parse(seqs: &[Vec<Atom>; 4], runs: &[(usize, Vec<Atom>)]) -> Option<Derived> {
     let [x0, x1, x2, x3] = seqs;
-    // Each sequence parsed as the first with j copies of every run.
-    let mut base_vals: Vec<Vec<Vec<i64>>> = x0.iter().map(|a| vec![a.attrs.clone()]).collect();
+    // Each sequence parsed as the first with j copies of every run; the
+    // numbers are read where they lie, not copied. Per item of the first:
+    // its numbers at each count, in one table.
+    let mut base_vals: Vec<[&[i64]; 4]> = x0.iter().map(|a| [a.attrs.as_slice(); 4]).collect();
     // Per run, per item: (copy, copies, numbers).
-    let mut run_vals: Vec<Vec<Vec<CopyNumbers>>> = runs
+    let mut run_vals: Vec<Vec<Vec<CopyNumbers<'_>>>> = runs
         .iter()
-        .map(|(_, body)| vec![Vec::new(); body.len()])
+        .map(|(_, body)| vec![Vec::with_capacity(6); body.len()])
         .collect();
     for (j, x) in [x1, x2, x3].into_iter().enumerate() {
         let j = j + 1;
@@ -316,7 +318,7 @@ fn parse(seqs: &[Vec<Atom>; 4], runs: &[(usize, Vec<Atom>)]) -> Option<Derived> 
                         run_vals.get_mut(r)?.get_mut(m)?.push((
                             i64::try_from(c).ok()?,
                             i64::try_from(j).ok()?,
-                            got.attrs.clone(),
+                            got.attrs.as_slice(),
                         ));
                     }
                 }
@@ -329,7 +331,7 @@ fn parse(seqs: &[Vec<Atom>; 4], runs: &[(usize, Vec<Atom>)]) -> Option<Derived> 
             if got.key != item.key || got.attrs.len() != item.attrs.len() {
                 return None;
             }
-            base_vals.get_mut(i)?.push(got.attrs.clone());
+            *base_vals.get_mut(i)?.get_mut(j)? = got.attrs.as_slice();
         }
         if at.next().is_some() {
             return None;
@@ -341,11 +343,12 @@ fn parse(seqs: &[Vec<Atom>; 4], runs: &[(usize, Vec<Atom>)]) -> Option<Derived> 
         .map(|(a, vals)| grown(a.key, vals))
         .collect::<Option<Vec<Grown<Line>>>>()?;
     let mut out_runs = Vec::with_capacity(runs.len());
+    let mut points = Vec::new();
     for ((pos, body), items) in runs.iter().zip(&run_vals) {
         let items = body
             .iter()
             .zip(items)
-            .map(|(a, vals)| planes(a.key, vals))
+            .map(|(a, vals)| planes(a.key, vals, &mut points))
             .collect::<Option<Vec<Grown<Plane>>>>()?;
         out_runs.push((*pos, items));
     }
@@ -356,7 +359,7 @@ fn parse(seqs: &[Vec<Atom>; 4], runs: &[(usize, Vec<Atom>)]) -> Option<Derived> 
 }
 
 /// A run item's numbers in one copy: (copy, copies, numbers).
-type CopyNumbers = (i64, i64, Vec<i64>);
+type CopyNumbers<'a> = (i64, i64, &'a [i64]);
 
 /// The end of a sequence, for the parse loop.
 static END: Atom = Atom {
@@ -365,29 +368,31 @@ static END: Atom = Atom {
 };
 
 /// A run's item whose numbers were `vals` (copy, copies, numbers), each
-/// on a plane.
-fn planes(key: u32, vals: &[(i64, i64, Vec<i64>)]) -> Option<Grown<Plane>> {
+/// on a plane; `points`: room to gather one number's points in.
+fn planes(
+    key: u32,
+    vals: &[CopyNumbers<'_>],
+    points: &mut Vec<(i64, i64, i64)>,
+) -> Option<Grown<Plane>> {
     let width = vals.first().map_or(0, |v| v.2.len());
     let mut attrs = Vec::with_capacity(width);
     for k in 0..width {
-        let points: Vec<(i64, i64, i64)> = vals
-            .iter()
-            .map(|(c, j, v)| v.get(k).map(|&x| (*c, *j, x)))
-            .collect::<Option<Vec<_>>>()?;
-        attrs.push(Plane::through(&points)?);
+        points.clear();
+        for (c, j, v) in vals {
+            points.push((*c, *j, *v.get(k)?));
+        }
+        attrs.push(Plane::through(points)?);
     }
     Some(Grown { key, attrs })
 }
 
 /// An item whose numbers were `vals[n]` at count `n`, each on a line.
-fn grown(key: u32, vals: &[Vec<i64>]) -> Option<Grown<Line>> {
-    let width = vals.first().map_or(0, Vec::len);
+fn grown(key: u32, vals: &[&[i64]; 4]) -> Option<Grown<Line>> {
+    let [v0, v1, v2, v3] = vals;
+    let width = v0.len();
     let mut attrs = Vec::with_capacity(width);
     for k in 0..width {
-        let column: Vec<i64> = vals
-            .iter()
-            .map(|v| v.get(k).copied())
-            .collect::<Option<Vec<i64>>>()?;
+        let column = [*v0.get(k)?, *v1.get(k)?, *v2.get(k)?, *v3.get(k)?];
         attrs.push(Line::through(&column)?);
     }
     Some(Grown { key, attrs })

@@ -90,7 +90,7 @@ impl CachingAllocator {
             return;
         };
         let key = free_key(b.stream, b.size, b.addr);
-        self.pool_mut(b.pool).free.remove(&key);
+        self.pool_mut(b.pool).free.remove(key);
     }
 
     /// Makes `id` the next block of `prev` (nothing when `prev` is `NIL`).

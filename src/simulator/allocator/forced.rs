@@ -49,7 +49,7 @@ impl CachingAllocator {
             self.next_segment_address = None;
             self.insert_free(id?, true);
         }
-        let id = self.pool(pool).free.values().copied().find(|&id| {
+        let id = self.pool(pool).free.ids().find(|&id| {
             self.block(id).is_some_and(|b| {
                 b.stream == stream && b.addr <= addr && end <= b.addr.saturating_add(b.size)
             })

@@ -2,8 +2,10 @@
 //! the release-and-retry path, expandable segments (allocator.md §1–§9).
 //!
 //! Blocks live in an arena (`Vec<Block>`) linked per segment in address order.
-//! Each pool keeps its free mapped blocks in a `BTreeMap` keyed by
-//! `(stream, size, address)`, so best fit is one `range` lookup; expandable
+//! Each pool keeps its free mapped blocks ordered by `(stream, size,
+//! address)` ([`free_set::FreeSet`]: size classes for the small blocks of
+//! the default stream, an ordered map for the rest), so best fit is one
+//! lookup; expandable
 //! segments keep their unmapped blocks in a second map keyed by
 //! `(stream, address)`.
 //!
@@ -22,6 +24,7 @@
 mod arena;
 mod expandable;
 mod forced;
+mod free_set;
 mod load;
 mod release;
 
@@ -217,7 +220,7 @@ fn free_key(stream: u32, size: u64, addr: u64) -> u128 {
 
 #[derive(Debug, Clone, Default)]
 struct Pool {
-    free: BTreeMap<u128, u32>,
+    free: free_set::FreeSet,
     unmapped: BTreeMap<(u32, u64), u32>,
     gc_clock: u64,
 }
@@ -364,11 +367,11 @@ impl CachingAllocator {
             for stream in 0..self.streams.len().max(1) as u32 {
                 let below_next = free_key(stream.saturating_add(1), 0, 0);
                 let top = if stream >= 0xffff {
-                    pool.free.iter().next_back()
+                    pool.free.last()
                 } else {
-                    pool.free.range(..below_next).next_back()
+                    pool.free.last_before(below_next)
                 };
-                if let Some(b) = top.and_then(|(_, &id)| self.block(id)) {
+                if let Some(b) = top.and_then(|(_, id)| self.block(id)) {
                     if b.stream == stream {
                         largest = largest.max(b.size);
                     }
@@ -516,14 +519,14 @@ impl CachingAllocator {
         if self.gc_enabled() {
             self.pool_mut(pool).gc_clock += 1;
         }
-        let mut iter = self.pool(pool).free.range(free_key(stream, s, 0)..);
-        let (_, &first) = iter.next()?;
+        let mut iter = self.pool(pool).free.from(free_key(stream, s, 0));
+        let (_, first) = iter.next()?;
         let mut cur = self.block(first).filter(|b| b.stream == stream)?;
         let mut cur_id = first;
         if self.config.expandable_segments {
             // §9.4: prefer an interior block over a tail bordering unmapped space.
             while cur.seg != NIL {
-                let Some((_, &next_id)) = iter.next() else {
+                let Some((_, next_id)) = iter.next() else {
                     break;
                 };
                 let Some(next) = self.block(next_id) else {

@@ -24,7 +24,7 @@ impl CachingAllocator {
     /// expandable segments. This is also `torch.cuda.empty_cache()`.
     pub fn release_cached_blocks(&mut self) {
         for pool in [PoolKind::Large, PoolKind::Small] {
-            let ids: Vec<u32> = self.pool(pool).free.values().copied().collect();
+            let ids: Vec<u32> = self.pool(pool).free.ids().collect();
             let mut to_unmap = Vec::new();
             for id in ids {
                 let Some(b) = self.block(id) else {
@@ -50,8 +50,8 @@ impl CachingAllocator {
         let mut out: Vec<(u64, u64)> = self
             .pools
             .iter()
-            .flat_map(|p| p.free.values())
-            .filter_map(|&id| self.block(id))
+            .flat_map(|p| p.free.ids())
+            .filter_map(|id| self.block(id))
             .filter(|b| b.seg == NIL && b.whole())
             .map(|b| (b.addr, b.size))
             .collect();
@@ -64,15 +64,10 @@ impl CachingAllocator {
     /// capacity the simulator was not given). False if there is no such
     /// cached segment.
     pub fn release_segment_at(&mut self, addr: u64) -> bool {
-        let found = self
-            .pools
-            .iter()
-            .flat_map(|p| p.free.values())
-            .copied()
-            .find(|&id| {
-                self.block(id)
-                    .is_some_and(|b| b.addr == addr && b.seg == NIL && b.whole())
-            });
+        let found = self.pools.iter().flat_map(|p| p.free.ids()).find(|&id| {
+            self.block(id)
+                .is_some_and(|b| b.addr == addr && b.seg == NIL && b.whole())
+        });
         let Some(id) = found else {
             return false;
         };
@@ -103,13 +98,12 @@ impl CachingAllocator {
         let p = self.pool(pool);
         let single = p
             .free
-            .range(free_key(stream, key, 0)..)
-            .next()
-            .filter(|(_, &id)| {
+            .first_from(free_key(stream, key, 0))
+            .filter(|&(_, id)| {
                 self.block(id)
                     .is_some_and(|b| b.stream == stream && b.seg == NIL)
             })
-            .map(|(_, &id)| id);
+            .map(|(_, id)| id);
         if let Some(id) = single {
             if !self.block(id).is_some_and(Block::whole) {
                 return false;
@@ -120,13 +114,12 @@ impl CachingAllocator {
         }
         let candidates: Vec<u32> = p
             .free
-            .range(..free_key(stream, key, 0))
-            .rev()
-            .take_while(|(_, &id)| {
+            .before(free_key(stream, key, 0))
+            .take_while(|&(_, id)| {
                 self.block(id)
                     .is_some_and(|b| b.stream == stream && b.size >= max_split)
             })
-            .map(|(_, &id)| id)
+            .map(|(_, id)| id)
             .collect();
         let mut released = 0u64;
         for id in candidates {
@@ -164,12 +157,7 @@ impl CachingAllocator {
         let eligible = |b: &Block| b.whole() && b.seg == NIL;
         let mut total_age: u128 = 0;
         let mut count: u128 = 0;
-        for b in self
-            .pool(large)
-            .free
-            .values()
-            .filter_map(|&id| self.block(id))
-        {
+        for b in self.pool(large).free.ids().filter_map(|id| self.block(id)) {
             if eligible(b) {
                 total_age += u128::from(clock.saturating_sub(b.gc_base));
                 count += 1;
@@ -180,7 +168,7 @@ impl CachingAllocator {
         while reclaimed < target && freed && count > 0 {
             freed = false;
             let (pass_total, pass_count) = (total_age, count);
-            let ids: Vec<u32> = self.pool(large).free.values().copied().collect();
+            let ids: Vec<u32> = self.pool(large).free.ids().collect();
             for id in ids {
                 let Some(b) = self.block(id) else {
                     continue;
