@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 
 use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
-use crate::program::JobRef;
+use crate::program::{JobEvent, JobRef};
 use crate::report::{Recorder, SimulatedRun};
 use crate::simulator::{AllocatorConfig, GpuMemory, Runner, SimOp};
 use crate::units::Bytes;
@@ -104,7 +104,7 @@ pub fn simulate_job(
     // frees are skipped too.
     let mut skipped: HashSet<u64> = HashSet::new();
     let mut index = 0usize;
-    job.for_each(&mut |e| {
+    job.for_each(|e: &JobEvent| {
         let op = match e.kind {
             EventKind::Alloc => {
                 let size = issued_size.of(e.category, e.size_on(target));

@@ -157,7 +157,7 @@ impl<'a> JobRef<'a> {
     }
 
     /// Calls `f` with each event in order until it breaks.
-    pub fn for_each(&self, f: &mut dyn FnMut(&JobEvent) -> ControlFlow<()>) {
+    pub fn for_each<F: FnMut(&JobEvent) -> ControlFlow<()>>(&self, mut f: F) {
         match self {
             JobRef::Schedule(s) => {
                 for e in &s.events {
@@ -182,7 +182,7 @@ impl<'a> JobRef<'a> {
                     }
                 }
             }
-            JobRef::Program(p) => p.for_each(f),
+            JobRef::Program(p) => p.for_each(&mut f),
         }
     }
 
@@ -195,7 +195,7 @@ impl<'a> JobRef<'a> {
         let mut live: BTreeMap<u64, (u64, JobEvent)> = BTreeMap::new();
         let mut at = None;
         let mut position = 0u64;
-        self.for_each(&mut |e| {
+        self.for_each(|e: &JobEvent| {
             match e.kind {
                 EventKind::Alloc => {
                     live.insert(e.block, (position, *e));
@@ -239,17 +239,17 @@ impl ScheduledBlock {
 /// Calls `f` with each leaf of `nodes` (its index) and the terms its
 /// numbers take there, with `extra` added copies per dimension, until it
 /// breaks.
-pub(crate) fn walk_nodes(
+pub(crate) fn walk_nodes<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(
     nodes: &[Node],
     leaves: &[Leaf],
     extra: [i64; 2],
-    f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>,
+    f: &mut F,
 ) {
-    fn walk(
+    fn walk<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(
         nodes: &[Node],
         leaves: &[Leaf],
         vars: [i64; 4],
-        f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>,
+        f: &mut F,
     ) -> ControlFlow<()> {
         let terms = Terms::of(vars);
         for node in nodes {
@@ -488,7 +488,7 @@ impl Program {
         // The job's block numbers (its allocations' places) to ids.
         let mut ids: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
         let mut whole = true;
-        JobRef::Program(self).for_each(&mut |e| {
+        JobRef::Program(self).for_each(|e: &JobEvent| {
             let id = match e.kind {
                 EventKind::Alloc => {
                     let (Some(facts), Ok(id)) =
@@ -547,7 +547,7 @@ impl Program {
 
     /// Calls `f` with each event's leaf and its variables, for a job with
     /// `extra` added copies, until it breaks.
-    fn walk_at(&self, extra: [i64; 2], f: &mut dyn FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>) {
+    fn walk_at<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(&self, extra: [i64; 2], f: &mut F) {
         walk_nodes(&self.nodes, &self.leaves, extra, f);
     }
 
@@ -617,7 +617,7 @@ impl Program {
         Some(fast::Head::of(key).event(numbers, item, index, terms))
     }
 
-    fn for_each(&self, f: &mut dyn FnMut(&JobEvent) -> ControlFlow<()>) {
+    fn for_each<F: FnMut(&JobEvent) -> ControlFlow<()>>(&self, f: &mut F) {
         let mut index = 0u64;
         self.walk_at(self.extra, &mut |item, leaf, terms| {
             let event = self.event(item, leaf, index, terms);

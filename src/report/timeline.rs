@@ -61,6 +61,10 @@ pub struct Downsampler {
     kept: Vec<TimelinePoint>,
     /// The bucket being filled and its candidates.
     bucket: Option<Bucket>,
+    /// The offsets from `start` that fall in the bucket being filled
+    /// (from, to: exclusive), so most points find their bucket without a
+    /// division.
+    span_of_bucket: (i128, i128),
 }
 
 /// One bucket's candidates, as (index in the bucket, point).
@@ -144,6 +148,7 @@ impl Downsampler {
             span: (i128::from(last.get()) - start).max(1),
             kept: Vec::new(),
             bucket: None,
+            span_of_bucket: (0, 0),
         }
     }
 
@@ -155,16 +160,46 @@ impl Downsampler {
             .min(self.buckets - 1)
     }
 
+    /// The offsets from `start` whose points [`Downsampler::bucket_of`]
+    /// puts in bucket `index`: from the first offset `o` with `o · buckets
+    /// / (span + 1) ≥ index` (the first bucket from any offset, the
+    /// negative ones clamped into it) to the next bucket's first (the last
+    /// bucket to any offset).
+    fn offsets_of(&self, index: usize) -> (i128, i128) {
+        let (width, buckets) = (self.span + 1, self.buckets as i128);
+        let first = |k: i128| (k * width + buckets - 1) / buckets;
+        let k = index as i128;
+        let from = if k == 0 { i128::MIN } else { first(k) };
+        let to = if k + 1 >= buckets {
+            i128::MAX
+        } else {
+            first(k + 1)
+        };
+        (from, to)
+    }
+
     /// The next point (in time order).
     pub fn push(&mut self, point: TimelinePoint) {
         if self.all {
             self.kept.push(point);
             return;
         }
+        // Most points fall in the bucket of the point before them.
+        let offset = i128::from(point.time_ns.get()) - self.start;
+        let (from, to) = self.span_of_bucket;
+        if let Some(bucket) = self
+            .bucket
+            .as_mut()
+            .filter(|_| from <= offset && offset < to)
+        {
+            bucket.push(point);
+            return;
+        }
         let index = self.bucket_of(&point);
         match &mut self.bucket {
             Some(bucket) if bucket.index == index => bucket.push(point),
             _ => {
+                self.span_of_bucket = self.offsets_of(index);
                 if let Some(done) = self.bucket.replace(Bucket::new(index, point)) {
                     done.flush(&mut self.kept);
                 }
@@ -191,6 +226,37 @@ mod tests {
             time_ns: Nanos(time),
             allocated_bytes: Bytes(allocated),
             reserved_bytes: Bytes(reserved),
+        }
+    }
+
+    proptest! {
+        /// A point lies in the offsets of the bucket `bucket_of` divides
+        /// out for it, at the ends of every bucket too: the offsets of
+        /// consecutive buckets meet, so a point in the current bucket's
+        /// offsets is in that bucket.
+        #[test]
+        fn a_buckets_offsets_are_the_points_it_takes(
+            span in 0i64..5_000_000,
+            max_points in 6usize..5000,
+            probes in proptest::collection::vec(-10i64..5_000_010, 1..50),
+        ) {
+            let timeline = Downsampler::new(u64::MAX, (Nanos(0), Nanos(span)), max_points);
+            let mut times = probes;
+            for k in 0..timeline.buckets {
+                let (from, to) = timeline.offsets_of(k);
+                if k + 1 < timeline.buckets {
+                    prop_assert_eq!(to, timeline.offsets_of(k + 1).0);
+                }
+                if let Ok(from) = i64::try_from(from) {
+                    times.extend([from - 1, from]);
+                }
+            }
+            for time in times {
+                let index = timeline.bucket_of(&point(time, 0, 0));
+                let (from, to) = timeline.offsets_of(index);
+                let offset = i128::from(time);
+                prop_assert!(from <= offset && offset < to, "{time} in bucket {index}: {from}..{to}");
+            }
         }
     }
 
