@@ -24,6 +24,7 @@
 
 use super::{prepare_trace, Config, Error, InTurn, Parallel, Prepared, Progress, Stage};
 use crate::diag::Warning;
+use crate::orchestrator::{ScheduleEvent, ScheduledBlock};
 use crate::program::{grown_text, Dim, Grid, Program};
 use crate::scale::{self, work::Counts, Target};
 use crate::trace::Trace;
@@ -292,21 +293,18 @@ impl Derivation {
             done: 0,
             total: 1,
         });
+        // The facts: every field but the events (the what-if job's too).
+        let mut rebuilt = rebuilt;
+        let Ok(texts) =
+            <[String; 4]>::try_from(rebuilt.iter_mut().map(facts_text).collect::<Vec<_>>())
+        else {
+            return Ok(None);
+        };
+        let texts = Grid { dim, at: texts };
         let Ok(four) = <[&Prepared; 4]>::try_from(rebuilt.iter().collect::<Vec<_>>()) else {
             return Ok(None);
         };
         let grid = Grid { dim, at: four };
-        // The facts: every field but the events (the what-if job's too).
-        let texts = grid.map(|p| {
-            let mut facts = Prepared::clone(p);
-            facts.orchestrated.schedule.blocks.clear();
-            facts.orchestrated.schedule.events.clear();
-            if let Some(autocast) = facts.autocast.as_deref_mut() {
-                autocast.schedule.blocks.clear();
-                autocast.schedule.events.clear();
-            }
-            serde_json::to_string(&facts).unwrap_or_default()
-        });
         let schedules = grid.map(|p| &p.orchestrated.schedule);
         let Some(program) = Program::derive(&schedules) else {
             return Ok(None);
@@ -369,6 +367,35 @@ impl Derivation {
         prepared.program = Some(Box::new(program));
         Some(prepared)
     }
+}
+
+/// A rebuild's facts as JSON: every field but its schedule's blocks and
+/// events (the what-if job's too), which are set aside while it is
+/// written, not copied.
+fn facts_text(p: &mut Prepared) -> String {
+    fn set_aside(
+        o: &mut crate::orchestrator::Orchestrated,
+    ) -> (Vec<ScheduledBlock>, Vec<ScheduleEvent>) {
+        (
+            std::mem::take(&mut o.schedule.blocks),
+            std::mem::take(&mut o.schedule.events),
+        )
+    }
+    fn put_back(
+        o: &mut crate::orchestrator::Orchestrated,
+        (blocks, events): (Vec<ScheduledBlock>, Vec<ScheduleEvent>),
+    ) {
+        o.schedule.blocks = blocks;
+        o.schedule.events = events;
+    }
+    let own = set_aside(&mut p.orchestrated);
+    let autocast = p.autocast.as_deref_mut().map(set_aside);
+    let text = serde_json::to_string(&*p).unwrap_or_default();
+    put_back(&mut p.orchestrated, own);
+    if let (Some(job), Some(parts)) = (p.autocast.as_deref_mut(), autocast) {
+        put_back(job, parts);
+    }
+    text
 }
 
 /// `scale` with `count` copies of `dim`.
