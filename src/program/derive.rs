@@ -296,7 +296,7 @@ fn parse(seqs: &[Vec<Atom>; 4], runs: &[(usize, Vec<Atom>)]) -> Option<Derived> 
     // Per run, per item: (copy, copies, numbers).
     let mut run_vals: Vec<Vec<Vec<CopyNumbers<'_>>>> = runs
         .iter()
-        .map(|(_, body)| vec![Vec::with_capacity(6); body.len()])
+        .map(|(_, body)| vec![Vec::new(); body.len()])
         .collect();
     for (j, x) in [x1, x2, x3].into_iter().enumerate() {
         let j = j + 1;

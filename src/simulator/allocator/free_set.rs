@@ -11,7 +11,8 @@
 //! Every other block (another stream, an odd or larger size, a class grown
 //! past [`CLASS_CAP`]) is kept in an ordered map. Each key lives in exactly
 //! one of the two, and every query takes the lesser (or greater) of what
-//! each holds, so the order seen is the one ordered map's.
+//! each holds (keys are unique, so the pair's order is its key's), so the
+//! order seen is the one ordered map's.
 
 use std::collections::BTreeMap;
 
@@ -202,22 +203,14 @@ impl FreeSet {
 
     /// The first block at or after `key`, with its key.
     pub(super) fn first_from(&self, key: u128) -> Option<(u128, u32)> {
-        let kept = self.class_first(key);
         let other = self.rest.range(key..).next().map(|(&k, &id)| (k, id));
-        match (kept, other) {
-            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-            (a, b) => a.or(b),
-        }
+        [self.class_first(key), other].into_iter().flatten().min()
     }
 
     /// The last block before `key`, with its key.
     pub(super) fn last_before(&self, key: u128) -> Option<(u128, u32)> {
-        let kept = self.class_last(key);
         let other = self.rest.range(..key).next_back().map(|(&k, &id)| (k, id));
-        match (kept, other) {
-            (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
-            (a, b) => a.or(b),
-        }
+        [self.class_last(key), other].into_iter().flatten().max()
     }
 
     /// The blocks at or after `key`, in order.
@@ -244,11 +237,10 @@ impl FreeSet {
     /// The last block of all.
     pub(super) fn last(&self) -> Option<(u128, u32)> {
         let top = self.rest.iter().next_back().map(|(&k, &id)| (k, id));
-        let kept = self.class_last(u128::MAX);
-        match (kept, top) {
-            (Some(a), Some(b)) => Some(if a.0 >= b.0 { a } else { b }),
-            (a, b) => a.or(b),
-        }
+        [self.class_last(u128::MAX), top]
+            .into_iter()
+            .flatten()
+            .max()
     }
 }
 
