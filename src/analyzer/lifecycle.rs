@@ -1,7 +1,7 @@
 //! Block lifecycles: pairs each allocation with the next free of the same
 //! address on the same device, in time order.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::{Block, BlockRole, MemoryRecord, Phase};
 use crate::diag::Warning;
@@ -27,7 +27,7 @@ pub(crate) fn pair_blocks(trace: &Trace, origin: Nanos, warnings: &mut Vec<Warni
     let mut blocks: Vec<Block> = Vec::new();
     let mut unmatched_frees = Vec::new();
     // Lookups only; never iterated, so the hash order cannot leak into results.
-    let mut live: HashMap<(Device, u64), usize> = HashMap::new();
+    let mut live: FxHashMap<(Device, u64), usize> = FxHashMap::default();
     let mut n_realloc = 0_usize;
     let mut n_size_mismatch = 0_usize;
     let mut unmatched_bytes = 0_u64;

@@ -60,6 +60,7 @@ pub use summary::{
 pub use recipes::{Checkpointing, Distributed, RunRecipe, TrainingLoop};
 pub use resident::{ModelState, RunKind, StateKind};
 
+use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -655,12 +656,12 @@ fn trace_end_of(life: &lifecycle::Life, index: &spans::SpanIndex) -> Nanos {
 /// The name table of an analysis: the trace's names plus layer paths.
 pub(crate) struct Names {
     names: Vec<String>,
-    lookup: std::collections::HashMap<String, NameId>,
+    lookup: FxHashMap<String, NameId>,
 }
 
 impl Names {
     fn from_trace(trace: &Trace) -> Names {
-        let mut lookup = std::collections::HashMap::with_capacity(trace.names.len());
+        let mut lookup = FxHashMap::with_capacity_and_hasher(trace.names.len(), Default::default());
         for (i, name) in trace.names.iter().enumerate() {
             lookup
                 .entry(name.clone())

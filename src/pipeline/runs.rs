@@ -43,10 +43,12 @@ pub trait Parallel {
 
     /// Runs independent pieces of work (a derivation's rebuilds), each
     /// writing its result where it was told; in turn unless the shell can
-    /// run them side by side.
-    fn run_tasks<'a>(&self, tasks: Vec<Task<'a>>) {
-        for task in tasks {
+    /// run them side by side. `done(n)` is called on the calling thread now
+    /// and then with the number of tasks finished so far.
+    fn run_tasks<'a>(&self, tasks: Vec<Task<'a>>, done: &mut dyn FnMut(usize)) {
+        for (n, task) in tasks.into_iter().enumerate() {
             task();
+            done(n + 1);
         }
     }
 }

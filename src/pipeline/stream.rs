@@ -236,92 +236,48 @@ impl Derivation {
                 traced => traced + FIRST,
             },
         };
-        progress(Progress {
-            stage: Stage::Rebuilding,
-            done: 0,
-            total: u64::from(COUNTS),
-        });
         let cells: Vec<Target> = (0..COUNTS)
             .map(|t| at_count(config.scale, dim, first + t))
             .collect();
         let rebuilt = match dim {
-            // Each step count's job is a derivation in depth of its own,
-            // whose rebuilds run side by side.
-            Dim::Tokens => {
-                let mut rebuilt = Vec::with_capacity(cells.len());
-                for (t, cell) in cells.iter().enumerate() {
-                    progress(Progress {
-                        stage: Stage::Rebuilding,
-                        done: t as u64,
-                        total: u64::from(COUNTS),
-                    });
-                    rebuilt.push(held_whole(
-                        rebuilds, warnings, config, counts, *cell, parallel,
-                    )?);
-                }
-                rebuilt
-            }
-            // Independent once the deeper traces they share are made.
-            Dim::Depth => {
-                rebuilds.warm(&cells, config.work_budget(), counts)?;
-                let mut slots: Vec<Option<Result<Prepared, Error>>> =
-                    (0..cells.len()).map(|_| None).collect();
-                let tasks: Vec<super::Task<'_>> = cells
-                    .iter()
-                    .zip(slots.iter_mut())
-                    .map(|(&cell, slot)| {
-                        let mut own = rebuilds.clone();
-                        Box::new(move || {
-                            *slot = Some(rebuild(&mut own, warnings, config, counts, cell));
-                        }) as super::Task<'_>
-                    })
-                    .collect();
-                parallel.run_tasks(tasks);
-                // A task the shell did not run is run here.
-                let mut rebuilt = Vec::with_capacity(cells.len());
-                for (slot, cell) in slots.into_iter().zip(&cells) {
-                    rebuilt.push(match slot {
-                        Some(done) => done?,
-                        None => rebuild(rebuilds, warnings, config, counts, *cell)?,
-                    });
-                }
-                rebuilt
-            }
+            // Each step count's job is a derivation in depth of its own.
+            Dim::Tokens => held_whole(
+                rebuilds, warnings, config, counts, &cells, progress, parallel,
+            )?,
+            Dim::Depth => rebuild_all(
+                rebuilds, warnings, config, counts, &cells, progress, parallel,
+            )?,
         };
         progress(Progress {
             stage: Stage::Orchestrating,
             done: 0,
             total: 1,
         });
+        Ok(Derivation::from_rebuilt(dim, first, rebuilt))
+    }
+
+    /// The derivation from the four rebuilds at `first` copies and the
+    /// three after; `None` where it does not hold.
+    fn from_rebuilt(dim: Dim, first: u32, rebuilt: Vec<Prepared>) -> Option<Derivation> {
         // The facts: every field but the events (the what-if job's too).
         let mut rebuilt = rebuilt;
-        let Ok(texts) =
-            <[String; 4]>::try_from(rebuilt.iter_mut().map(facts_text).collect::<Vec<_>>())
-        else {
-            return Ok(None);
-        };
+        let texts =
+            <[String; 4]>::try_from(rebuilt.iter_mut().map(facts_text).collect::<Vec<_>>()).ok()?;
         let texts = Grid { dim, at: texts };
-        let Ok(four) = <[&Prepared; 4]>::try_from(rebuilt.iter().collect::<Vec<_>>()) else {
-            return Ok(None);
-        };
+        let four = <[&Prepared; 4]>::try_from(rebuilt.iter().collect::<Vec<_>>()).ok()?;
         let grid = Grid { dim, at: four };
         let schedules = grid.map(|p| &p.orchestrated.schedule);
-        let Some(program) = Program::derive(&schedules) else {
-            return Ok(None);
-        };
+        let program = Program::derive(&schedules)?;
         let autocast = match grid.at.each_ref().map(|p| p.autocast.as_deref()) {
             [Some(a), Some(b), Some(c), Some(d)] => {
                 let schedules = Grid {
                     dim,
                     at: [&a.schedule, &b.schedule, &c.schedule, &d.schedule],
                 };
-                match Program::derive(&schedules) {
-                    Some(program) => Some(program),
-                    None => return Ok(None),
-                }
+                Some(Program::derive(&schedules)?)
             }
             [None, None, None, None] => None,
-            _ => return Ok(None),
+            _ => return None,
         };
         let derived = Derivation {
             dim,
@@ -331,7 +287,7 @@ impl Derivation {
             autocast,
         };
         // Checked where it is known: the first rebuild's facts.
-        Ok(derived.grown(0).is_some().then_some(derived))
+        derived.grown(0).is_some().then_some(derived)
     }
 
     /// The fewest new tokens (or blocks) it makes (the first rebuild's).
@@ -427,40 +383,140 @@ fn rebuild(
     prepare_trace(&trace, facts, w, config, &mut |_| {})
 }
 
-/// The job at `cell`, its schedule held whole: from a derivation in depth
-/// where it is that much deeper than the trace and the derivation holds,
-/// else rebuilt.
+/// The jobs at `cells` rebuilt and prepared, in order: what they share
+/// made first (each depth's deeper trace side by side), then each rebuild
+/// a task of its own. An error is the first cell's in order.
+fn rebuild_all(
+    rebuilds: &mut scale::Rebuilds<'_>,
+    warnings: &[Warning],
+    config: &Config,
+    counts: &Counts,
+    cells: &[Target],
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Vec<Prepared>, Error> {
+    let total = cells.len() as u64;
+    let mut told = |done: usize| {
+        progress(Progress {
+            stage: Stage::Rebuilding,
+            done: done as u64,
+            total,
+        })
+    };
+    told(0);
+    rebuilds.warm(cells, config.work_budget(), counts, |wanted| {
+        side_by_side(
+            parallel,
+            wanted.iter().collect(),
+            &|d| d.make(),
+            &mut |_| {},
+        )
+    })?;
+    let shared = &*rebuilds;
+    let made = side_by_side(
+        parallel,
+        cells.iter().collect(),
+        &|cell| rebuild(&mut shared.clone(), warnings, config, counts, *cell),
+        &mut told,
+    );
+    made.into_iter().collect()
+}
+
+/// The jobs at `cells` (decode step counts), their schedules held whole:
+/// from a derivation in depth where they are that much deeper than the
+/// trace and the derivation holds, else rebuilt. The sixteen rebuilds of
+/// the four derivations run as one set of tasks, then the derivations.
 fn held_whole(
     rebuilds: &mut scale::Rebuilds<'_>,
     warnings: &[Warning],
     config: &Config,
     counts: &Counts,
-    cell: Target,
+    cells: &[Target],
+    progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
-) -> Result<Prepared, Error> {
-    let deep = cell
-        .layers
-        .and_then(|layers| first_depth(counts, layers).map(|_| layers));
-    if let Some(layers) = deep {
-        let mut at_cell = config.clone();
-        at_cell.scale = cell;
-        let derived = Derivation::in_dim(
-            rebuilds,
-            warnings,
-            &at_cell,
-            counts,
-            Dim::Depth,
-            &mut |_| {},
-            parallel,
-        )?;
-        let derived = derived
-            .and_then(|d| d.prepared(layers))
-            .and_then(Prepared::into_held_whole);
-        if let Some(prepared) = derived {
-            return Ok(prepared);
+) -> Result<Vec<Prepared>, Error> {
+    // Every cell is at the depth asked for.
+    let deep = cells.iter().try_fold(None, |_, cell| {
+        let layers = cell.layers?;
+        first_depth(counts, layers).map(|first| Some((first, layers)))
+    });
+    let mut derived: Vec<Option<Prepared>> = match deep.flatten() {
+        Some((first, layers)) => {
+            let depth_cells: Vec<Target> = cells
+                .iter()
+                .flat_map(|cell| (0..COUNTS).map(move |t| at_count(*cell, Dim::Depth, first + t)))
+                .collect();
+            let mut rebuilt = rebuild_all(
+                rebuilds,
+                warnings,
+                config,
+                counts,
+                &depth_cells,
+                progress,
+                parallel,
+            )?
+            .into_iter();
+            let fours: Vec<Vec<Prepared>> = (0..cells.len())
+                .map(|_| rebuilt.by_ref().take(COUNTS as usize).collect())
+                .collect();
+            side_by_side(
+                parallel,
+                fours,
+                &|four| {
+                    Derivation::from_rebuilt(Dim::Depth, first, four)
+                        .and_then(|d| d.prepared(layers))
+                        .and_then(Prepared::into_held_whole)
+                },
+                &mut |_| {},
+            )
         }
-    }
-    // Not kept among the shared rebuilds: a job this deep is held once.
-    let mut alone = scale::Rebuilds::once(rebuilds.traces());
-    rebuild(&mut alone, warnings, config, counts, cell)
+        None => Vec::new(),
+    };
+    derived.resize_with(cells.len(), || None);
+    cells
+        .iter()
+        .zip(derived)
+        .map(|(cell, made)| match made {
+            Some(prepared) => Ok(prepared),
+            // Not kept among the shared rebuilds: a job this deep is
+            // held once.
+            None => rebuild(
+                &mut scale::Rebuilds::once(rebuilds.traces()),
+                warnings,
+                config,
+                counts,
+                *cell,
+            ),
+        })
+        .collect()
+}
+
+/// `f` of each of `items`, in order, run as the shell's tasks (side by
+/// side where it can; one it did not run is run here); `done(n)` as they
+/// finish.
+fn side_by_side<T: Send, R: Send>(
+    parallel: &dyn Parallel,
+    items: Vec<T>,
+    f: &(dyn Fn(T) -> R + Sync),
+    done: &mut dyn FnMut(usize),
+) -> Vec<R> {
+    let mut items: Vec<Option<T>> = items.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<R>> = items.iter().map(|_| None).collect();
+    let tasks: Vec<super::Task<'_>> = items
+        .iter_mut()
+        .zip(slots.iter_mut())
+        .map(|(item, slot)| {
+            Box::new(move || {
+                if let Some(item) = item.take() {
+                    *slot = Some(f(item));
+                }
+            }) as super::Task<'_>
+        })
+        .collect();
+    parallel.run_tasks(tasks, done);
+    slots
+        .into_iter()
+        .zip(items)
+        .filter_map(|(slot, item)| slot.or_else(|| item.map(f)))
+        .collect()
 }

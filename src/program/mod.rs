@@ -19,6 +19,7 @@ mod fast;
 pub(crate) use build::Grid;
 pub(crate) use facts::grown_text;
 use fast::FastLeaf;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -135,7 +136,7 @@ impl<'a> JobRef<'a> {
     /// fixed order: what decides whether two GPUs run the same simulation.
     pub fn size_variants(&self) -> Vec<SizeVariant> {
         let mut out: Vec<SizeVariant> = Vec::new();
-        let mut seen: std::collections::HashSet<SizeVariant> = std::collections::HashSet::new();
+        let mut seen: FxHashSet<SizeVariant> = FxHashSet::default();
         let mut add = |on: ArchSet, per_gpu: Option<PerGpu>| {
             if (!on.is_all() || per_gpu.is_some()) && seen.insert((on, per_gpu)) {
                 out.push((on, per_gpu));
@@ -486,7 +487,7 @@ impl Program {
         let mut blocks = Vec::with_capacity(capacity);
         let mut events = Vec::with_capacity(capacity.saturating_mul(2));
         // The job's block numbers (its allocations' places) to ids.
-        let mut ids: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+        let mut ids: FxHashMap<u64, u32> = FxHashMap::default();
         let mut whole = true;
         JobRef::Program(self).for_each(|e: &JobEvent| {
             let id = match e.kind {

@@ -28,7 +28,8 @@
 //! autograd sequence numbers are renumbered in call order, and `Total
 //! Allocated` is written again.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 
 use super::events::{base_total, retotal};
 use super::names::{python_id_stride, renumber_sequences, Interner, Renumber};
@@ -109,9 +110,9 @@ pub(super) struct Copies {
     /// The address of event `e` in copy `c` (0: the event itself, which
     /// keeps its own when absent; `None`: not emitted). A copy emits only
     /// the events given an address.
-    pub addr: HashMap<(usize, u32), Option<u64>>,
+    pub addr: FxHashMap<(usize, u32), Option<u64>>,
     /// The size of event `e` in copy `c` where it is not its own.
-    pub bytes: HashMap<(usize, u32), i64>,
+    pub bytes: FxHashMap<(usize, u32), i64>,
     pub extra: Vec<Extra>,
     /// Ops (indices into [`Trace::ops`]) whose recorded shapes no longer
     /// fit (grown sizes); their copies lose them too.

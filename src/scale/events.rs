@@ -2,7 +2,8 @@
 //! frees, `Total Allocated` written again after sizes or events changed, and
 //! the first step's optimizer state left out.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 
 use crate::trace::{MemoryEvent, Trace};
 
@@ -29,7 +30,7 @@ pub(super) fn retotal(memory: &mut [MemoryEvent], base: Option<i64>) {
 /// Pairs each allocation with the next free of its address (and back).
 pub(super) fn pair(memory: &[MemoryEvent]) -> Vec<Option<usize>> {
     let mut out = vec![None; memory.len()];
-    let mut open: HashMap<(u64, crate::trace::Device), usize> = HashMap::new();
+    let mut open: FxHashMap<(u64, crate::trace::Device), usize> = FxHashMap::default();
     for (i, m) in memory.iter().enumerate() {
         let key = (m.addr, m.device);
         if m.bytes > 0 {

@@ -3,7 +3,8 @@
 //! `LlamaDecoderLayer_1` under `LlamaModel_0`), the outermost such group, and
 //! the time each instance ran.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::trace::{PythonEvent, Trace};
 
@@ -100,7 +101,7 @@ pub(super) const AUTOGRAD_NODE: &str = "autograd::engine::evaluate_function: ";
 
 /// Every module frame, with its module ancestors.
 pub(crate) fn module_frames(trace: &Trace) -> Vec<ModuleFrame> {
-    let by_id: HashMap<i64, usize> = trace
+    let by_id: FxHashMap<i64, usize> = trace
         .python
         .iter()
         .enumerate()
@@ -171,7 +172,7 @@ impl BackwardSpans {
 fn ancestors(
     trace: &Trace,
     frame: &PythonEvent,
-    by_id: &HashMap<i64, usize>,
+    by_id: &FxHashMap<i64, usize>,
 ) -> Vec<(String, u32)> {
     let mut out = Vec::new();
     let mut parent = frame.parent_id;
@@ -215,7 +216,7 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
     }
     let ts: Vec<i64> = trace.memory.iter().map(|m| m.ts.get()).collect();
     // The first call of each instance (frames are in file order).
-    let mut first: HashMap<(&str, u32), &ModuleFrame> = HashMap::new();
+    let mut first: FxHashMap<(&str, u32), &ModuleFrame> = FxHashMap::default();
     for f in frames.iter().copied() {
         let e = first.entry((f.class.as_str(), f.k)).or_insert(f);
         if f.start < e.start {
@@ -257,12 +258,12 @@ pub(crate) fn find_stacks(trace: &Trace, frames: &[ModuleFrame]) -> Vec<Stack> {
         .into_iter()
         .filter(|((class, _), ks)| ks.len() >= 2 && alike(class, ks))
         .collect();
-    let members: HashSet<(&str, u32)> = candidates
+    let members: FxHashSet<(&str, u32)> = candidates
         .iter()
         .flat_map(|((c, _), ks)| ks.iter().map(move |&k| (c.as_str(), k)))
         .collect();
     // Instances called inside an instance of a candidate group.
-    let nested: HashSet<(&str, u32)> = frames
+    let nested: FxHashSet<(&str, u32)> = frames
         .iter()
         .filter(|f| members.contains(&(f.class.as_str(), f.k)))
         .filter(|f| {

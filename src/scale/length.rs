@@ -23,7 +23,8 @@
 //! Every recorded dim, stride and view size of a block's readers is rescaled
 //! the same way, so the analyzer matches reads to the rebuilt blocks.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeMap;
 
 use super::events::{base_total, pair, retotal};
 use super::rescale::{div_round, length_count, rebuild_inputs, Rescale, Traced};
@@ -114,7 +115,7 @@ pub(super) fn lengthen(
     let mut out = trace.clone();
     let partner = pair(&trace.memory);
     let (num, den) = (i128::from(len), i128::from(t));
-    let mut new_size: HashMap<usize, i64> = HashMap::new();
+    let mut new_size: FxHashMap<usize, i64> = FxHashMap::default();
     for (i, m) in trace.memory.iter().enumerate() {
         if m.bytes <= 0 {
             continue;
@@ -167,8 +168,8 @@ pub(super) fn lengthen(
 /// weight, never a block of the step: at 48 tokens, batch 2, a
 /// `[2048·768/2, 1]` packed weight has the bytes of a `[2, 48, 2048]` fp32
 /// activation, and its view, read first, named that activation's dims.
-fn quantized_weights(trace: &Trace) -> HashSet<(&[i64], NameId)> {
-    let mut out = HashSet::new();
+fn quantized_weights(trace: &Trace) -> FxHashSet<(&[i64], NameId)> {
+    let mut out = FxHashSet::default();
     for o in &trace.ops {
         let name = trace.name(o.name);
         let weights = crate::trace::weight_args(name, false);
@@ -188,7 +189,7 @@ fn quantized_weights(trace: &Trace) -> HashSet<(&[i64], NameId)> {
 
 /// The powers found: per allocation event, per tensor argument, per view op.
 struct Powers {
-    block: HashMap<usize, u32>,
+    block: FxHashMap<usize, u32>,
     args: BTreeMap<usize, u32>,
     views: BTreeMap<usize, u32>,
 }
@@ -205,10 +206,10 @@ struct Shapes<'a> {
     /// Data loader spans.
     loader: Vec<(i64, i64)>,
     /// The quantized weights' dims and dtypes ([`quantized_weights`]).
-    quantized: HashSet<(&'a [i64], NameId)>,
+    quantized: FxHashSet<(&'a [i64], NameId)>,
     /// The reads of the model's state (weights, quantized weights and
     /// their state: `read_args`), which never hold the length.
-    state: HashSet<usize>,
+    state: FxHashSet<usize>,
 }
 
 impl<'a> Shapes<'a> {
@@ -236,7 +237,7 @@ impl<'a> Shapes<'a> {
             position,
             loader,
             quantized,
-            state: HashSet::new(),
+            state: FxHashSet::default(),
         }
     }
 
@@ -283,8 +284,8 @@ impl<'a> Shapes<'a> {
         // Pass 1: reads of live blocks, and the op stack at each allocation.
         let mut live: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         let mut reads: Vec<(usize, usize, Vec<usize>)> = Vec::new(); // (op, arg, candidate blocks)
-        let mut maker: HashMap<usize, Vec<usize>> = HashMap::new(); // block -> op stack
-        let mut state_reads: HashSet<usize> = HashSet::new(); // the model's state's reads
+        let mut maker: FxHashMap<usize, Vec<usize>> = FxHashMap::default(); // block -> op stack
+        let mut state_reads: FxHashSet<usize> = FxHashSet::default(); // the model's state's reads
         let mut stack: Vec<usize> = Vec::new();
         let mut next_op = 0;
         for (i, m) in trace.memory.iter().enumerate() {
@@ -328,7 +329,7 @@ impl<'a> Shapes<'a> {
             self.read_args(oi, &live, &mut reads, &mut state_reads);
         }
         self.state = state_reads;
-        let mut upper: HashMap<usize, u32> = HashMap::new();
+        let mut upper: FxHashMap<usize, u32> = FxHashMap::default();
         // A gradient `AccumulateGrad` reads has its parameter's shape: no
         // length in it, whatever its dims coincide with (a [256, 768] k_proj
         // gradient at batch 4 × length 64). Not a leaf the forward made:
@@ -374,7 +375,7 @@ impl<'a> Shapes<'a> {
                 .get(op)
                 .is_some_and(|o| trace.name(o.name) == crate::trace::ACCUMULATE_GRAD)
         };
-        let mut leaves: std::collections::HashSet<usize> = detached.iter().copied().collect();
+        let mut leaves: FxHashSet<usize> = detached.iter().copied().collect();
         for (op, _, blocks) in &reads {
             let accumulate = !leaves.contains(op) && is_accumulate(*op);
             // Of the same-sized blocks it may read, the gradient is the one
@@ -408,7 +409,7 @@ impl<'a> Shapes<'a> {
                 !dims.is_empty() && !dims.contains(&0)
             })
         };
-        let mut args_of: HashMap<usize, Vec<(usize, &[usize])>> = HashMap::new();
+        let mut args_of: FxHashMap<usize, Vec<(usize, &[usize])>> = FxHashMap::default();
         for (op, arg, blocks) in &reads {
             let (op, arg) = (*op, *arg);
             args_of.entry(op).or_default().push((arg, blocks));
@@ -422,7 +423,7 @@ impl<'a> Shapes<'a> {
             }
         }
         // Pass 2: powers in allocation order.
-        let mut block: HashMap<usize, u32> = HashMap::new();
+        let mut block: FxHashMap<usize, u32> = FxHashMap::default();
         for (i, m) in trace.memory.iter().enumerate() {
             if m.bytes <= 0 {
                 continue;
@@ -556,7 +557,7 @@ impl<'a> Shapes<'a> {
             a.list_index?;
             Some((op, a.position, trace.numbers(a.dims).to_vec()))
         };
-        let mut alike: HashMap<(usize, u16, Vec<i64>), u32> = HashMap::new();
+        let mut alike: FxHashMap<(usize, u16, Vec<i64>), u32> = FxHashMap::default();
         for (op, arg, _) in &reads {
             if let (Some(key), Some(&k)) = (list_key(*op, *arg), args.get(arg)) {
                 let slot = alike.entry(key).or_insert(k);
@@ -585,7 +586,7 @@ impl<'a> Shapes<'a> {
         &self,
         arg: usize,
         blocks: &[usize],
-        powers: &HashMap<usize, u32>,
+        powers: &FxHashMap<usize, u32>,
         ts: i64,
     ) -> u32 {
         // A weight's dims may equal the length's at some length (a packed
@@ -666,7 +667,7 @@ impl<'a> Shapes<'a> {
         oi: usize,
         live: &BTreeMap<u64, Vec<usize>>,
         reads: &mut Vec<(usize, usize, Vec<usize>)>,
-        state_reads: &mut HashSet<usize>,
+        state_reads: &mut FxHashSet<usize>,
     ) {
         let Some(o) = self.trace.ops.get(oi) else {
             return;

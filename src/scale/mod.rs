@@ -418,9 +418,49 @@ pub struct Rebuilds<'a> {
     keep: bool,
 }
 
-/// A deeper trace made once, and its calls of the model per generation
-/// (found when a token target first asks).
-type Deep = (Made<DepthFacts>, Option<Vec<u32>>);
+/// A deeper trace made once, and its generations (found when a token
+/// target first asks: what its calls of the model are checked by, and what
+/// each of its token rebuilds extends).
+type Deep = (Made<DepthFacts>, Option<Vec<(tokens::Gen, u32)>>);
+
+/// A deeper trace [`Rebuilds::warm`] needs: made on its own, on any
+/// thread ([`Deepening::make`]), and handed back to `warm`.
+#[derive(Clone)]
+pub struct Deepening<'a> {
+    /// (length, blocks per stack).
+    key: (Option<u32>, u32),
+    /// The trace deepened: the lengthened one, or else `first`.
+    base: Option<Arc<Trace>>,
+    first: &'a Trace,
+    /// Whether a token target asks for its generations.
+    generations: bool,
+}
+
+/// What a [`Deepening`] made.
+pub struct Deepened {
+    key: (Option<u32>, u32),
+    made: Result<Deep, ScaleError>,
+}
+
+impl Deepening<'_> {
+    /// The deeper trace (and its generations where asked for).
+    pub fn make(&self) -> Deepened {
+        let made = (|| {
+            let mut w = Vec::new();
+            let base = self.base.as_deref().unwrap_or(self.first);
+            let (trace, f) = depth::deepen(base, self.key.1, &mut w)?;
+            let gens = match self.generations {
+                true => Some(tokens::generations(&trace)?),
+                false => None,
+            };
+            Ok(((Arc::new(trace), f, w), gens))
+        })();
+        Deepened {
+            key: self.key,
+            made,
+        }
+    }
+}
 
 /// A trace made once, its facts and the warnings making it gave (shared
 /// by the clones of its [`Rebuilds`]).
@@ -465,15 +505,64 @@ impl<'a> Rebuilds<'a> {
     /// Makes what the jobs at `targets` share (the lengthened trace, each
     /// depth's deeper trace and its calls of the model), each target's work
     /// checked: the clones made after share it.
+    /// Every target is checked before anything is made; the deeper traces
+    /// are made by `make_all` (each [`Deepening::make`], in any order or
+    /// side by side; one it does not hand back is made here), and an error
+    /// is the first target's in order.
     pub fn warm(
         &mut self,
         targets: &[Target],
         budget: work::Budget,
         counts: &work::Counts,
+        make_all: impl FnOnce(&[Deepening<'a>]) -> Vec<Deepened>,
     ) -> Result<(), ScaleError> {
         for target in targets {
             validate(target)?;
             work::check(counts, target, budget)?;
+        }
+        let mut wanted: Vec<Deepening<'a>> = Vec::new();
+        for target in targets {
+            let base = self.base(target, &mut Vec::new(), &mut ScaleFacts::default())?;
+            let (Some(layers), Some(first)) = (target.layers, self.traces.first()) else {
+                continue;
+            };
+            let key = (target.seq_len, layers);
+            let generations = target.new_tokens.is_some();
+            if self.deep.contains_key(&key) {
+                continue;
+            }
+            match wanted.iter_mut().find(|d| d.key == key) {
+                Some(d) => d.generations |= generations,
+                None => wanted.push(Deepening {
+                    key,
+                    base,
+                    first,
+                    generations,
+                }),
+            }
+        }
+        let mut made = make_all(&wanted);
+        for d in &wanted {
+            if !made.iter().any(|m| m.key == d.key) {
+                made.push(d.make());
+            }
+        }
+        let mut failed = BTreeMap::new();
+        for Deepened { key, made } in made {
+            match made {
+                Ok(deep) => {
+                    self.deep.entry(key).or_insert(deep);
+                }
+                Err(e) => {
+                    failed.entry(key).or_insert(e);
+                }
+            }
+        }
+        for target in targets {
+            let key = target.layers.map(|layers| (target.seq_len, layers));
+            if let Some(e) = key.and_then(|key| failed.remove(&key)) {
+                return Err(e);
+            }
             self.shared(target, &mut Vec::new(), &mut ScaleFacts::default())?;
         }
         Ok(())
@@ -508,7 +597,11 @@ impl<'a> Rebuilds<'a> {
         let out = match target.new_tokens {
             Some(n) => {
                 let base = base.as_deref().unwrap_or(first);
-                let (trace, f) = tokens::extend(base, n)?;
+                let gens = target
+                    .layers
+                    .and_then(|layers| self.deep.get(&(target.seq_len, layers)))
+                    .and_then(|(_, gens)| gens.as_deref());
+                let (trace, f) = tokens::extend(base, gens, n)?;
                 facts.tokens = Some(f);
                 trace
             }
@@ -532,6 +625,57 @@ impl<'a> Rebuilds<'a> {
     /// traced one (`None`), lengthened, deepened, each made once; its
     /// facts and warnings added to `facts` and `warnings`.
     fn shared(
+        &mut self,
+        target: &Target,
+        warnings: &mut Vec<Warning>,
+        facts: &mut ScaleFacts,
+    ) -> Result<Option<Arc<Trace>>, ScaleError> {
+        let Some(first) = self.traces.first() else {
+            return Err(ScaleError::SeveralWithoutLength);
+        };
+        let base = self.base(target, warnings, facts)?;
+        let Some(layers) = target.layers else {
+            return Ok(base);
+        };
+        let ((trace, f, w), gens) = match self.deep.entry((target.seq_len, layers)) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let mut w = Vec::new();
+                let (trace, f) = depth::deepen(base.as_deref().unwrap_or(first), layers, &mut w)?;
+                v.insert(((Arc::new(trace), f, w), None))
+            }
+        };
+        facts.depth = Some(f.clone());
+        warnings.extend(w.iter().cloned());
+        if let Some(traced) = self
+            .traced_calls
+            .as_ref()
+            .filter(|_| target.new_tokens.is_some())
+        {
+            // Nor change it: more blocks add ops inside each call,
+            // never calls (a frame whose parent is missing read as
+            // a call of the model, and the deeper rebuild,
+            // renumbering frames, read the calls around it instead:
+            // a fuzzed trace predicted 5,294 events and rebuilt
+            // 27,702).
+            let gens = match gens {
+                Some(g) => g,
+                None => gens.insert(tokens::generations(trace)?),
+            };
+            let rebuilt: Vec<u32> = gens.iter().map(|(_, calls)| *calls).collect();
+            if &rebuilt != traced {
+                return Err(ScaleError::StepsDiffer(format!(
+                    "with more blocks its calls of the model are not the traced ones ({traced:?} per generation traced, {rebuilt:?} rebuilt: a module frame whose parent is missing reads as a call)"
+                )));
+            }
+        }
+        Ok(Some(Arc::clone(trace)))
+    }
+
+    /// The trace a target's depth is made from: the traced one (`None`)
+    /// or lengthened, made once; the traced calls of the model found where
+    /// a token target first asks.
+    fn base(
         &mut self,
         target: &Target,
         warnings: &mut Vec<Warning>,
@@ -564,46 +708,7 @@ impl<'a> Rebuilds<'a> {
             facts.length = Some(f.clone());
             warnings.extend(w.iter().cloned());
         }
-        let base = lengthened.map(|(trace, _, _)| Arc::clone(trace));
-        let Some(layers) = target.layers else {
-            return Ok(base);
-        };
-        let ((trace, f, w), calls) = match self.deep.entry((target.seq_len, layers)) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => {
-                let mut w = Vec::new();
-                let (trace, f) = depth::deepen(base.as_deref().unwrap_or(first), layers, &mut w)?;
-                v.insert(((Arc::new(trace), f, w), None))
-            }
-        };
-        facts.depth = Some(f.clone());
-        warnings.extend(w.iter().cloned());
-        if let Some(traced) = self
-            .traced_calls
-            .as_ref()
-            .filter(|_| target.new_tokens.is_some())
-        {
-            // Nor change it: more blocks add ops inside each call,
-            // never calls (a frame whose parent is missing read as
-            // a call of the model, and the deeper rebuild,
-            // renumbering frames, read the calls around it instead:
-            // a fuzzed trace predicted 5,294 events and rebuilt
-            // 27,702).
-            let rebuilt = match calls {
-                Some(c) => c.clone(),
-                None => {
-                    let c = calls_per_generation(trace)?;
-                    *calls = Some(c.clone());
-                    c
-                }
-            };
-            if &rebuilt != traced {
-                return Err(ScaleError::StepsDiffer(format!(
-                    "with more blocks its calls of the model are not the traced ones ({traced:?} per generation traced, {rebuilt:?} rebuilt: a module frame whose parent is missing reads as a call)"
-                )));
-            }
-        }
-        Ok(Some(Arc::clone(trace)))
+        Ok(lengthened.map(|(trace, _, _)| Arc::clone(trace)))
     }
 }
 

@@ -2,7 +2,8 @@
 //! a deeper model's (per class, in call order, the copies right after the
 //! template's), autograd sequence numbers in call order, new names interned.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::frames::{ModuleFrame, Stack};
 use crate::trace::{NameId, OpEvent, Trace};
@@ -10,12 +11,12 @@ use crate::trace::{NameId, OpEvent, Trace};
 /// The rebuilt trace's name table: the id of a name, added when new (one
 /// lookup per frame, not a scan of the table).
 pub(super) struct Interner {
-    lookup: HashMap<String, NameId>,
+    lookup: FxHashMap<String, NameId>,
 }
 
 impl Interner {
     pub(super) fn new(trace: &Trace) -> Interner {
-        let mut lookup = HashMap::with_capacity(trace.names.len());
+        let mut lookup = FxHashMap::with_capacity_and_hasher(trace.names.len(), Default::default());
         for (i, name) in trace.names.iter().enumerate() {
             lookup
                 .entry(name.clone())
@@ -48,7 +49,7 @@ pub(super) fn renumber_sequences(ops: &mut [(OpEvent, u32, Option<i64>)]) {
     else {
         return;
     };
-    let mut map: HashMap<(i64, u32), i64> = HashMap::new();
+    let mut map: FxHashMap<(i64, u32), i64> = FxHashMap::default();
     let mut next = base;
     for (o, c, s) in ops.iter() {
         let Some(s) = s.filter(|&s| s >= 0) else {
@@ -77,8 +78,8 @@ pub(super) fn renumber_sequences(ops: &mut [(OpEvent, u32, Option<i64>)]) {
 pub(super) struct Renumber {
     /// Per stack and class: the template's first and last instance and count.
     ranges: Vec<BTreeMap<String, (u32, u32, u32)>>,
-    shifted: HashMap<(String, u32), u32>,
-    frame_of: HashMap<usize, (String, u32)>,
+    shifted: FxHashMap<(String, u32), u32>,
+    frame_of: FxHashMap<usize, (String, u32)>,
 }
 
 impl Renumber {
@@ -106,8 +107,8 @@ impl Renumber {
                     .collect(),
             );
         }
-        let mut shifted = HashMap::new();
-        let mut frame_of = HashMap::new();
+        let mut shifted = FxHashMap::default();
+        let mut frame_of = FxHashMap::default();
         for f in frames {
             let add: u32 = ranges
                 .iter()

@@ -31,7 +31,8 @@
 //! per-parameter loop; its lists are remodelled over every parameter by the
 //! orchestrator instead.
 
-use std::collections::{BTreeSet, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeSet;
 
 use super::copy::Seg;
 use super::frames::Stack;
@@ -167,7 +168,7 @@ pub(super) fn step_loops(trace: &Trace, n: usize, params: &[i64]) -> StepLoops {
     if n < 2 {
         return out;
     }
-    let mut ids: HashMap<(NameId, Vec<i64>), u32> = HashMap::new();
+    let mut ids: FxHashMap<(NameId, Vec<i64>), u32> = FxHashMap::default();
     for (s, &(start, end)) in steps.iter().enumerate() {
         let Some(ops) = top_level_ops(trace, start, end) else {
             out.foreach += 1;
@@ -227,11 +228,11 @@ pub(super) fn step_loops(trace: &Trace, n: usize, params: &[i64]) -> StepLoops {
 /// scalars, reductions); `None` when they allocate none (an in-place step:
 /// nothing to copy).
 fn per_parameter(trace: &Trace, runs: &[StepRun], params: &[i64]) -> Option<bool> {
-    let mut want: HashMap<i64, usize> = HashMap::new();
+    let mut want: FxHashMap<i64, usize> = FxHashMap::default();
     for &p in params {
         *want.entry(p).or_default() += 1;
     }
-    let mut got: HashMap<i64, usize> = HashMap::new();
+    let mut got: FxHashMap<i64, usize> = FxHashMap::default();
     for m in &trace.memory {
         let t = m.ts.get();
         if m.bytes > 0

@@ -25,7 +25,8 @@
 //! call before it one for one, an allocation that shrinks from one step to
 //! the next, and fewer tokens than traced.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +53,7 @@ pub struct TokenFacts {
 }
 
 /// One generation's last call and the call before it.
+#[derive(Clone)]
 pub(super) struct Gen {
     pub(super) template: (i64, i64),
     pred: (i64, i64),
@@ -59,9 +61,21 @@ pub(super) struct Gen {
     prefill: (i64, i64),
 }
 
-/// The rebuilt trace and what was done.
-pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFacts), ScaleError> {
-    let gens = generations(trace)?;
+/// The rebuilt trace and what was done; `gens`: the trace's
+/// [`generations`] where they were found already.
+pub(super) fn extend(
+    trace: &Trace,
+    gens: Option<&[(Gen, u32)]>,
+    new_tokens: u32,
+) -> Result<(Trace, TokenFacts), ScaleError> {
+    let found;
+    let gens = match gens {
+        Some(gens) => gens,
+        None => {
+            found = generations(trace)?;
+            &found
+        }
+    };
     let traced = gens.first().map_or(0, |g| g.1);
     if new_tokens < traced {
         return Err(ScaleError::FewerTokens {
@@ -79,7 +93,7 @@ pub(super) fn extend(trace: &Trace, new_tokens: u32) -> Result<(Trace, TokenFact
     if new_tokens == traced {
         return Ok((trace.clone(), facts));
     }
-    let plan = plan(trace, &gens, new_tokens - traced, &mut facts)?;
+    let plan = plan(trace, gens, new_tokens - traced, &mut facts)?;
     Ok((copy::apply(trace, &plan), facts))
 }
 
@@ -102,7 +116,7 @@ fn plan(
     };
     let partner = pair(&trace.memory);
     // Each free's allocation (the reverse of `partner`).
-    let made_of: HashMap<usize, usize> = partner
+    let made_of: FxHashMap<usize, usize> = partner
         .iter()
         .enumerate()
         .filter_map(|(a, f)| f.map(|f| (f, a)))
@@ -124,8 +138,10 @@ fn plan(
                 p_ev.len()
             )));
         }
-        let pos_t: HashMap<usize, usize> = t_ev.iter().enumerate().map(|(i, &e)| (e, i)).collect();
-        let pos_p: HashMap<usize, usize> = p_ev.iter().enumerate().map(|(i, &e)| (e, i)).collect();
+        let pos_t: FxHashMap<usize, usize> =
+            t_ev.iter().enumerate().map(|(i, &e)| (e, i)).collect();
+        let pos_p: FxHashMap<usize, usize> =
+            p_ev.iter().enumerate().map(|(i, &e)| (e, i)).collect();
         // Growth per step of each position's allocation.
         let mut delta = vec![0i64; t_ev.len()];
         for (i, (&a, &b)) in t_ev.iter().zip(&p_ev).enumerate() {

@@ -7,7 +7,7 @@
 //! two halves of a split read; [`Builder::finish`] refuses what is not a
 //! usable trace and turns the counts into warnings.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::args::{read_op_args, Scratch};
 use super::raw::{Cat, Ph, RawEvent};
@@ -22,7 +22,7 @@ use crate::units::Nanos;
 #[derive(Default)]
 pub(super) struct Builder {
     pub(super) trace: Trace,
-    interner: HashMap<String, NameId>,
+    interner: FxHashMap<String, NameId>,
     pub(super) saw_trace_events: bool,
     /// The first top-level keys that are not trace fields, for the message
     /// when there is no `traceEvents`.

@@ -265,13 +265,30 @@ impl memcast::Parallel for SideBySide {
         memcast::InTurn.run_all(jobs, simulated)
     }
 
-    fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>) {
+    fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>, done: &mut dyn FnMut(usize)) {
+        let n = tasks.len();
         std::thread::scope(|scope| {
             for task in tasks.into_iter().rev() {
                 scope.spawn(task);
             }
         });
+        done(n);
     }
+}
+
+/// A shell that runs none of the tasks it is given: the core runs them.
+struct Idle;
+
+impl memcast::Parallel for Idle {
+    fn run_all<'a>(
+        &self,
+        jobs: Vec<memcast::SimulationJob<'a>>,
+        simulated: &mut dyn FnMut(u64),
+    ) -> Vec<memcast::report::SimulatedRun> {
+        memcast::InTurn.run_all(jobs, simulated)
+    }
+
+    fn run_tasks<'a>(&self, _tasks: Vec<memcast::Task<'a>>, _done: &mut dyn FnMut(usize)) {}
 }
 
 #[test]
@@ -307,9 +324,14 @@ fn a_job_derived_from_rebuilds_run_side_by_side_is_the_job_derived_in_turn() {
                 .value;
             serde_json::to_string(&report).unwrap()
         };
+        let in_turn = prepared(&memcast::InTurn);
         assert!(
-            prepared(&SideBySide) == prepared(&memcast::InTurn),
+            prepared(&SideBySide) == in_turn,
             "{name}: the reports differ"
+        );
+        assert!(
+            prepared(&Idle) == in_turn,
+            "{name}: the tasks a shell did not run were not run"
         );
     }
 }

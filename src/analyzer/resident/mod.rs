@@ -102,7 +102,8 @@ pub use crate::trace::VIEW_OPS;
 /// where buckets are placed by size: the orchestrator and the what-if.
 pub use buckets::{bucket_sizes, BUCKET_BYTES, FIRST_BUCKET_BYTES};
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -361,7 +362,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
     let hf_model_type = hf_model_type(input);
 
     // The engine's view of the trace: forward ops, module calls, blocks.
-    let mut dtypes: HashMap<NameId, Option<(u64, bool)>> = HashMap::new();
+    let mut dtypes: FxHashMap<NameId, Option<(u64, bool)>> = FxHashMap::default();
     let mut dtype_of = |id: NameId| {
         *dtypes
             .entry(id)
@@ -369,8 +370,8 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
     };
     let mut calls: Vec<Call> = Vec::new();
     let mut call_layer: Vec<Option<NameId>> = Vec::new();
-    let mut call_of_frame: HashMap<usize, usize> = HashMap::new();
-    let mut strings: HashMap<String, u32> = HashMap::new();
+    let mut call_of_frame: FxHashMap<usize, usize> = FxHashMap::default();
+    let mut strings: FxHashMap<String, u32> = FxHashMap::default();
     let mut string_id = |s: &str| {
         let n = u32::try_from(strings.len()).unwrap_or(u32::MAX);
         *strings.entry(s.to_owned()).or_insert(n)
@@ -515,7 +516,7 @@ pub(crate) fn find(input: &Inputs<'_>, life: &mut Life, warnings: &mut Vec<Warni
     );
 
     // Ties, then the trainable split against AccumulateGrad.
-    let dtype_ids: HashMap<&str, u32> = trace
+    let dtype_ids: FxHashMap<&str, u32> = trace
         .names
         .iter()
         .enumerate()

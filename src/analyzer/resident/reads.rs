@@ -5,7 +5,8 @@
 //! blocks) that [`super`] builds from the analysis.
 
 use crate::trace::{quant_state_args, weight_args};
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeMap;
 
 use super::views::{contiguous_strides, extent, view_outputs, Concrete, Layout};
 
@@ -311,19 +312,18 @@ pub fn pre_trace_reads(
     // it; another tensor of that layout elsewhere (a weight of the same
     // shape in the next layer) is not it.
     type Derived = (bool, Option<u32>, Option<usize>, Option<(u32, i64)>);
-    let mut derived: HashMap<Layout, Derived> = HashMap::new();
+    let mut derived: FxHashMap<Layout, Derived> = FxHashMap::default();
     let mut iteration = usize::MAX;
-    let mut nth: HashMap<(u32, i64, &str), u32> = HashMap::new();
+    let mut nth: FxHashMap<(u32, i64, &str), u32> = FxHashMap::default();
     let mut reads: Vec<Read> = Vec::new();
     // (call, dims, dtype) of the quantisation state read so far: the
     // kernels of one layer call hand the same state down to each other.
-    let mut quant_seen: std::collections::HashSet<(CallKey, Vec<i64>, Option<u32>)> =
-        std::collections::HashSet::new();
+    let mut quant_seen: FxHashSet<(CallKey, Vec<i64>, Option<u32>)> = FxHashSet::default();
     // The first read, per call, of a stacked weight indexed by `select`
     // (an eager mixture-of-experts loop's `w[e]`, each expert's slice of
     // one `[experts, out, in]` parameter): the call's later selects of that
     // signature read the same tensor.
-    let mut stacked: HashMap<(CallKey, Vec<i64>, Option<u32>), usize> = HashMap::new();
+    let mut stacked: FxHashMap<(CallKey, Vec<i64>, Option<u32>), usize> = FxHashMap::default();
     for op in ops {
         live.advance(op.start);
         let call = op.call.and_then(|c| calls.get(c));
@@ -579,12 +579,12 @@ pub fn pre_trace_reads(
 /// Consensus over slots, data inputs and early reads, then each instance's
 /// largest call.
 fn classify(mut reads: Vec<Read>) -> Vec<Found> {
-    use std::collections::{BTreeSet, HashSet};
-    let state_slots: HashSet<u64> = reads.iter().filter(|r| r.state).map(|r| r.slot).collect();
+    use std::collections::BTreeSet;
+    let state_slots: FxHashSet<u64> = reads.iter().filter(|r| r.state).map(|r| r.slot).collect();
     let iterations: BTreeSet<usize> = reads.iter().map(|r| r.iteration).collect();
     let first_iteration = iterations.first().copied().unwrap_or(0);
-    let mut state_iterations: HashMap<u64, BTreeSet<usize>> = HashMap::new();
-    let mut any_iterations: HashMap<u64, BTreeSet<usize>> = HashMap::new();
+    let mut state_iterations: FxHashMap<u64, BTreeSet<usize>> = FxHashMap::default();
+    let mut any_iterations: FxHashMap<u64, BTreeSet<usize>> = FxHashMap::default();
     for r in &reads {
         any_iterations
             .entry(r.place)
@@ -638,7 +638,7 @@ fn classify(mut reads: Vec<Read>) -> Vec<Found> {
             }
         }
     }
-    let mut last_state_read: HashMap<u64, i64> = HashMap::new();
+    let mut last_state_read: FxHashMap<u64, i64> = FxHashMap::default();
     for r in reads.iter().filter(|r| r.state) {
         let slot = last_state_read.entry(r.place).or_insert(r.time);
         *slot = (*slot).max(r.time);

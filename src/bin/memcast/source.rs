@@ -279,17 +279,35 @@ impl memcast::Parallel for Threads {
         done.into_iter().map(|(_, run)| run).collect()
     }
 
-    fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>) {
+    /// Each free thread, this one included, takes the next task in order,
+    /// so tasks of unequal size keep every core busy; `done` is told on
+    /// this thread as it finishes each of its own.
+    fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>, done: &mut dyn FnMut(usize)) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
         let cores = cores();
         if cores < 2 || tasks.len() < 2 {
-            tasks.into_iter().for_each(|task| task());
+            memcast::InTurn.run_tasks(tasks, done);
             return;
         }
+        let helpers = cores.min(tasks.len()) - 1;
+        let queue = std::sync::Mutex::new(tasks.into_iter());
+        let finished = AtomicUsize::new(0);
+        let next = || queue.lock().ok().and_then(|mut q| q.next());
         std::thread::scope(|scope| {
-            for lane in deal(tasks, cores) {
-                scope.spawn(move || lane.into_iter().for_each(|(_, task)| task()));
+            for _ in 0..helpers {
+                scope.spawn(|| {
+                    while let Some(task) = next() {
+                        task();
+                        finished.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+            while let Some(task) = next() {
+                task();
+                done(finished.fetch_add(1, Ordering::Relaxed) + 1);
             }
         });
+        done(finished.load(Ordering::Relaxed));
     }
 }
 
