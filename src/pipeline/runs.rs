@@ -15,11 +15,12 @@ use std::collections::BTreeMap;
 
 use crate::program::SizeVariant;
 
-use super::{simulate_job, Config, Error, Prepared, Progress, Stage};
+use super::simulate::{simulate_from, Parted, Start};
+use super::{Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::presets::GpuTarget;
-use crate::program::JobRef;
 use crate::report::{self, GpuRuns, Recorder, ReportError, ReportInput, RunSummary, SimulatedRun};
+use crate::simulator::Runner;
 use crate::simulator::{AllocatorConfig, GpuMemory};
 use crate::units::Bytes;
 
@@ -126,6 +127,7 @@ pub(super) fn simulate_all<'c>(
 ) -> Result<Runs<'c>, Error> {
     let job = prepared.job();
     let n = job.n_events();
+    let n_hint = usize::try_from(n).unwrap_or(usize::MAX);
     let variants = job.size_variants();
     let key = |target: &GpuTarget| run_key(target, &variants);
     let mut unlimited_targets: BTreeMap<RunKey, &GpuTarget> = BTreeMap::new();
@@ -143,25 +145,60 @@ pub(super) fn simulate_all<'c>(
         });
     };
     report(0);
+    // Each compared GPU shares the unlimited run of its key until that run
+    // first needs more than the GPU has: its run at capacity goes on from
+    // there (`Parted`) rather than from the first event.
+    let sharers: Vec<Vec<(usize, GpuMemory)>> = unlimited_targets
+        .keys()
+        .map(|run_key| {
+            config
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, target)| key(target) == *run_key)
+                .map(|(i, target)| {
+                    (
+                        i,
+                        GpuMemory::new(target.capacity, target.overheads.context_bytes),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let mut parted: Vec<Vec<Option<Parted>>> = sharers.iter().map(|_| Vec::new()).collect();
+    let fresh = || Runner::new(allocator, &GpuMemory::unlimited(), n_hint);
     let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
-    for (run_key, &target) in &unlimited_targets {
+    for ((run_key, &target), (sharers, slot)) in unlimited_targets
+        .iter()
+        .zip(sharers.iter().zip(parted.iter_mut()))
+    {
         let recorder = if *run_key == reference_key {
             report::recorder(job, summary, config.max_timeline_points)
         } else {
             Recorder::maxima()
         };
-        jobs.push(simulation(
-            job,
-            target,
-            allocator,
-            GpuMemory::unlimited(),
+        let devices: Vec<GpuMemory> = sharers.iter().map(|(_, d)| *d).collect();
+        let start = Start {
+            runner: fresh(),
             recorder,
-        ));
+            at: 0,
+        };
+        jobs.push(Box::new(move |tick| {
+            let (run, parts) = simulate_from(job, target, start, &devices, tick);
+            *slot = parts;
+            run
+        }));
     }
     let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
     let unlimited: BTreeMap<RunKey, SimulatedRun> = unlimited_targets
         .keys()
         .filter_map(|k| results.next().map(|run| (k.clone(), run)))
+        .collect();
+    let mut parted: BTreeMap<usize, Parted> = sharers
+        .iter()
+        .zip(parted)
+        .flat_map(|(sharers, parts)| sharers.iter().map(|(i, _)| *i).zip(parts))
+        .filter_map(|(i, part)| Some((i, part?)))
         .collect();
     let missing = || Error::Report(ReportError::MissingSimulation);
     let unlimited_for =
@@ -184,16 +221,21 @@ pub(super) fn simulate_all<'c>(
     let done_before = first.saturating_mul(n);
     report(done_before);
     let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
-    for (target, at_capacity, _) in &gpus {
+    for (i, (target, at_capacity, _)) in gpus.iter().enumerate() {
         if at_capacity.is_none() {
+            let target: &GpuTarget = target;
             let device = GpuMemory::new(target.capacity, target.overheads.context_bytes);
-            jobs.push(simulation(
-                job,
-                target,
-                allocator,
-                device,
-                Recorder::maxima(),
-            ));
+            let start = match parted.remove(&i) {
+                Some(part) => part.start(),
+                None => Start {
+                    runner: Runner::new(allocator, &device, n_hint),
+                    recorder: Recorder::maxima(),
+                    at: 0,
+                },
+            };
+            jobs.push(Box::new(move |tick| {
+                simulate_from(job, target, start, &[], tick).0
+            }));
         }
     }
     let mut capped_runs = if jobs.is_empty() {
@@ -224,17 +266,6 @@ fn capped(run: &SimulatedRun) -> SimulatedRun {
         detail: None,
         ..run.clone()
     }
-}
-
-/// One simulation as a job: it ticks every 2^16 events.
-fn simulation<'a>(
-    job: JobRef<'a>,
-    target: &'a GpuTarget,
-    allocator: &'a AllocatorConfig,
-    device: GpuMemory,
-    recorder: Recorder,
-) -> SimulationJob<'a> {
-    Box::new(move |tick| simulate_job(job, target, allocator, &device, recorder, tick))
 }
 
 impl<'c> Runs<'c> {

@@ -9,7 +9,7 @@ use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
 use crate::program::{JobEvent, JobRef};
 use crate::report::{Recorder, SimulatedRun};
-use crate::simulator::{AllocatorConfig, GpuMemory, Runner, SimOp};
+use crate::simulator::{AllocatorConfig, GpuMemory, Runner, SimOp, Suspended};
 use crate::units::Bytes;
 
 /// The simulator ops of a schedule on `target`: workspace blocks at the
@@ -91,15 +91,111 @@ pub fn simulate_job(
     target: &GpuTarget,
     allocator: &AllocatorConfig,
     device: &GpuMemory,
-    mut recorder: Recorder,
+    recorder: Recorder,
     tick: &mut dyn FnMut(u64),
 ) -> SimulatedRun {
-    let mut issued_size = Issued::on(target);
-    let mut runner = Runner::new(
+    let runner = Runner::new(
         allocator,
         device,
         usize::try_from(job.n_events()).unwrap_or(usize::MAX),
     );
+    let start = Start {
+        runner,
+        recorder,
+        at: 0,
+    };
+    simulate_from(job, target, start, &[], tick).0
+}
+
+/// Where a simulation starts: its run as it stands before event `at` (0:
+/// a fresh allocator) and what it recorded of the events before.
+pub struct Start {
+    pub runner: Runner,
+    pub recorder: Recorder,
+    pub at: usize,
+}
+
+/// A run at a device's capacity set aside where it leaves the run it
+/// shared (see [`simulate_from`]).
+pub struct Parted {
+    pub runner: Suspended,
+    pub recorder: Recorder,
+    pub at: usize,
+}
+
+impl Parted {
+    /// Where the run at capacity goes on.
+    pub fn start(self) -> Start {
+        Start {
+            runner: Runner::resume(self.runner),
+            recorder: self.recorder,
+            at: self.at,
+        }
+    }
+}
+
+/// Copies a run may take (before an event that could take a device past
+/// its room and did not) before that device's run is left to start alone.
+const PARTING_TRIES: u32 = 16;
+
+/// A device whose run at capacity shares the simulation until it parts.
+enum Sharer {
+    Waiting {
+        device: GpuMemory,
+        room: u64,
+        tries: u32,
+    },
+    Parted(Box<Parted>),
+    Alone,
+}
+
+/// [`simulate_job`] from `start`, the events before `start.at` walked but
+/// not simulated. Each of `devices` (without a memory limit) shares the
+/// run until the event that first takes its reserved bytes past what the
+/// device leaves the allocator: the device refuses a segment only there,
+/// so its run at capacity takes the same decisions until then. At that
+/// event its run is set aside as it stood before it ([`Parted`]), to go
+/// on alone from there. `None` for a device the run never took past its
+/// room (the run is its run), or whose run could not be set aside (the
+/// copy before the event was not taken, [`PARTING_TRIES`] copies were
+/// taken in vain, or the allocator is set up so that the device mattered
+/// sooner, [`crate::simulator::CachingAllocator::on_device`]).
+pub fn simulate_from(
+    job: JobRef<'_>,
+    target: &GpuTarget,
+    start: Start,
+    devices: &[GpuMemory],
+    tick: &mut dyn FnMut(u64),
+) -> (SimulatedRun, Vec<Option<Parted>>) {
+    let Start {
+        mut runner,
+        mut recorder,
+        at,
+    } = start;
+    let mut issued_size = Issued::on(target);
+    let mut sharers: Vec<Sharer> = devices
+        .iter()
+        .map(|&device| match device.available_to_allocator() {
+            Some(room) if device.memory_limit.is_none() => Sharer::Waiting {
+                device,
+                room,
+                tries: 0,
+            },
+            _ => Sharer::Alone,
+        })
+        .collect();
+    // The smallest room of a waiting device (u64::MAX: none waits).
+    let lowest_room = |sharers: &[Sharer]| {
+        sharers
+            .iter()
+            .filter_map(|s| match s {
+                Sharer::Waiting { room, .. } => Some(*room),
+                _ => None,
+            })
+            .min()
+            .unwrap_or(u64::MAX)
+    };
+    let mut lowest = lowest_room(&sharers);
     // Blocks never issued (zero bytes, workspaces past the count): their
     // frees are skipped too.
     let mut skipped: HashSet<u64> = HashSet::new();
@@ -124,12 +220,66 @@ pub fn simulate_job(
                 (!was_skipped).then_some(SimOp::Free { block: e.block })
             }
         };
+        if index < at {
+            index += 1;
+            if index as u64 % TICK == 0 {
+                tick(TICK);
+            }
+            return ControlFlow::Continue(());
+        }
+        // Before an allocation that could take a waiting device past its
+        // room: the run as it stands, and how far the event could take it.
+        let mut before: Option<(Suspended, u64)> = None;
+        if lowest < u64::MAX {
+            if let Some(SimOp::Alloc { size, .. }) = op {
+                let reach = runner
+                    .sample()
+                    .reserved
+                    .get()
+                    .saturating_add(runner.segment_for(size).get());
+                if reach > lowest {
+                    before = Some((runner.suspend(), reach));
+                }
+            }
+        }
         let oom = op.is_some_and(|op| runner.step(index, &op).is_err());
+        let sample = runner.sample();
+        if lowest < u64::MAX && (sample.reserved.get() > lowest || before.is_some()) {
+            for sharer in sharers.iter_mut() {
+                let Sharer::Waiting {
+                    device,
+                    room,
+                    tries,
+                } = sharer
+                else {
+                    continue;
+                };
+                if sample.reserved.get() > *room {
+                    *sharer = match before
+                        .as_ref()
+                        .and_then(|(runner, _)| runner.on_device(*device))
+                    {
+                        Some(runner) => Sharer::Parted(Box::new(Parted {
+                            runner,
+                            recorder: recorder.maxima_so_far(),
+                            at: index,
+                        })),
+                        None => Sharer::Alone,
+                    };
+                } else if before.as_ref().is_some_and(|b| b.1 > *room) {
+                    *tries += 1;
+                    if *tries >= PARTING_TRIES {
+                        *sharer = Sharer::Alone;
+                    }
+                }
+            }
+            lowest = lowest_room(&sharers);
+        }
         index += 1;
         if index as u64 % TICK == 0 {
             tick(TICK);
         }
-        recorder.record(e.time, runner.sample());
+        recorder.record(e.time, sample);
         if oom {
             recorder.out_of_memory();
             return ControlFlow::Break(());
@@ -137,8 +287,170 @@ pub fn simulate_job(
         ControlFlow::Continue(())
     });
     tick(job.n_events().saturating_sub(index as u64 / TICK * TICK));
-    recorder.finish()
+    let parted = sharers
+        .into_iter()
+        .map(|sharer| match sharer {
+            Sharer::Parted(parted) => Some(*parted),
+            Sharer::Waiting { .. } | Sharer::Alone => None,
+        })
+        .collect();
+    (recorder.finish(), parted)
 }
 
 /// Events between two progress ticks of a simulation.
 pub const TICK: u64 = 1 << 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::{BlockId, Phase, ScheduleEvent, ScheduledBlock};
+    use crate::presets::parse_gpu;
+    use crate::units::Nanos;
+    use proptest::prelude::*;
+
+    /// A schedule of `sizes` (bytes) allocated in order, each freed where
+    /// `frees` says: `frees[i]` blocks are freed (the oldest live first,
+    /// then every other) after the i-th allocation.
+    fn schedule(sizes: &[u64], frees: &[usize]) -> Schedule {
+        let blocks = sizes
+            .iter()
+            .map(|&size| ScheduledBlock {
+                size: Bytes(size),
+                category: Category::Temporary,
+                iteration: Some(0),
+                phase: Phase::Forward,
+                op: None,
+                layer: None,
+                on: crate::kernels::ArchSet::ALL,
+                per_gpu: None,
+            })
+            .collect();
+        let mut events = Vec::new();
+        let mut live: Vec<u32> = Vec::new();
+        let mut time = 0i64;
+        let mut push = |events: &mut Vec<ScheduleEvent>, kind, block| {
+            time += 1;
+            events.push(ScheduleEvent {
+                time: Nanos(time),
+                kind,
+                block: BlockId(block),
+            });
+        };
+        for (i, _) in sizes.iter().enumerate() {
+            push(&mut events, EventKind::Alloc, i as u32);
+            live.push(i as u32);
+            for k in 0..frees.get(i).copied().unwrap_or(0) {
+                if live.is_empty() {
+                    break;
+                }
+                let at = (k * 2) % live.len();
+                let block = live.remove(at);
+                push(&mut events, EventKind::Free, block);
+            }
+        }
+        for block in live {
+            push(&mut events, EventKind::Free, block);
+        }
+        Schedule {
+            blocks,
+            events,
+            ..Schedule::default()
+        }
+    }
+
+    /// The unlimited run with `caps` (allocator bytes) sharing it, and each
+    /// cap's run from the first event.
+    fn runs(
+        schedule: &Schedule,
+        caps: &[u64],
+    ) -> (SimulatedRun, Vec<Option<Parted>>, Vec<SimulatedRun>) {
+        let target = parse_gpu("a100-80gb").unwrap();
+        let allocator = AllocatorConfig::default();
+        let job = JobRef::Schedule(schedule);
+        let devices: Vec<GpuMemory> = caps
+            .iter()
+            .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
+            .collect();
+        let start = Start {
+            runner: Runner::new(&allocator, &GpuMemory::unlimited(), 0),
+            recorder: Recorder::maxima(),
+            at: 0,
+        };
+        let (unlimited, parted) = simulate_from(job, &target, start, &devices, &mut |_| {});
+        let alone = devices
+            .iter()
+            .map(|d| simulate_job(job, &target, &allocator, d, Recorder::maxima(), &mut |_| {}))
+            .collect();
+        (unlimited, parted, alone)
+    }
+
+    /// A run at capacity that goes on from where it parted from the
+    /// unlimited run is the run at capacity from the first event; one that
+    /// never parted is the unlimited run.
+    fn check(schedule: &Schedule, caps: &[u64]) -> Result<usize, TestCaseError> {
+        let target = parse_gpu("a100-80gb").unwrap();
+        let job = JobRef::Schedule(schedule);
+        let (unlimited, parted, alone) = runs(schedule, caps);
+        let mut n = 0;
+        for ((cap, part), alone) in caps.iter().zip(parted).zip(alone) {
+            match part {
+                Some(part) => {
+                    n += 1;
+                    let (resumed, _) = simulate_from(job, &target, part.start(), &[], &mut |_| {});
+                    prop_assert_eq!(&resumed, &alone, "at {} B", cap);
+                }
+                None if unlimited.max_reserved.get() <= *cap => {
+                    prop_assert_eq!(&unlimited, &alone, "at {} B", cap);
+                }
+                // Left to run alone.
+                None => {}
+            }
+        }
+        Ok(n)
+    }
+
+    #[test]
+    fn a_growing_job_parts_where_each_capacity_is_passed() {
+        let mib = 1u64 << 20;
+        // Growing blocks, each freed two allocations later, small ones
+        // between: the cache serves some, segments grow.
+        let sizes: Vec<u64> = (1..200u64)
+            .map(|i| {
+                if i % 3 == 0 {
+                    4096 * i
+                } else {
+                    mib * (i % 17 + 1)
+                }
+            })
+            .collect();
+        let frees: Vec<usize> = (0..sizes.len())
+            .map(|i| usize::from(i % 2 == 1) * 2)
+            .collect();
+        let s = schedule(&sizes, &frees);
+        let (unlimited, _, _) = runs(&s, &[]);
+        let top = unlimited.max_reserved.get();
+        // Four capacities it passes (one below its first segment's end),
+        // one it never does.
+        let caps = [top / 8, top / 3, top / 2, top - 1, top];
+        let parted = check(&s, &caps).unwrap();
+        assert_eq!(
+            parted, 4,
+            "of the capacities {caps:?} ({top} B reserved at most)"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn a_run_at_capacity_goes_on_from_where_it_parts(
+            sizes in proptest::collection::vec(
+                prop_oneof![1u64..(1 << 20), (1u64 << 20)..(64 << 20)],
+                1..120,
+            ),
+            frees in proptest::collection::vec(0usize..4, 0..120),
+            caps in proptest::collection::vec((1u64 << 20)..(512 << 20), 1..6),
+        ) {
+            check(&schedule(&sizes, &frees), &caps)?;
+        }
+    }
+}

@@ -62,6 +62,18 @@ impl Recorder {
         }
     }
 
+    /// A recorder of the maxima only that has seen what this one has (a
+    /// run at capacity that took the same decisions so far).
+    pub fn maxima_so_far(&self) -> Recorder {
+        Recorder {
+            run: SimulatedRun {
+                detail: None,
+                ..self.run.clone()
+            },
+            ..Recorder::maxima()
+        }
+    }
+
     /// A recorder of the headline run: its timeline (`n` events from
     /// `times.0` to `times.1`, kept to `max_points`) and the peak inside
     /// each of `windows` (inclusive time ranges).

@@ -209,6 +209,60 @@ impl IdMap {
             self.sparse.remove(id)
         }
     }
+
+    /// Its live ids and handles, by id.
+    fn entries(&self) -> Vec<(u64, BlockHandle)> {
+        let mut out: Vec<(u64, BlockHandle)> = self
+            .dense
+            .iter()
+            .enumerate()
+            .filter_map(|(id, h)| h.map(|h| (id as u64, h)))
+            .collect();
+        let mut sparse: Vec<(u64, BlockHandle)> =
+            self.sparse.iter().map(|(&id, &h)| (id, h)).collect();
+        sparse.sort_unstable_by_key(|&(id, _)| id);
+        out.extend(sparse);
+        out
+    }
+
+    /// The map of `entries` with the dense part bounded by `limit`.
+    fn of_entries(limit: u64, entries: &[(u64, BlockHandle)]) -> IdMap {
+        let mut map = IdMap {
+            dense: Vec::new(),
+            limit,
+            sparse: HashMap::default(),
+        };
+        for &(id, h) in entries {
+            map.insert(id, h);
+        }
+        map
+    }
+}
+
+/// A [`Runner`] set aside to go on later ([`Runner::resume`]): its
+/// allocator, and its live ids as a list rather than a table as long as
+/// the largest id.
+#[derive(Debug, Clone)]
+pub struct Suspended {
+    alloc: CachingAllocator,
+    live: Vec<(u64, BlockHandle)>,
+    limit: u64,
+    unknown_frees: u64,
+    first_unknown: Option<u64>,
+    reused_ids: u64,
+}
+
+impl Suspended {
+    /// The same run on `device` from here on, where every decision so far
+    /// is the one it would have taken there
+    /// ([`CachingAllocator::on_device`]); `None` otherwise.
+    pub fn on_device(&self, device: GpuMemory) -> Option<Suspended> {
+        Some(Suspended {
+            alloc: self.alloc.on_device(device)?,
+            live: self.live.clone(),
+            ..*self
+        })
+    }
 }
 
 /// Runs a schedule through a fresh [`CachingAllocator`].
@@ -289,6 +343,34 @@ impl Runner {
             SimOp::EmptyCache => self.alloc.empty_cache(),
         }
         Ok(())
+    }
+
+    /// The run set aside as it is now.
+    pub fn suspend(&self) -> Suspended {
+        Suspended {
+            alloc: self.alloc.clone(),
+            live: self.live.entries(),
+            limit: self.live.limit,
+            unknown_frees: self.unknown_frees,
+            first_unknown: self.first_unknown,
+            reused_ids: self.reused_ids,
+        }
+    }
+
+    /// A run set aside, going on.
+    pub fn resume(s: Suspended) -> Runner {
+        Runner {
+            live: IdMap::of_entries(s.limit, &s.live),
+            alloc: s.alloc,
+            unknown_frees: s.unknown_frees,
+            first_unknown: s.first_unknown,
+            reused_ids: s.reused_ids,
+        }
+    }
+
+    /// What a request of `request` bytes adds to the reserved bytes at most.
+    pub fn segment_for(&self, request: Bytes) -> Bytes {
+        self.alloc.segment_for(request)
     }
 
     /// Allocated and reserved bytes now.

@@ -312,6 +312,37 @@ impl CachingAllocator {
         &self.config
     }
 
+    /// The same allocator on `device`, where every decision it took so far
+    /// is the one it would have taken there: no memory limit or fraction
+    /// (garbage collection runs against it), no expandable segments (their
+    /// size follows the capacity), no request refused or retried so far,
+    /// and what it reserved fits the device.
+    /// `None` otherwise.
+    pub fn on_device(&self, device: GpuMemory) -> Option<CachingAllocator> {
+        let plain = self.memory_limit.is_none()
+            && device.memory_limit.is_none()
+            && self.config.per_process_memory_fraction.is_none()
+            && !self.config.expandable_segments
+            && self.num_alloc_retries == 0
+            && self.num_ooms == 0;
+        let fits = device
+            .available_to_allocator()
+            .is_none_or(|room| self.now.reserved <= room);
+        (plain && fits).then(|| CachingAllocator {
+            device,
+            ..self.clone()
+        })
+    }
+
+    /// The segment a request of `request` bytes makes where no cached
+    /// block serves it (what it adds to the reserved bytes at most).
+    pub fn segment_for(&self, request: Bytes) -> Bytes {
+        Bytes(
+            self.config
+                .segment_size(self.config.round_size(request.get())),
+        )
+    }
+
     /// Current reserved bytes (cheap; no free-block scan).
     pub fn reserved(&self) -> Bytes {
         Bytes(self.now.reserved)
