@@ -195,7 +195,8 @@ pub(crate) fn join_numbers(template: &str, numbers: &[i64]) -> String {
             escaped = true;
         } else if ch == '#' {
             if let Some(n) = next.next() {
-                out.push_str(&n.to_string());
+                use std::fmt::Write as _;
+                let _ = write!(out, "{n}");
             }
         } else {
             out.push(ch);
