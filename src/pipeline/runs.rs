@@ -167,6 +167,9 @@ pub(super) fn simulate_all<'c>(
         .collect();
     let mut parted: Vec<Vec<Option<Parted>>> = sharers.iter().map(|_| Vec::new()).collect();
     let fresh = || Runner::new(allocator, &GpuMemory::unlimited(), n_hint);
+    // What the runs set aside may hold, each unlimited run's share of a
+    // sixteenth of the memory budget.
+    let keep = Bytes(config.memory_budget.get() / 16 / (unlimited_targets.len().max(1) as u64));
     let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
     for ((run_key, &target), (sharers, slot)) in unlimited_targets
         .iter()
@@ -184,7 +187,7 @@ pub(super) fn simulate_all<'c>(
             at: 0,
         };
         jobs.push(Box::new(move |tick| {
-            let (run, parts) = simulate_from(job, target, start, &devices, tick);
+            let (run, parts) = simulate_from(job, target, start, &devices, keep, tick);
             *slot = parts;
             run
         }));
@@ -234,7 +237,7 @@ pub(super) fn simulate_all<'c>(
                 },
             };
             jobs.push(Box::new(move |tick| {
-                simulate_from(job, target, start, &[], tick).0
+                simulate_from(job, target, start, &[], Bytes::ZERO, tick).0
             }));
         }
     }

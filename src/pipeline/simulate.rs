@@ -104,7 +104,7 @@ pub fn simulate_job(
         recorder,
         at: 0,
     };
-    simulate_from(job, target, start, &[], tick).0
+    simulate_from(job, target, start, &[], Bytes::ZERO, tick).0
 }
 
 /// Where a simulation starts: its run as it stands before event `at` (0:
@@ -149,6 +149,27 @@ enum Sharer {
     Alone,
 }
 
+/// Leaves to run alone the runs set aside that parted first, until those
+/// held take at most `keep` bytes.
+fn held_within(sharers: &mut [Sharer], keep: u64) {
+    loop {
+        let mut held = 0u64;
+        let mut first: Option<(usize, usize)> = None;
+        for (i, sharer) in sharers.iter().enumerate() {
+            if let Sharer::Parted(p) = sharer {
+                held = held.saturating_add(p.runner.footprint().get());
+                if first.is_none_or(|(_, at)| p.at < at) {
+                    first = Some((i, p.at));
+                }
+            }
+        }
+        match first.and_then(|(i, _)| sharers.get_mut(i)) {
+            Some(sharer) if held > keep => *sharer = Sharer::Alone,
+            _ => return,
+        }
+    }
+}
+
 /// [`simulate_job`] from `start`, the events before `start.at` walked but
 /// not simulated. Each of `devices` (without a memory limit) shares the
 /// run until the event that first takes its reserved bytes past what the
@@ -159,12 +180,15 @@ enum Sharer {
 /// room (the run is its run), or whose run could not be set aside (the
 /// copy before the event was not taken, [`PARTING_TRIES`] copies were
 /// taken in vain, or the allocator is set up so that the device mattered
-/// sooner, [`crate::simulator::CachingAllocator::on_device`]).
+/// sooner, [`crate::simulator::CachingAllocator::on_device`]). The runs set
+/// aside hold at most `keep` bytes together: past that, the one that parted
+/// first (whose shared part is the shortest) runs from the first event.
 pub fn simulate_from(
     job: JobRef<'_>,
     target: &GpuTarget,
     start: Start,
     devices: &[GpuMemory],
+    keep: Bytes,
     tick: &mut dyn FnMut(u64),
 ) -> (SimulatedRun, Vec<Option<Parted>>) {
     let Start {
@@ -245,6 +269,7 @@ pub fn simulate_from(
         let oom = op.is_some_and(|op| runner.step(index, &op).is_err());
         let sample = runner.sample();
         if lowest < u64::MAX && (sample.reserved.get() > lowest || before.is_some()) {
+            let mut parted_now = false;
             for sharer in sharers.iter_mut() {
                 let Sharer::Waiting {
                     device,
@@ -266,6 +291,7 @@ pub fn simulate_from(
                         })),
                         None => Sharer::Alone,
                     };
+                    parted_now = true;
                 } else if before.as_ref().is_some_and(|b| b.1 > *room) {
                     *tries += 1;
                     if *tries >= PARTING_TRIES {
@@ -274,6 +300,9 @@ pub fn simulate_from(
                 }
             }
             lowest = lowest_room(&sharers);
+            if parted_now {
+                held_within(&mut sharers, keep.get());
+            }
         }
         index += 1;
         if index as u64 % TICK == 0 {
@@ -364,6 +393,15 @@ mod tests {
         schedule: &Schedule,
         caps: &[u64],
     ) -> (SimulatedRun, Vec<Option<Parted>>, Vec<SimulatedRun>) {
+        runs_keeping(schedule, caps, Bytes(u64::MAX))
+    }
+
+    /// [`runs`], the runs set aside holding at most `keep` bytes.
+    fn runs_keeping(
+        schedule: &Schedule,
+        caps: &[u64],
+        keep: Bytes,
+    ) -> (SimulatedRun, Vec<Option<Parted>>, Vec<SimulatedRun>) {
         let target = parse_gpu("a100-80gb").unwrap();
         let allocator = AllocatorConfig::default();
         let job = JobRef::Schedule(schedule);
@@ -376,7 +414,7 @@ mod tests {
             recorder: Recorder::maxima(),
             at: 0,
         };
-        let (unlimited, parted) = simulate_from(job, &target, start, &devices, &mut |_| {});
+        let (unlimited, parted) = simulate_from(job, &target, start, &devices, keep, &mut |_| {});
         let alone = devices
             .iter()
             .map(|d| simulate_job(job, &target, &allocator, d, Recorder::maxima(), &mut |_| {}))
@@ -396,7 +434,8 @@ mod tests {
             match part {
                 Some(part) => {
                     n += 1;
-                    let (resumed, _) = simulate_from(job, &target, part.start(), &[], &mut |_| {});
+                    let (resumed, _) =
+                        simulate_from(job, &target, part.start(), &[], Bytes::ZERO, &mut |_| {});
                     prop_assert_eq!(&resumed, &alone, "at {} B", cap);
                 }
                 None if unlimited.max_reserved.get() <= *cap => {
@@ -433,6 +472,33 @@ mod tests {
         // one it never does.
         let caps = [top / 8, top / 3, top / 2, top - 1, top];
         let parted = check(&s, &caps).unwrap();
+        assert_eq!(
+            parted, 4,
+            "of the capacities {caps:?} ({top} B reserved at most)"
+        );
+        // Room for none; then for all but a byte: those left to run alone
+        // parted no later than any kept, and the kept ones fit.
+        let (_, none, _) = runs_keeping(&s, &caps, Bytes::ZERO);
+        assert!(none.iter().all(Option::is_none));
+        let (_, all, _) = runs(&s, &caps);
+        let footprint = |parts: &[Option<Parted>]| -> u64 {
+            parts
+                .iter()
+                .flatten()
+                .map(|p| p.runner.footprint().get())
+                .sum()
+        };
+        let keep = footprint(&all) - 1;
+        let (_, some, _) = runs_keeping(&s, &caps, Bytes(keep));
+        assert!(footprint(&some) <= keep);
+        let kept: Vec<usize> = some.iter().flatten().map(|p| p.at).collect();
+        assert!(kept.len() < parted, "nothing was left alone: {kept:?}");
+        let first_kept = kept.iter().min().copied().unwrap_or(usize::MAX);
+        for (a, o) in all.iter().zip(&some) {
+            if let (Some(a), None) = (a, o) {
+                assert!(a.at <= first_kept, "{} left alone, {kept:?} kept", a.at);
+            }
+        }
         assert_eq!(
             parted, 4,
             "of the capacities {caps:?} ({top} B reserved at most)"

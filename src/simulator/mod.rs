@@ -253,6 +253,12 @@ pub struct Suspended {
 }
 
 impl Suspended {
+    /// About the bytes it holds.
+    pub fn footprint(&self) -> Bytes {
+        let live = self.live.len() * std::mem::size_of::<(u64, BlockHandle)>();
+        Bytes(self.alloc.footprint().get().saturating_add(live as u64))
+    }
+
     /// The same run on `device` from here on, where every decision so far
     /// is the one it would have taken there
     /// ([`CachingAllocator::on_device`]); `None` otherwise.

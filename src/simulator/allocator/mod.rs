@@ -334,6 +334,22 @@ impl CachingAllocator {
         })
     }
 
+    /// About the bytes it holds (its blocks, free lists and segments): what
+    /// a copy of it costs.
+    pub fn footprint(&self) -> Bytes {
+        let blocks = self.blocks.len() * std::mem::size_of::<Block>();
+        let spare = self.spare.len() * std::mem::size_of::<u32>();
+        // A free block's entry: its address, size and id, with the set's
+        // own overhead.
+        let free: usize = self
+            .pools
+            .iter()
+            .map(|p| (p.free.len() + p.unmapped.len()) * 32)
+            .sum();
+        let segments = self.expandable.len() * std::mem::size_of::<ExpandableSegment>();
+        Bytes((blocks + spare + free + segments) as u64)
+    }
+
     /// The segment a request of `request` bytes makes where no cached
     /// block serves it (what it adds to the reserved bytes at most).
     pub fn segment_for(&self, request: Bytes) -> Bytes {
