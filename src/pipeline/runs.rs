@@ -156,12 +156,7 @@ pub(super) fn simulate_all<'c>(
                 .iter()
                 .enumerate()
                 .filter(|(_, target)| key(target) == *run_key)
-                .map(|(i, target)| {
-                    (
-                        i,
-                        GpuMemory::new(target.capacity, target.overheads.context_bytes),
-                    )
-                })
+                .map(|(i, target)| (i, device_of(target)))
                 .collect()
         })
         .collect();
@@ -211,7 +206,7 @@ pub(super) fn simulate_all<'c>(
     let mut gpus: Vec<(&GpuTarget, Option<SimulatedRun>, SimulatedRun)> = Vec::new();
     for target in &config.gpus {
         let free_run = unlimited_for(target)?;
-        let device = GpuMemory::new(target.capacity, target.overheads.context_bytes);
+        let device = device_of(target);
         let same = allocator.per_process_memory_fraction.is_none()
             && device.memory_limit.is_none()
             && device
@@ -227,7 +222,7 @@ pub(super) fn simulate_all<'c>(
     for (i, (target, at_capacity, _)) in gpus.iter().enumerate() {
         if at_capacity.is_none() {
             let target: &GpuTarget = target;
-            let device = GpuMemory::new(target.capacity, target.overheads.context_bytes);
+            let device = device_of(target);
             let start = match parted.remove(&i) {
                 Some(part) => part.start(),
                 None => Start {
@@ -260,6 +255,11 @@ pub(super) fn simulate_all<'c>(
         reference: unlimited_for(&config.reference)?,
         gpus: out,
     })
+}
+
+/// The device a GPU's run at capacity has: its capacity, less its context.
+fn device_of(target: &GpuTarget) -> GpuMemory {
+    GpuMemory::new(target.capacity, target.overheads.context_bytes)
 }
 
 /// An unlimited run as the run at a capacity it fits (the verdict reads

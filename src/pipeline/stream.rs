@@ -435,12 +435,12 @@ fn held_whole(
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
 ) -> Result<Vec<Prepared>, Error> {
-    // Every cell is at the depth asked for.
-    let deep = cells.iter().try_fold(None, |_, cell| {
-        let layers = cell.layers?;
-        first_depth(counts, layers).map(|first| Some((first, layers)))
-    });
-    let mut derived: Vec<Option<Prepared>> = match deep.flatten() {
+    // Every cell is at the depth asked for (they differ in steps only).
+    let deep = cells
+        .first()
+        .and_then(|cell| cell.layers)
+        .and_then(|layers| first_depth(counts, layers).map(|first| (first, layers)));
+    let mut derived: Vec<Option<Prepared>> = match deep {
         Some((first, layers)) => {
             let depth_cells: Vec<Target> = cells
                 .iter()
@@ -473,20 +473,29 @@ fn held_whole(
         None => Vec::new(),
     };
     derived.resize_with(cells.len(), || None);
+    let total = cells.len() as u64;
     cells
         .iter()
         .zip(derived)
-        .map(|(cell, made)| match made {
+        .enumerate()
+        .map(|(t, (cell, made))| match made {
             Some(prepared) => Ok(prepared),
             // Not kept among the shared rebuilds: a job this deep is
             // held once.
-            None => rebuild(
-                &mut scale::Rebuilds::once(rebuilds.traces()),
-                warnings,
-                config,
-                counts,
-                *cell,
-            ),
+            None => {
+                progress(Progress {
+                    stage: Stage::Rebuilding,
+                    done: t as u64,
+                    total,
+                });
+                rebuild(
+                    &mut scale::Rebuilds::once(rebuilds.traces()),
+                    warnings,
+                    config,
+                    counts,
+                    *cell,
+                )
+            }
         })
         .collect()
 }

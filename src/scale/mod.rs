@@ -505,6 +505,7 @@ impl<'a> Rebuilds<'a> {
     /// Makes what the jobs at `targets` share (the lengthened trace, each
     /// depth's deeper trace and its calls of the model), each target's work
     /// checked: the clones made after share it.
+    ///
     /// Every target is checked before anything is made; the deeper traces
     /// are made by `make_all` (each [`Deepening::make`], in any order or
     /// side by side; one it does not hand back is made here), and an error
