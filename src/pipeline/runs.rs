@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use crate::program::SizeVariant;
 
-use super::simulate::{simulate_from, Parted, Start};
+use super::simulate::{simulate_from, Handed, Handoffs, Start};
 use super::{Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::presets::GpuTarget;
@@ -35,7 +35,10 @@ pub type SimulationJob<'a> = Box<dyn FnOnce(&mut dyn FnMut(u64)) -> SimulatedRun
 pub trait Parallel {
     /// Runs every job and returns their results in the jobs' order, calling
     /// `simulated(n)` on the calling thread now and then with the number of
-    /// events all jobs have simulated so far.
+    /// events all jobs have simulated so far. A job may wait for one before
+    /// it in `jobs` (a GPU's run at capacity for the unlimited run it parts
+    /// from), so no job may start before those before it have started: run
+    /// them in turn, or side by side taken in order.
     fn run_all<'a>(
         &self,
         jobs: Vec<SimulationJob<'a>>,
@@ -147,7 +150,8 @@ pub(super) fn simulate_all<'c>(
     report(0);
     // Each compared GPU shares the unlimited run of its key until that run
     // first needs more than the GPU has: its run at capacity goes on from
-    // there (`Parted`) rather than from the first event.
+    // there (`Handed::Parted`) rather than from the first event, and is the
+    // unlimited run itself where that never happens (`Handed::Shared`).
     let sharers: Vec<Vec<(usize, GpuMemory)>> = unlimited_targets
         .keys()
         .map(|run_key| {
@@ -160,15 +164,20 @@ pub(super) fn simulate_all<'c>(
                 .collect()
         })
         .collect();
-    let mut parted: Vec<Vec<Option<Parted>>> = sharers.iter().map(|_| Vec::new()).collect();
-    let fresh = || Runner::new(allocator, &GpuMemory::unlimited(), n_hint);
     // What the runs set aside may hold, each unlimited run's share of a
     // sixteenth of the memory budget.
     let keep = Bytes(config.memory_budget.get() / 16 / (unlimited_targets.len().max(1) as u64));
-    let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
-    for ((run_key, &target), (sharers, slot)) in unlimited_targets
+    let handoffs: Vec<Handoffs> = sharers
         .iter()
-        .zip(sharers.iter().zip(parted.iter_mut()))
+        .map(|sharers| Handoffs::new(sharers.len(), keep))
+        .collect();
+    let fresh = || Runner::new(allocator, &GpuMemory::unlimited(), n_hint);
+    // The unlimited runs first, then one job per compared GPU, which takes
+    // its run from its unlimited run's handoffs (waiting, on a shell that
+    // runs jobs side by side, until that run has decided it).
+    let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
+    for ((run_key, &target), (sharers, handoffs)) in
+        unlimited_targets.iter().zip(sharers.iter().zip(&handoffs))
     {
         let recorder = if *run_key == reference_key {
             report::recorder(job, summary, config.max_timeline_points)
@@ -182,9 +191,51 @@ pub(super) fn simulate_all<'c>(
             at: 0,
         };
         jobs.push(Box::new(move |tick| {
-            let (run, parts) = simulate_from(job, target, start, &devices, keep, tick);
-            *slot = parts;
-            run
+            simulate_from(job, target, start, &devices, handoffs, tick)
+        }));
+    }
+    // Each GPU's slot: its unlimited run's handoffs and its place there.
+    let mut slots: Vec<(usize, &Handoffs, usize)> = sharers
+        .iter()
+        .zip(&handoffs)
+        .flat_map(|(sharers, handoffs)| {
+            sharers
+                .iter()
+                .enumerate()
+                .map(move |(slot, (gpu, _))| (*gpu, handoffs, slot))
+        })
+        .collect();
+    // The smaller GPUs first: in a job that grows, they part sooner.
+    slots.sort_by_key(|(gpu, _, _)| {
+        let room = config
+            .gpus
+            .get(*gpu)
+            .and_then(|target| device_of(target).available_to_allocator());
+        (room.unwrap_or(u64::MAX), *gpu)
+    });
+    let order: Vec<usize> = slots.iter().map(|(gpu, _, _)| *gpu).collect();
+    let shares = allocator.per_process_memory_fraction.is_none();
+    for (gpu, handoffs, slot) in slots {
+        let Some(target) = config.gpus.get(gpu) else {
+            continue;
+        };
+        let device = device_of(target);
+        jobs.push(Box::new(move |tick| {
+            let start = match handoffs.take(slot) {
+                Handed::Parted(part) => part.start(),
+                // Without a memory fraction (garbage collected against the
+                // capacity), a run the device never limited is its run.
+                Handed::Shared(run) if shares => {
+                    tick(n);
+                    return run;
+                }
+                Handed::Shared(_) | Handed::Alone => Start {
+                    runner: Runner::new(allocator, &device, n_hint),
+                    recorder: Recorder::maxima(),
+                    at: 0,
+                },
+            };
+            simulate_from(job, target, start, &[], &Handoffs::none(), tick)
         }));
     }
     let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
@@ -192,63 +243,14 @@ pub(super) fn simulate_all<'c>(
         .keys()
         .filter_map(|k| results.next().map(|run| (k.clone(), run)))
         .collect();
-    let mut parted: BTreeMap<usize, Parted> = sharers
-        .iter()
-        .zip(parted)
-        .flat_map(|(sharers, parts)| sharers.iter().map(|(i, _)| *i).zip(parts))
-        .filter_map(|(i, part)| Some((i, part?)))
-        .collect();
+    let mut at_capacity: BTreeMap<usize, SimulatedRun> = order.into_iter().zip(results).collect();
     let missing = || Error::Report(ReportError::MissingSimulation);
     let unlimited_for =
         |target: &GpuTarget| unlimited.get(&key(target)).cloned().ok_or_else(missing);
-    // The GPUs whose unlimited run never came near their capacity take it
-    // as their run at capacity.
-    let mut gpus: Vec<(&GpuTarget, Option<SimulatedRun>, SimulatedRun)> = Vec::new();
-    for target in &config.gpus {
-        let free_run = unlimited_for(target)?;
-        let device = device_of(target);
-        let same = allocator.per_process_memory_fraction.is_none()
-            && device.memory_limit.is_none()
-            && device
-                .available_to_allocator()
-                .is_some_and(|room| free_run.max_reserved.get() <= room);
-        let at_capacity = same.then(|| capped(&free_run));
-        gpus.push((target, at_capacity, free_run));
-    }
-    let first = unlimited.len() as u64 + gpus.iter().filter(|g| g.1.is_some()).count() as u64;
-    let done_before = first.saturating_mul(n);
-    report(done_before);
-    let mut jobs: Vec<SimulationJob<'_>> = Vec::new();
-    for (i, (target, at_capacity, _)) in gpus.iter().enumerate() {
-        if at_capacity.is_none() {
-            let target: &GpuTarget = target;
-            let device = device_of(target);
-            let start = match parted.remove(&i) {
-                Some(part) => part.start(),
-                None => Start {
-                    runner: Runner::new(allocator, &device, n_hint),
-                    recorder: Recorder::maxima(),
-                    at: 0,
-                },
-            };
-            jobs.push(Box::new(move |tick| {
-                simulate_from(job, target, start, &[], Bytes::ZERO, tick).0
-            }));
-        }
-    }
-    let mut capped_runs = if jobs.is_empty() {
-        Vec::new()
-    } else {
-        parallel.run_all(jobs, &mut |done| report(done_before.saturating_add(done)))
-    }
-    .into_iter();
-    let mut out = Vec::with_capacity(gpus.len());
-    for (target, at_capacity, free_run) in gpus {
-        let at_capacity = match at_capacity {
-            Some(run) => run,
-            None => capped_runs.next().ok_or_else(missing)?,
-        };
-        out.push((target, at_capacity, free_run));
+    let mut out = Vec::with_capacity(config.gpus.len());
+    for (i, target) in config.gpus.iter().enumerate() {
+        let run = at_capacity.remove(&i).ok_or_else(missing)?;
+        out.push((target, run, unlimited_for(target)?));
     }
     report(total);
     Ok(Runs {
@@ -260,15 +262,6 @@ pub(super) fn simulate_all<'c>(
 /// The device a GPU's run at capacity has: its capacity, less its context.
 fn device_of(target: &GpuTarget) -> GpuMemory {
     GpuMemory::new(target.capacity, target.overheads.context_bytes)
-}
-
-/// An unlimited run as the run at a capacity it fits (the verdict reads
-/// its maxima and whether it ran out of memory).
-fn capped(run: &SimulatedRun) -> SimulatedRun {
-    SimulatedRun {
-        detail: None,
-        ..run.clone()
-    }
 }
 
 impl<'c> Runs<'c> {

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
@@ -104,7 +105,7 @@ pub fn simulate_job(
         recorder,
         at: 0,
     };
-    simulate_from(job, target, start, &[], Bytes::ZERO, tick).0
+    simulate_from(job, target, start, &[], &Handoffs::none(), tick)
 }
 
 /// Where a simulation starts: its run as it stands before event `at` (0:
@@ -138,6 +139,140 @@ impl Parted {
 /// its room and did not) before that device's run is left to start alone.
 const PARTING_TRIES: u32 = 16;
 
+/// Where the runs at capacity that share an unlimited run are handed from
+/// that run to their own jobs: one slot per device sharing it, filled as
+/// each parts (or is left to run alone) and, when the unlimited run ends,
+/// with the run for every device it never took past its room. A job for a
+/// device takes its slot, waiting while the unlimited run has not decided
+/// it: shells that run jobs side by side go on with a run at capacity as
+/// soon as it parts; shells that run them in turn find every slot decided.
+pub struct Handoffs {
+    slots: Mutex<Vec<Slot>>,
+    decided: Condvar,
+    /// What the runs set aside and not yet taken may hold.
+    keep: u64,
+}
+
+/// One device's slot in [`Handoffs`].
+enum Slot {
+    /// The unlimited run has not yet decided it.
+    Open,
+    /// Its run set aside, to go on from there.
+    Parted(Box<Parted>),
+    /// Its run starts from the first event.
+    Alone,
+    /// The unlimited run ended without taking it past its room: that run
+    /// (without its detail) is its run.
+    Shared(Box<SimulatedRun>),
+    /// Its job took it.
+    Taken,
+}
+
+/// What a device's job finds in its slot ([`Handoffs::take`]).
+pub enum Handed {
+    /// Go on from where it parted.
+    Parted(Box<Parted>),
+    /// Run from the first event.
+    Alone,
+    /// The unlimited run never took it past its room; here it is, capped.
+    Shared(SimulatedRun),
+}
+
+impl Handoffs {
+    /// Slots for `devices` devices; the runs set aside hold at most `keep`
+    /// bytes together.
+    pub fn new(devices: usize, keep: Bytes) -> Handoffs {
+        Handoffs {
+            slots: Mutex::new((0..devices).map(|_| Slot::Open).collect()),
+            decided: Condvar::new(),
+            keep: keep.get(),
+        }
+    }
+
+    /// No device shares the run.
+    pub fn none() -> Handoffs {
+        Handoffs::new(0, Bytes::ZERO)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Decides device `i`'s slot (once: a decided slot is kept).
+    fn decide(&self, i: usize, slot: Slot) {
+        let mut slots = self.lock();
+        let parted = matches!(slot, Slot::Parted(_));
+        if let Some(open @ Slot::Open) = slots.get_mut(i) {
+            *open = slot;
+        }
+        if parted {
+            held_within(&mut slots, self.keep);
+        }
+        drop(slots);
+        self.decided.notify_all();
+    }
+
+    /// Decides every open slot: the unlimited run ended as `run` (`None`:
+    /// it did not finish).
+    fn end(&self, run: Option<&SimulatedRun>) {
+        let mut slots = self.lock();
+        for slot in slots.iter_mut().filter(|s| matches!(s, Slot::Open)) {
+            *slot = match run {
+                Some(run) => Slot::Shared(Box::new(SimulatedRun {
+                    detail: None,
+                    ..run.clone()
+                })),
+                None => Slot::Alone,
+            };
+        }
+        drop(slots);
+        self.decided.notify_all();
+    }
+
+    /// Device `i`'s slot, once the unlimited run has decided it.
+    pub fn take(&self, i: usize) -> Handed {
+        let mut slots = self.lock();
+        while matches!(slots.get(i), Some(Slot::Open)) {
+            slots = self
+                .decided
+                .wait(slots)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        match slots
+            .get_mut(i)
+            .map(|slot| std::mem::replace(slot, Slot::Taken))
+        {
+            Some(Slot::Parted(parted)) => Handed::Parted(parted),
+            Some(Slot::Shared(run)) => Handed::Shared(*run),
+            _ => Handed::Alone,
+        }
+    }
+
+    /// The runs set aside and not taken, per device (tests).
+    #[cfg(test)]
+    fn into_parts(self) -> Vec<Option<Parted>> {
+        self.slots
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Parted(parted) => Some(*parted),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Ends a run's handoffs however the run stops: a slot left open would
+/// keep its job waiting.
+struct EndOnDrop<'h>(&'h Handoffs);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.end(None);
+    }
+}
+
 /// A device whose run at capacity shares the simulation until it parts.
 enum Sharer {
     Waiting {
@@ -145,26 +280,25 @@ enum Sharer {
         room: u64,
         tries: u32,
     },
-    Parted(Box<Parted>),
-    Alone,
+    Decided,
 }
 
-/// Leaves to run alone the runs set aside that parted first, until those
-/// held take at most `keep` bytes.
-fn held_within(sharers: &mut [Sharer], keep: u64) {
+/// Leaves to run alone the runs set aside (and not taken) that parted
+/// first, until those held take at most `keep` bytes.
+fn held_within(slots: &mut [Slot], keep: u64) {
     loop {
         let mut held = 0u64;
         let mut first: Option<(usize, usize)> = None;
-        for (i, sharer) in sharers.iter().enumerate() {
-            if let Sharer::Parted(p) = sharer {
+        for (i, slot) in slots.iter().enumerate() {
+            if let Slot::Parted(p) = slot {
                 held = held.saturating_add(p.runner.footprint().get());
                 if first.is_none_or(|(_, at)| p.at < at) {
                     first = Some((i, p.at));
                 }
             }
         }
-        match first.and_then(|(i, _)| sharers.get_mut(i)) {
-            Some(sharer) if held > keep => *sharer = Sharer::Alone,
+        match first.and_then(|(i, _)| slots.get_mut(i)) {
+            Some(slot) if held > keep => *slot = Slot::Alone,
             _ => return,
         }
     }
@@ -175,22 +309,25 @@ fn held_within(sharers: &mut [Sharer], keep: u64) {
 /// run until the event that first takes its reserved bytes past what the
 /// device leaves the allocator: the device refuses a segment only there,
 /// so its run at capacity takes the same decisions until then. At that
-/// event its run is set aside as it stood before it ([`Parted`]), to go
-/// on alone from there. `None` for a device the run never took past its
-/// room (the run is its run), or whose run could not be set aside (the
-/// copy before the event was not taken, [`PARTING_TRIES`] copies were
-/// taken in vain, or the allocator is set up so that the device mattered
-/// sooner, [`crate::simulator::CachingAllocator::on_device`]). The runs set
-/// aside hold at most `keep` bytes together: past that, the one that parted
-/// first (whose shared part is the shortest) runs from the first event.
+/// event its run is set aside as it stood before it ([`Parted`]) and handed
+/// to its slot in `handoffs`, to go on alone from there. A device the run
+/// never took past its room gets the run itself ([`Handed::Shared`]); one
+/// whose run could not be set aside (the copy before the event was not
+/// taken, [`PARTING_TRIES`] copies were taken in vain, or the allocator is
+/// set up so that the device mattered sooner,
+/// [`crate::simulator::CachingAllocator::on_device`]) runs from the first
+/// event. The runs set aside and not yet taken hold at most the handoffs'
+/// `keep` bytes together: past that, the one that parted first (whose
+/// shared part is the shortest) runs from the first event.
 pub fn simulate_from(
     job: JobRef<'_>,
     target: &GpuTarget,
     start: Start,
     devices: &[GpuMemory],
-    keep: Bytes,
+    handoffs: &Handoffs,
     tick: &mut dyn FnMut(u64),
-) -> (SimulatedRun, Vec<Option<Parted>>) {
+) -> SimulatedRun {
+    let ending = EndOnDrop(handoffs);
     let Start {
         mut runner,
         mut recorder,
@@ -199,13 +336,17 @@ pub fn simulate_from(
     let mut issued_size = Issued::on(target);
     let mut sharers: Vec<Sharer> = devices
         .iter()
-        .map(|&device| match device.available_to_allocator() {
+        .enumerate()
+        .map(|(i, &device)| match device.available_to_allocator() {
             Some(room) if device.memory_limit.is_none() => Sharer::Waiting {
                 device,
                 room,
                 tries: 0,
             },
-            _ => Sharer::Alone,
+            _ => {
+                handoffs.decide(i, Slot::Alone);
+                Sharer::Decided
+            }
         })
         .collect();
     // The smallest room of a waiting device (u64::MAX: none waits).
@@ -214,7 +355,7 @@ pub fn simulate_from(
             .iter()
             .filter_map(|s| match s {
                 Sharer::Waiting { room, .. } => Some(*room),
-                _ => None,
+                Sharer::Decided => None,
             })
             .min()
             .unwrap_or(u64::MAX)
@@ -269,8 +410,7 @@ pub fn simulate_from(
         let oom = op.is_some_and(|op| runner.step(index, &op).is_err());
         let sample = runner.sample();
         if lowest < u64::MAX && (sample.reserved.get() > lowest || before.is_some()) {
-            let mut parted_now = false;
-            for sharer in sharers.iter_mut() {
+            for (i, sharer) in sharers.iter_mut().enumerate() {
                 let Sharer::Waiting {
                     device,
                     room,
@@ -280,29 +420,28 @@ pub fn simulate_from(
                     continue;
                 };
                 if sample.reserved.get() > *room {
-                    *sharer = match before
+                    let slot = match before
                         .as_ref()
                         .and_then(|(runner, _)| runner.on_device(*device))
                     {
-                        Some(runner) => Sharer::Parted(Box::new(Parted {
+                        Some(runner) => Slot::Parted(Box::new(Parted {
                             runner,
                             recorder: recorder.maxima_so_far(),
                             at: index,
                         })),
-                        None => Sharer::Alone,
+                        None => Slot::Alone,
                     };
-                    parted_now = true;
+                    handoffs.decide(i, slot);
+                    *sharer = Sharer::Decided;
                 } else if before.as_ref().is_some_and(|b| b.1 > *room) {
                     *tries += 1;
                     if *tries >= PARTING_TRIES {
-                        *sharer = Sharer::Alone;
+                        handoffs.decide(i, Slot::Alone);
+                        *sharer = Sharer::Decided;
                     }
                 }
             }
             lowest = lowest_room(&sharers);
-            if parted_now {
-                held_within(&mut sharers, keep.get());
-            }
         }
         index += 1;
         if index as u64 % TICK == 0 {
@@ -316,14 +455,10 @@ pub fn simulate_from(
         ControlFlow::Continue(())
     });
     tick(job.n_events().saturating_sub(index as u64 / TICK * TICK));
-    let parted = sharers
-        .into_iter()
-        .map(|sharer| match sharer {
-            Sharer::Parted(parted) => Some(*parted),
-            Sharer::Waiting { .. } | Sharer::Alone => None,
-        })
-        .collect();
-    (recorder.finish(), parted)
+    let run = recorder.finish();
+    handoffs.end(Some(&run));
+    drop(ending);
+    run
 }
 
 /// Events between two progress ticks of a simulation.
@@ -414,7 +549,9 @@ mod tests {
             recorder: Recorder::maxima(),
             at: 0,
         };
-        let (unlimited, parted) = simulate_from(job, &target, start, &devices, keep, &mut |_| {});
+        let handoffs = Handoffs::new(devices.len(), keep);
+        let unlimited = simulate_from(job, &target, start, &devices, &handoffs, &mut |_| {});
+        let parted = handoffs.into_parts();
         let alone = devices
             .iter()
             .map(|d| simulate_job(job, &target, &allocator, d, Recorder::maxima(), &mut |_| {}))
@@ -434,8 +571,14 @@ mod tests {
             match part {
                 Some(part) => {
                     n += 1;
-                    let (resumed, _) =
-                        simulate_from(job, &target, part.start(), &[], Bytes::ZERO, &mut |_| {});
+                    let resumed = simulate_from(
+                        job,
+                        &target,
+                        part.start(),
+                        &[],
+                        &Handoffs::none(),
+                        &mut |_| {},
+                    );
                     prop_assert_eq!(&resumed, &alone, "at {} B", cap);
                 }
                 None if unlimited.max_reserved.get() <= *cap => {

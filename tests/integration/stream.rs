@@ -253,7 +253,8 @@ fn what_ifs_on_a_job_derived_in_depth_answer_as_on_the_job_built_whole() {
 }
 
 /// Runs a derivation's rebuilds each on a thread of its own, the last
-/// first (simulations in turn).
+/// first, and the simulations each on a thread of its own, started in
+/// order (a GPU's run at capacity waits there for the run it parts from).
 struct SideBySide;
 
 impl memcast::Parallel for SideBySide {
@@ -262,7 +263,26 @@ impl memcast::Parallel for SideBySide {
         jobs: Vec<memcast::SimulationJob<'a>>,
         simulated: &mut dyn FnMut(u64),
     ) -> Vec<memcast::report::SimulatedRun> {
-        memcast::InTurn.run_all(jobs, simulated)
+        let events = std::sync::atomic::AtomicU64::new(0);
+        let runs = std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .into_iter()
+                .map(|job| {
+                    let events = &events;
+                    scope.spawn(move || {
+                        job(&mut |n| {
+                            events.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                        })
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().unwrap())
+                .collect()
+        });
+        simulated(events.load(std::sync::atomic::Ordering::Relaxed));
+        runs
     }
 
     fn run_tasks<'a>(&self, tasks: Vec<memcast::Task<'a>>, done: &mut dyn FnMut(usize)) {
@@ -334,4 +354,44 @@ fn a_job_derived_from_rebuilds_run_side_by_side_is_the_job_derived_in_turn() {
             "{name}: the tasks a shell did not run were not run"
         );
     }
+}
+
+/// GPUs the job outgrows, each run at capacity handed over by the
+/// unlimited run on another thread as it parts (or, for a GPU it fits,
+/// when it ends): the same report as the runs in turn.
+#[test]
+fn runs_at_capacity_handed_over_side_by_side_are_the_runs_in_turn() {
+    let bytes = read_shared("fixtures/traces-llm/llama_gen16_dynamic.json.gz");
+    let settings = Settings {
+        new_tokens: Some(400),
+        gpus: ["a100-80gb", "530MiB", "500MiB", "420MiB", "t4"]
+            .map(String::from)
+            .to_vec(),
+        ..Settings::default()
+    };
+    let config = settings.config().unwrap();
+    let prepared = memcast::pipeline::prepare(&bytes, &config, &mut |_| {}).unwrap();
+    let in_turn = memcast::pipeline::estimate(&prepared, &config, &mut |_| {})
+        .unwrap()
+        .value;
+    // The three capacities below its 536 MiB run out of memory, at
+    // different events.
+    let verdicts: Vec<(bool, u64)> = in_turn
+        .gpus
+        .iter()
+        .map(|g| (g.fits, g.peak_total_bytes.get()))
+        .collect();
+    assert_eq!(
+        verdicts.iter().map(|v| v.0).collect::<Vec<_>>(),
+        [true, false, false, false, true],
+        "{verdicts:?}"
+    );
+    let side_by_side =
+        memcast::pipeline::estimate_with(&prepared, &config, &mut |_| {}, &SideBySide)
+            .unwrap()
+            .value;
+    assert!(
+        serde_json::to_string(&side_by_side).unwrap() == serde_json::to_string(&in_turn).unwrap(),
+        "the reports differ"
+    );
 }

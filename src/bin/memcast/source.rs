@@ -241,26 +241,28 @@ impl memcast::Parallel for Threads {
         if cores < 2 || jobs.len() < 2 {
             return memcast::InTurn.run_all(jobs, simulated);
         }
-        // Deal the jobs round-robin to `cores` threads; collect in order.
+        // `cores` threads take the jobs in order as they free up (a job may
+        // wait for one before it: that one has started); collect in order.
         let n = jobs.len();
-        let lanes = deal(jobs, cores);
+        let queue = std::sync::Mutex::new(jobs.into_iter().enumerate());
+        let next = || queue.lock().ok().and_then(|mut q| q.next());
         // The jobs count the events they simulated here; this thread
         // passes the sum on while it waits.
         let events = std::sync::atomic::AtomicU64::new(0);
         let mut done: Vec<(usize, memcast::report::SimulatedRun)> = std::thread::scope(|scope| {
             let events = &events;
-            let handles: Vec<_> = lanes
-                .into_iter()
-                .map(|lane| {
+            let next = &next;
+            let handles: Vec<_> = (0..cores.min(n))
+                .map(|_| {
                     scope.spawn(move || {
-                        lane.into_iter()
-                            .map(|(index, job)| {
-                                let mut tick = |k: u64| {
-                                    events.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
-                                };
-                                (index, job(&mut tick))
-                            })
-                            .collect::<Vec<_>>()
+                        let mut finished = Vec::new();
+                        while let Some((index, job)) = next() {
+                            let mut tick = |k: u64| {
+                                events.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
+                            };
+                            finished.push((index, job(&mut tick)));
+                        }
+                        finished
                     })
                 })
                 .collect();
@@ -314,17 +316,6 @@ impl memcast::Parallel for Threads {
 /// The machine's cores (1 where it cannot tell).
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
-}
-
-/// `items` dealt round-robin to `lanes` lanes, each with its index.
-fn deal<T>(items: Vec<T>, lanes: usize) -> Vec<Vec<(usize, T)>> {
-    let mut dealt: Vec<Vec<(usize, T)>> = (0..lanes).map(|_| Vec::new()).collect();
-    for (index, item) in items.into_iter().enumerate() {
-        if let Some(lane) = dealt.get_mut(index % lanes.max(1)) {
-            lane.push((index, item));
-        }
-    }
-    dealt
 }
 
 /// Estimates one trace, or several of one job at different sequence lengths
