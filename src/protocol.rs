@@ -28,6 +28,12 @@ pub enum Request {
         /// The file names to report, one per attached `Blob`, in order (a
         /// `Blob` from `fetch` has none).
         names: Vec<String>,
+        /// Which files these are, as the page numbers what it was given
+        /// (each drop, the demo): the worker keeps the files it last read,
+        /// parsed, and runs the same files again without reading them
+        /// (0: files never to be taken for others).
+        #[serde(default)]
+        files: u32,
         config: Config,
     },
     /// Simulate the last prepared trace again with other GPUs or allocator
@@ -124,11 +130,13 @@ mod tests {
             Request::Run {
                 job: 7,
                 names: vec!["a.json.gz".into()],
+                files: 3,
                 config: Config::standard(),
             },
             Request::Run {
                 job: 10,
                 names: vec!["seq32.json.gz".into(), "seq64.json.gz".into()],
+                files: 4,
                 config: scaled_config(),
             },
             Request::Resimulate {
@@ -154,11 +162,31 @@ mod tests {
         config
     }
 
+    /// A run sent without its files' number (a page from before it) is
+    /// files never taken for others: the worker reads them.
+    #[test]
+    fn a_run_without_its_files_number_is_read_again() {
+        let request = Request::Run {
+            job: 2,
+            names: vec!["a.json.gz".into()],
+            files: 5,
+            config: Config::standard(),
+        };
+        let text = request.to_json();
+        assert!(text.contains(r#""files":5"#), "{text}");
+        let without = text.replacen(r#""files":5,"#, "", 1);
+        let Request::Run { files, .. } = Request::from_json(&without).unwrap() else {
+            panic!("not a run: {without}");
+        };
+        assert_eq!(files, 0);
+    }
+
     #[test]
     fn several_files_carry_their_names_and_the_target_in_order() {
         let request = Request::Run {
             job: 1,
             names: vec!["b.json.gz".into(), "a.json.gz".into()],
+            files: 1,
             config: scaled_config(),
         };
         let back = Request::from_json(&request.to_json()).unwrap();

@@ -47,15 +47,28 @@ struct Input {
     blobs: Vec<Blob>,
     /// One name per blob, in order.
     names: Vec<String>,
+    /// Which files these are (`Request::Run`'s `files`): a number no other
+    /// files given to this page have.
+    serial: u32,
 }
 
+/// The last [`Input::serial`] given.
+static LAST_SERIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 impl Input {
+    /// Files just given.
+    fn new(blobs: Vec<Blob>, names: Vec<String>) -> Input {
+        let serial = LAST_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        Input {
+            blobs,
+            names,
+            serial,
+        }
+    }
+
     /// One file.
     fn one(blob: Blob, name: String) -> Input {
-        Input {
-            blobs: vec![blob],
-            names: vec![name],
-        }
+        Input::new(vec![blob], vec![name])
     }
 
     /// The names as the page shows them (and the permalink joins them).
@@ -293,6 +306,7 @@ fn App() -> impl IntoView {
             let build = |job, config| Request::Run {
                 job,
                 names: file.names.clone(),
+                files: file.serial,
                 config,
             };
             if post_request(&build, &file.blobs, true) {
@@ -546,7 +560,7 @@ fn App() -> impl IntoView {
         }
         let names = files.iter().map(File::name).collect();
         let blobs = files.into_iter().map(Blob::from).collect();
-        let given = Input { blobs, names };
+        let given = Input::new(blobs, names);
         pending.set(None);
         if given.blobs.len() > 1 && !scale.has_length() {
             error.set(None);

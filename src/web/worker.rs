@@ -7,7 +7,11 @@
 //! nor here;
 //! then it runs [`crate::pipeline::estimate`] and posts [`Response`]s back as JSON
 //! strings. It keeps the last prepared trace, so a change of GPUs or
-//! allocator settings re-runs only the simulation.
+//! allocator settings re-runs only the simulation, and small files parsed,
+//! so a change of the job's settings (depth, length, parameter figures)
+//! does not read them again. The job under CUDA autocast that the
+//! mixed-precision what-if compares with is prepared when that what-if is
+//! first asked for, not with every run.
 
 use std::cell::RefCell;
 
@@ -61,9 +65,8 @@ const HASHER_NAME: &str = "memcast-hasher";
 const HASHER_READY: &str = "hasher-ready";
 
 thread_local! {
-    /// The last trace prepared, with its identity and its files (the
-    /// longest-generation what-if reads them again; a blob is a handle).
-    static PREPARED: RefCell<Option<(TraceIdentity, Prepared, Vec<Blob>)>> = const { RefCell::new(None) };
+    /// The last trace prepared, with its identity and its files.
+    static PREPARED: RefCell<Option<Kept>> = const { RefCell::new(None) };
     /// The hasher, once it has said it is ready (a message sent to a worker
     /// before its handler is installed is lost).
     static HASHER: RefCell<Option<Worker>> = const { RefCell::new(None) };
@@ -74,12 +77,50 @@ thread_local! {
 /// A prepared trace and its result, until the hasher's fingerprints arrive.
 struct Waiting {
     job: u32,
-    /// The files' names and blobs, in the order they were read.
+    /// The files' names, in the order they were read.
     names: Vec<String>,
-    blobs: Vec<Blob>,
-    prepared: Prepared,
+    loaded: Loaded,
     result: Result<Box<crate::report::Report>, String>,
 }
+
+/// The last trace prepared and its identity.
+struct Kept {
+    trace: TraceIdentity,
+    loaded: Loaded,
+}
+
+/// A prepared trace and its files: the page's number for them
+/// (`Request::Run`'s `files`), their blobs (a blob is a handle) and, where
+/// they are small, the traces parsed, so that a run of the same files with
+/// other settings and the what-ifs that read the traces again do not read
+/// them.
+struct Loaded {
+    prepared: Prepared,
+    files: u32,
+    blobs: Vec<Blob>,
+    parsed: Option<Parsed>,
+    /// Whether `prepared` holds the job under CUDA autocast for the
+    /// mixed-precision what-if (`AutocastConfig::what_if`), which only that
+    /// what-if asks for.
+    what_if: bool,
+}
+
+/// Traces as read, with the reader's warnings.
+struct Parsed {
+    traces: Vec<crate::trace::Trace>,
+    warnings: Vec<crate::diag::Warning>,
+}
+
+/// The largest traces kept parsed between runs, in events: at
+/// [`crate::scale::work::BYTES_PER_EVENT`] (what an event takes from the
+/// trace read to the report, more than the parsed trace alone) an eighth
+/// of [`MEMORY_BUDGET`].
+const KEEP_PARSED_EVENTS: u64 = MEMORY_BUDGET.get() / 8 / crate::scale::work::BYTES_PER_EVENT;
+
+/// Files larger than this are read as a stream (each slice dropped as it
+/// is parsed, the traces dropped before a rebuilt job is analyzed) and
+/// not kept parsed.
+const KEEP_PARSED_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// What the hasher sends back for a job.
 #[derive(Debug, Serialize, Deserialize)]
@@ -237,7 +278,7 @@ fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
     let identities = match reply.identities {
         Ok(identities) if identities.len() == waiting.names.len() => identities,
         // The hasher could not: hash here.
-        _ => match fingerprint_all(waiting.blobs.clone()) {
+        _ => match fingerprint_all(waiting.loaded.blobs.clone()) {
             Ok(identities) => identities,
             Err(message) => {
                 post(Response::Failed {
@@ -248,28 +289,23 @@ fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
             }
         },
     };
-    let identity = identity_of(identities, &waiting.names);
-    finish(
-        waiting.job,
-        identity,
-        waiting.prepared,
-        waiting.blobs,
-        waiting.result,
-        post,
-    );
+    let kept = Kept {
+        trace: identity_of(identities, &waiting.names),
+        loaded: waiting.loaded,
+    };
+    finish(waiting.job, kept, waiting.result, post);
 }
 
 /// Keeps the prepared trace and posts its result.
 fn finish(
     job: u32,
-    trace: TraceIdentity,
-    prepared: Prepared,
-    blobs: Vec<Blob>,
+    kept: Kept,
     result: Result<Box<crate::report::Report>, String>,
     post: &dyn Fn(Response),
 ) {
+    let trace = kept.trace.clone();
     // The previous trace is replaced only by one that prepared successfully.
-    PREPARED.with(|slot| *slot.borrow_mut() = Some((trace.clone(), prepared, blobs)));
+    PREPARED.with(|slot| *slot.borrow_mut() = Some(kept));
     match result {
         Ok(report) => post(Response::Done { job, trace, report }),
         Err(message) => post(Response::Failed { job, message }),
@@ -286,8 +322,7 @@ fn warm_up() {
     // twice, as the second pass runs what the first one got optimized.
     for _ in 0..2 {
         let _ = TraceIdentity::of(WARM_UP_URL, &bytes);
-        let mut config = Config::standard();
-        config.orchestrator.autocast.what_if = true;
+        let config = Config::standard();
         if let Ok(prepared) = pipeline::prepare(&bytes, &config, &mut |_| {}) {
             let _ = pipeline::estimate(&prepared, &config, &mut |_| {});
         }
@@ -319,8 +354,16 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
         return;
     };
     match request {
-        Request::Run { job, names, config } => {
+        Request::Run {
+            job,
+            names,
+            files,
+            config,
+        } => {
             let config = within_heap(config);
+            if files != 0 && run_kept(job, files, &config, post) {
+                return;
+            }
             let blobs = attached_blobs(data).filter(|blobs| blobs.len() == names.len());
             let Some(blobs) = blobs else {
                 post(Response::Failed {
@@ -340,7 +383,7 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
                 .map(|blob| BlobSource::new(blob, !hashed_elsewhere))
                 .collect::<Result<Vec<BlobSource>, String>>();
             match sources {
-                Ok(mut sources) => run(job, &names, &mut sources, &config, post),
+                Ok(mut sources) => run(job, &names, files, &mut sources, &config, post),
                 Err(message) => post(Response::Failed { job, message }),
             }
         }
@@ -434,23 +477,50 @@ fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + 
 /// Prepares and estimates a trace (or one job from its traces at several
 /// sequence lengths, read in turn); one that prepares replaces the worker's
 /// current trace, once its fingerprint is known (at once when this worker
-/// hashed the files, when the hasher answers otherwise).
+/// hashed the files, when the hasher answers otherwise). Small files are
+/// read whole first and kept parsed; larger ones are read as a stream.
 fn run(
     job: u32,
     names: &[String],
+    files: u32,
     sources: &mut [BlobSource],
     config: &Config,
     post: &dyn Fn(Response),
 ) {
     let mut progress = progress_poster(job, post);
-    // The page offers the mixed-precision what-if: prepare its job too.
-    let mut with_what_if = config.clone();
-    with_what_if.orchestrator.autocast.what_if = true;
-    let mut dyns: Vec<&mut dyn TraceSource> = sources
-        .iter_mut()
-        .map(|source| source as &mut dyn TraceSource)
-        .collect();
-    let prepared = match pipeline::prepare_many_from(&mut dyns, &with_what_if, &mut progress) {
+    let bytes = sources
+        .iter()
+        .map(|source| source.total)
+        .fold(0u64, u64::saturating_add);
+    let (prepared, parsed) = if bytes <= KEEP_PARSED_FILE_BYTES {
+        match read_all(sources, &mut progress) {
+            Ok(parsed) => {
+                let prepared = pipeline::prepare_parsed(
+                    &parsed.traces,
+                    parsed.warnings.clone(),
+                    config,
+                    &mut progress,
+                );
+                let events = parsed
+                    .traces
+                    .iter()
+                    .map(crate::scale::work::Counts::traced_of)
+                    .fold(0u64, u64::saturating_add);
+                (prepared, (events <= KEEP_PARSED_EVENTS).then_some(parsed))
+            }
+            Err(err) => (Err(err), None),
+        }
+    } else {
+        let mut dyns: Vec<&mut dyn TraceSource> = sources
+            .iter_mut()
+            .map(|source| source as &mut dyn TraceSource)
+            .collect();
+        (
+            pipeline::prepare_many_from(&mut dyns, config, &mut progress),
+            None,
+        )
+    };
+    let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(err) => {
             post(Response::Failed {
@@ -460,31 +530,31 @@ fn run(
             return;
         }
     };
-    let result = pipeline::estimate(&prepared, config, &mut progress)
-        .map(|report| Box::new(report.value))
-        .map_err(|err| err.to_string());
+    let result = estimated(&prepared, config, &mut progress);
     let hashed_here = sources
         .iter_mut()
         .map(|source| source.fingerprint.take().map(|f| f.finish("")))
         .collect::<Option<Vec<TraceIdentity>>>();
+    let loaded = Loaded {
+        prepared,
+        files,
+        blobs: sources.iter().map(|source| source.blob.clone()).collect(),
+        parsed,
+        what_if: false,
+    };
     match hashed_here {
         Some(identities) => {
-            let blobs = sources.iter().map(|source| source.blob.clone()).collect();
-            finish(
-                job,
-                identity_of(identities, names),
-                prepared,
-                blobs,
-                result,
-                post,
-            )
+            let kept = Kept {
+                trace: identity_of(identities, names),
+                loaded,
+            };
+            finish(job, kept, result, post)
         }
         None => {
             let waiting = Waiting {
                 job,
                 names: names.to_vec(),
-                blobs: sources.iter().map(|source| source.blob.clone()).collect(),
-                prepared,
+                loaded,
                 result,
             };
             WAITING.with(|slot| *slot.borrow_mut() = Some(waiting));
@@ -492,13 +562,91 @@ fn run(
     }
 }
 
+/// Runs the files the worker keeps parsed again, with `config`, if they
+/// are the page's files number `files`; whether it did (not: they must be
+/// read). The kept trace is replaced only by one that prepares.
+fn run_kept(job: u32, files: u32, config: &Config, post: &dyn Fn(Response)) -> bool {
+    let mut progress = progress_poster(job, post);
+    let outcome = PREPARED.with(|slot| {
+        let slot = slot.borrow();
+        let kept = slot.as_ref().filter(|kept| kept.loaded.files == files)?;
+        let parsed = kept.loaded.parsed.as_ref()?;
+        let prepared = pipeline::prepare_parsed(
+            &parsed.traces,
+            parsed.warnings.clone(),
+            config,
+            &mut progress,
+        );
+        Some((kept.trace.clone(), prepared))
+    });
+    let Some((trace, prepared)) = outcome else {
+        return false;
+    };
+    let prepared = match prepared {
+        Ok(prepared) => prepared,
+        Err(err) => {
+            post(Response::Failed {
+                job,
+                message: format!("{}: {err}", trace.name),
+            });
+            return true;
+        }
+    };
+    let result = estimated(&prepared, config, &mut progress);
+    PREPARED.with(|slot| {
+        if let Some(kept) = slot.borrow_mut().as_mut() {
+            kept.loaded.prepared = prepared;
+            kept.loaded.what_if = false;
+        }
+    });
+    match result {
+        Ok(report) => post(Response::Done { job, trace, report }),
+        Err(message) => post(Response::Failed { job, message }),
+    }
+    true
+}
+
+/// The estimate of `prepared`, as the page shows it or as it says why not.
+fn estimated(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Box<crate::report::Report>, String> {
+    pipeline::estimate(prepared, config, progress)
+        .map(|report| Box::new(report.value))
+        .map_err(|err| err.to_string())
+}
+
+/// Each source read whole, in turn, with the reader's progress.
+fn read_all(
+    sources: &mut [BlobSource],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Parsed, pipeline::Error> {
+    let mut parsed = Parsed {
+        traces: Vec::with_capacity(sources.len()),
+        warnings: Vec::new(),
+    };
+    for source in sources.iter_mut() {
+        let trace = crate::trace::read(source, &mut |done, total| {
+            progress(Progress {
+                stage: pipeline::Stage::Parsing,
+                done,
+                total,
+            });
+        })?;
+        parsed.warnings.extend(trace.warnings);
+        parsed.traces.push(trace.value);
+    }
+    Ok(parsed)
+}
+
 fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
     let mut progress = progress_poster(job, post);
     let outcome = PREPARED.with(|slot| {
-        slot.borrow().as_ref().map(|(trace, prepared, _)| {
+        slot.borrow().as_ref().map(|kept| {
             (
-                trace.clone(),
-                pipeline::estimate(prepared, config, &mut progress),
+                kept.trace.clone(),
+                pipeline::estimate(&kept.loaded.prepared, config, &mut progress),
             )
         })
     });
@@ -517,6 +665,7 @@ fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
 }
 
 fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn Fn(Response)) {
+    use crate::whatif::WhatIfKind;
     post(Response::Progress {
         job,
         stage: WorkStage::Pipeline(pipeline::Stage::Simulating),
@@ -524,16 +673,40 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
         total: 1,
     });
     let outcome = PREPARED.with(|slot| {
-        slot.borrow().as_ref().map(|(_, prepared, blobs)| {
-            // Only the longest-generation what-if reads the files again.
-            let traces = if matches!(what, crate::whatif::WhatIfKind::Context { .. }) {
-                read_traces(blobs)?
-            } else {
-                Vec::new()
+        let mut slot = slot.borrow_mut();
+        let loaded = &mut slot.as_mut()?.loaded;
+        let mut answer = || -> Result<crate::whatif::WhatIfResult, String> {
+            // The longest-generation what-if reads the traces; the
+            // mixed-precision one needs the job under CUDA autocast too,
+            // which a run does not prepare: it is prepared when first
+            // asked for, from the same traces and settings.
+            let needs_autocast = what == WhatIfKind::Precision && !loaded.what_if;
+            let needs_traces = matches!(what, WhatIfKind::Context { .. }) || needs_autocast;
+            let read;
+            let parsed: Option<&Parsed> = match (&loaded.parsed, needs_traces) {
+                (_, false) => None,
+                (Some(parsed), true) => Some(parsed),
+                (None, true) => {
+                    read = read_traces(&loaded.blobs)?;
+                    Some(&read)
+                }
             };
-            crate::whatif::run_on_traces(prepared, &traces, what, config)
+            let traces = parsed.map_or(&[][..], |parsed| &parsed.traces);
+            if needs_autocast {
+                let mut with_what_if = config.clone();
+                with_what_if.orchestrator.autocast.what_if = true;
+                let warnings = parsed
+                    .map(|parsed| parsed.warnings.clone())
+                    .unwrap_or_default();
+                loaded.prepared =
+                    pipeline::prepare_parsed(traces, warnings, &with_what_if, &mut |_| {})
+                        .map_err(|err| err.to_string())?;
+                loaded.what_if = true;
+            }
+            crate::whatif::run_on_traces(&loaded.prepared, traces, what, config)
                 .map_err(|err| err.to_string())
-        })
+        };
+        Some(answer())
     });
     match outcome {
         None => post(Response::NeedTrace { job }),
@@ -546,14 +719,10 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
 }
 
 /// The files of the prepared job, parsed again.
-fn read_traces(blobs: &[Blob]) -> Result<Vec<crate::trace::Trace>, String> {
-    blobs
+fn read_traces(blobs: &[Blob]) -> Result<Parsed, String> {
+    let mut sources = blobs
         .iter()
-        .map(|blob| {
-            let mut source = BlobSource::new(blob.clone(), false)?;
-            crate::trace::read(&mut source, &mut |_, _| {})
-                .map(|t| t.value)
-                .map_err(|err| err.to_string())
-        })
-        .collect()
+        .map(|blob| BlobSource::new(blob.clone(), false))
+        .collect::<Result<Vec<BlobSource>, String>>()?;
+    read_all(&mut sources, &mut |_| {}).map_err(|err| err.to_string())
 }

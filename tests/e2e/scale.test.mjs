@@ -108,10 +108,22 @@ test("one trace: the page says what it is, and 8 layers typed are the CLI's --la
   assert.equal(before.summary.scaled, undefined, "the traced job is not rebuilt");
   assert.equal(await page.locator("#scaled-table").count(), 0);
 
+  // Every status line the change shows: the worker runs the file it keeps
+  // parsed, without reading it again.
+  await page.evaluate(() => {
+    window.__statuses = [];
+    new MutationObserver(() => {
+      const now = document.querySelector("#status")?.textContent ?? "";
+      if (window.__statuses.at(-1) !== now) window.__statuses.push(now);
+    }).observe(document.body, { childList: true, subtree: true, characterData: true });
+  });
   await page.fill("#layers", "8");
   await page.press("#layers", "Enter");
   await page.locator("#scaled-table").waitFor({ timeout: 120_000 });
   await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  const statuses = await page.evaluate(() => window.__statuses);
+  assert.ok(statuses.some((s) => /Rebuilding/.test(s)), `the statuses seen: ${statuses.join(" | ")}`);
+  assert.ok(!statuses.some((s) => /Reading the trace/.test(s)), `the file was read again: ${statuses.join(" | ")}`);
   const shown = await reportJson(page);
   const expected = JSON.parse(cliRun(["estimate", "--json", file, ...gpuArgs(shown), "--layers", "8"]));
   assert.deepEqual(shown, expected, "the page's report is the CLI's --layers 8");
