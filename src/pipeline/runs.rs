@@ -190,8 +190,16 @@ pub(super) fn simulate_all<'c>(
             recorder,
             at: 0,
         };
+        let headline = *run_key == reference_key;
         jobs.push(Box::new(move |tick| {
-            simulate_from(job, target, start, &devices, handoffs, tick)
+            let mut run = simulate_from(job, target, start, &devices, handoffs, tick);
+            // The report's blocks at the peak, found here: beside the runs
+            // at capacity still going on, where the shell runs jobs side
+            // by side.
+            if let Some(detail) = run.detail.as_mut().filter(|_| headline) {
+                detail.live_at_peak = Some(job.live_after(run.peak_index));
+            }
+            run
         }));
     }
     // Each GPU's slot: its unlimited run's handoffs and its place there.

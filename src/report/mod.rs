@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use accuracy::{ErrorBand, JobKind, Margin};
-pub use recorder::{Recorder, RunDetail, SimulatedRun};
+pub use recorder::{LiveAtPeak, Recorder, RunDetail, SimulatedRun};
 pub use timeline::{downsample, Downsampler, TimelinePoint, DEFAULT_MAX_POINTS};
 use verdict::verdict;
 pub use verdict::{kernels_on, GpuVerdict};
@@ -346,7 +346,15 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
     if n_events == 0 {
         return Err(ReportError::Empty);
     }
-    let detail = run.detail.clone().unwrap_or_default();
+    let detail = run
+        .detail
+        .as_ref()
+        .map(|d| RunDetail {
+            timeline: d.timeline.clone(),
+            windows: d.windows.clone(),
+            live_at_peak: None,
+        })
+        .unwrap_or_default();
     let n_windows = windows(job, &input.summary).len();
     if run.events != n_events || detail.windows.len() != n_windows {
         return Err(ReportError::Mismatch((
@@ -359,13 +367,20 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
     let peak_reserved = run.max_reserved;
     let total = peak_reserved + overheads.context_bytes;
 
-    let (live, at_peak) = job.live_after(peak_index);
+    let found;
+    let (live, at_peak) = match run.detail.as_ref().and_then(|d| d.live_at_peak.as_ref()) {
+        Some(live) => live,
+        None => {
+            found = job.live_after(peak_index);
+            &found
+        }
+    };
     let mut breakdown = Breakdown::default();
     let mut layers: BTreeMap<String, Bytes> = BTreeMap::new();
     // Without Python frames no block has a layer: the same figures by op.
     let mut ops: BTreeMap<String, Bytes> = BTreeMap::new();
     let mut requested = Bytes::ZERO;
-    for event in &live {
+    for event in live {
         let size = event.size_on(input.reference);
         breakdown.add(event.category, size);
         requested += size;
@@ -402,7 +417,7 @@ pub fn build(input: &ReportInput<'_>) -> Result<Report, ReportError> {
     top_layers.truncate(TOP_LAYERS);
 
     let spans = job.iterations();
-    let at = place(job, &spans, peak_index, at_peak);
+    let at = place(job, &spans, peak_index, *at_peak);
     let mut window_peaks = detail.windows.into_iter();
     let iterations = spans
         .iter()
@@ -626,6 +641,32 @@ mod tests {
             Some(gpu.capacity.saturating_sub(report.peak.total_bytes))
         );
         assert_eq!(verdict.shortfall_bytes, None);
+        // The blocks at the peak found beside the run are the report's own;
+        // other ones would show (here, none: the breakdown loses its
+        // parameters and keeps the overheads).
+        let with_live = |live: LiveAtPeak| {
+            let mut found = run.clone();
+            if let Some(detail) = found.detail.as_mut() {
+                detail.live_at_peak = Some(live);
+            }
+            build(&ReportInput {
+                job: JobRef::Schedule(&schedule),
+                reference: &gpu,
+                unlimited: &found,
+                gpus: vec![GpuRuns {
+                    target: &gpu,
+                    at_capacity: &run,
+                    unlimited: &run,
+                }],
+                summary: RunSummary::default(),
+                warnings: vec![],
+            })
+            .unwrap()
+        };
+        let live = JobRef::Schedule(&schedule).live_after(1);
+        assert_eq!(with_live(live.clone()), report);
+        let other = with_live((Vec::new(), live.1));
+        assert_eq!(other.breakdown_at_peak.parameters, Bytes::ZERO);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! simulation keeps a sample per event.
 
 use super::timeline::{Downsampler, TimelinePoint};
+use crate::program::JobEvent;
 use crate::simulator::Sample;
 use crate::units::{Bytes, Nanos};
 
@@ -35,7 +36,15 @@ pub struct RunDetail {
     /// Per window asked for ([`Recorder::new`]): the highest allocated and
     /// reserved bytes after an event inside it (`None`: no event was).
     pub windows: Vec<Option<Sample>>,
+    /// The blocks live right after the peak event, and that event
+    /// ([`crate::program::JobRef::live_after`] at the run's `peak_index`),
+    /// where the run's job found them (beside the other runs); `None`: the
+    /// report finds them.
+    pub live_at_peak: Option<LiveAtPeak>,
 }
+
+/// What [`crate::program::JobRef::live_after`] returns.
+pub type LiveAtPeak = (Vec<JobEvent>, Option<JobEvent>);
 
 /// Gathers a run's figures from its samples, one per event in order.
 #[derive(Debug, Clone)]
@@ -150,6 +159,7 @@ impl Recorder {
             run.detail = Some(RunDetail {
                 timeline: timeline.finish(),
                 windows: self.peaks,
+                live_at_peak: None,
             });
         }
         run
