@@ -241,8 +241,9 @@ impl memcast::Parallel for Threads {
         if cores < 2 || jobs.len() < 2 {
             return memcast::InTurn.run_all(jobs, simulated);
         }
-        // `cores` threads take the jobs in order as they free up (a job may
-        // wait for one before it: that one has started); collect in order.
+        // This thread and `cores - 1` helpers take the jobs in order as
+        // they free up (a job may wait for one before it: that one has
+        // started); collect in order.
         let n = jobs.len();
         let queue = std::sync::Mutex::new(jobs.into_iter().enumerate());
         let next = || queue.lock().ok().and_then(|mut q| q.next());
@@ -252,8 +253,13 @@ impl memcast::Parallel for Threads {
         let mut done: Vec<(usize, memcast::report::SimulatedRun)> = std::thread::scope(|scope| {
             let events = &events;
             let next = &next;
-            let handles: Vec<_> = (0..cores.min(n))
+            // Each helper says when it has run out of jobs, so the last one
+            // is heard at once rather than at the next poll.
+            let (ended, ends) = std::sync::mpsc::channel::<()>();
+            let helpers = cores.min(n) - 1;
+            let handles: Vec<_> = (0..helpers)
                 .map(|_| {
+                    let ended = ended.clone();
                     scope.spawn(move || {
                         let mut finished = Vec::new();
                         while let Some((index, job)) = next() {
@@ -262,18 +268,39 @@ impl memcast::Parallel for Threads {
                             };
                             finished.push((index, job(&mut tick)));
                         }
+                        let _ = ended.send(());
                         finished
                     })
                 })
                 .collect();
-            while handles.iter().any(|h| !h.is_finished()) {
-                std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(ended);
+            // This thread takes jobs too (the first: a job's memory is
+            // then this thread's, as when it ran alone), passing the count
+            // on as it goes; then it waits for the helpers.
+            let mut finished = Vec::new();
+            while let Some((index, job)) = next() {
+                let mut tick = |k: u64| {
+                    let all = events.fetch_add(k, std::sync::atomic::Ordering::Relaxed) + k;
+                    simulated(all);
+                };
+                finished.push((index, job(&mut tick)));
+            }
+            let mut running = helpers;
+            while running > 0 {
+                match ends.recv_timeout(std::time::Duration::from_millis(20)) {
+                    Ok(()) => running -= 1,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    // A helper that panicked never says so.
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                }
                 simulated(events.load(std::sync::atomic::Ordering::Relaxed));
             }
-            handles
-                .into_iter()
-                .flat_map(|handle| handle.join().unwrap_or_default())
-                .collect()
+            finished.extend(
+                handles
+                    .into_iter()
+                    .flat_map(|handle| handle.join().unwrap_or_default()),
+            );
+            finished
         });
         done.sort_by_key(|(index, _)| *index);
         debug_assert_eq!(done.len(), n);
