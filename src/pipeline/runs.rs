@@ -221,12 +221,14 @@ pub(super) fn simulate_all<'c>(
             .and_then(|target| device_of(target).available_to_allocator());
         (room.unwrap_or(u64::MAX), *gpu)
     });
-    let order: Vec<usize> = slots.iter().map(|(gpu, _, _)| *gpu).collect();
+    // The GPU of each job after the unlimited runs, in the jobs' order.
+    let mut order: Vec<usize> = Vec::with_capacity(slots.len());
     let shares = allocator.per_process_memory_fraction.is_none();
     for (gpu, handoffs, slot) in slots {
         let Some(target) = config.gpus.get(gpu) else {
             continue;
         };
+        order.push(gpu);
         let device = device_of(target);
         jobs.push(Box::new(move |tick| {
             let start = match handoffs.take(slot) {

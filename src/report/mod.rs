@@ -598,19 +598,23 @@ mod tests {
             sample(1024 + ws, reserved),
         ];
         let run = run(&schedule, &samples, true);
-        let report = build(&ReportInput {
-            job: JobRef::Schedule(&schedule),
-            reference: &gpu,
-            unlimited: &run,
-            gpus: vec![GpuRuns {
-                target: &gpu,
-                at_capacity: &run,
-                unlimited: &run,
-            }],
-            summary: RunSummary::default(),
-            warnings: vec![],
-        })
-        .unwrap();
+        // The report with `headline` as the run it is about.
+        let build_with = |headline: &SimulatedRun| {
+            build(&ReportInput {
+                job: JobRef::Schedule(&schedule),
+                reference: &gpu,
+                unlimited: headline,
+                gpus: vec![GpuRuns {
+                    target: &gpu,
+                    at_capacity: &run,
+                    unlimited: &run,
+                }],
+                summary: RunSummary::default(),
+                warnings: vec![],
+            })
+            .unwrap()
+        };
+        let report = build_with(&run);
         assert_eq!(report.schema, SCHEMA);
         assert_eq!(report.peak.reserved_bytes, Bytes(reserved));
         assert_eq!(report.peak.allocated_bytes, Bytes(1024 + ws + 3584));
@@ -649,19 +653,7 @@ mod tests {
             if let Some(detail) = found.detail.as_mut() {
                 detail.live_at_peak = Some(live);
             }
-            build(&ReportInput {
-                job: JobRef::Schedule(&schedule),
-                reference: &gpu,
-                unlimited: &found,
-                gpus: vec![GpuRuns {
-                    target: &gpu,
-                    at_capacity: &run,
-                    unlimited: &run,
-                }],
-                summary: RunSummary::default(),
-                warnings: vec![],
-            })
-            .unwrap()
+            build_with(&found)
         };
         let live = JobRef::Schedule(&schedule).live_after(1);
         assert_eq!(with_live(live.clone()), report);
