@@ -115,13 +115,18 @@ fn label_count(end: f64, step: f64) -> usize {
     (end / step).round() as usize + 1
 }
 
-/// Sizes a canvas to the width it is shown at (its container's, at most the
-/// width it was designed for), its height scaled with it but never under
+/// Sizes canvases to the width each is shown at (its container's, at most
+/// the width it was designed for), its height scaled with it but never under
 /// 60 % of the design's, so that a chart on a phone is drawn at the phone's
 /// size with readable labels instead of a shrunk desktop picture. The design
 /// size is kept in `data-width`/`data-height` the first time.
-pub fn fit(canvas: &HtmlCanvasElement) {
-    let design = |name: &str, now: u32| -> u32 {
+///
+/// All the canvases a view draws are sized at once: every one is set to its
+/// design width, then every shown width is read, then every final size is
+/// set. Reading a width after a canvas was resized forces the browser to lay
+/// the page out again, so sizing them one by one laid it out once per chart.
+pub fn fit_all(canvases: &[&HtmlCanvasElement]) {
+    let design = |canvas: &HtmlCanvasElement, name: &str, now: u32| -> u32 {
         match canvas.get_attribute(name).and_then(|v| v.parse().ok()) {
             Some(v) => v,
             None => {
@@ -130,26 +135,49 @@ pub fn fit(canvas: &HtmlCanvasElement) {
             }
         }
     };
-    let width = design("data-width", canvas.width());
-    let height = design("data-height", canvas.height());
-    if width == 0 {
-        return;
+    let designs: Vec<(u32, u32)> = canvases
+        .iter()
+        .map(|canvas| {
+            let width = design(canvas, "data-width", canvas.width());
+            let height = design(canvas, "data-height", canvas.height());
+            // At its design width the canvas is shown at most as wide as its
+            // box (CSS max-width: 100%): that is the width to draw at.
+            if width != 0 && canvas.width() != width {
+                canvas.set_width(width);
+            }
+            (width, height)
+        })
+        .collect();
+    let shown: Vec<u32> = canvases
+        .iter()
+        .zip(&designs)
+        .map(|(canvas, (width, _))| {
+            if *width == 0 {
+                0
+            } else {
+                u32::try_from(canvas.client_width()).unwrap_or(0)
+            }
+        })
+        .collect();
+    for ((canvas, (width, height)), shown) in canvases.iter().zip(designs).zip(shown) {
+        if width == 0 || shown == 0 {
+            continue;
+        }
+        let w = shown.clamp(280.min(width), width);
+        let h =
+            (u64::from(height) * u64::from(w) / u64::from(width)).max(u64::from(height) * 6 / 10);
+        let h = u32::try_from(h).unwrap_or(height);
+        if canvas.width() != w {
+            canvas.set_width(w);
+        }
+        if canvas.height() != h {
+            canvas.set_height(h);
+        }
     }
-    // At its design width the canvas is shown at most as wide as its box
-    // (CSS max-width: 100%): that is the width to draw at.
-    canvas.set_width(width);
-    let shown = u32::try_from(canvas.client_width()).unwrap_or(0);
-    if shown == 0 {
-        return;
-    }
-    let w = shown.clamp(280.min(width), width);
-    let h = (u64::from(height) * u64::from(w) / u64::from(width)).max(u64::from(height) * 6 / 10);
-    canvas.set_width(w);
-    canvas.set_height(u32::try_from(h).unwrap_or(height));
 }
 
+/// The canvas as a white drawing area, at the size [`fit_all`] gave it.
 fn area(canvas: &HtmlCanvasElement) -> Result<DrawingArea<CanvasBackend, Shift>, String> {
-    fit(canvas);
     let backend = CanvasBackend::with_canvas_object(canvas.clone())
         .ok_or_else(|| "this browser gave no 2D canvas to draw on".to_string())?;
     let root = backend.into_drawing_area();

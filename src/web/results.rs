@@ -5,7 +5,6 @@
 
 use leptos::prelude::*;
 use wasm_bindgen_futures::JsFuture;
-use web_sys::HtmlCanvasElement;
 
 use super::answer::Answer;
 use super::charts::{self, Band};
@@ -124,20 +123,6 @@ fn focus_control(id: &str) {
     }
 }
 
-/// Draws a chart once its canvas is in the page.
-fn draw_on(
-    canvas: NodeRef<leptos::html::Canvas>,
-    draw: impl Fn(&HtmlCanvasElement) -> Result<(), String> + 'static,
-) {
-    Effect::new(move |_| {
-        if let Some(element) = canvas.get() {
-            if let Err(message) = draw(&element) {
-                web_sys::console::warn_1(&format!("chart not drawn: {message}").into());
-            }
-        }
-    });
-}
-
 /// The first screen's answer, marked when it was opened from a permalink,
 /// and greyed with the settings it answers when the fields ask for others.
 #[component]
@@ -206,18 +191,24 @@ pub(super) fn Results(
     let bands = phase_bands(&report);
     {
         let report = report.clone();
-        draw_on(timeline_canvas, move |canvas| {
-            charts::timeline(canvas, &report, &bands)
-        });
-    }
-    {
-        let report = report.clone();
-        draw_on(gpu_canvas, move |canvas| charts::gpus(canvas, &report));
-    }
-    {
         let parts = parts.clone();
-        draw_on(breakdown_canvas, move |canvas| {
-            charts::breakdown(canvas, &parts)
+        Effect::new(move |_| {
+            let (Some(timeline), Some(gpus), Some(breakdown)) = (
+                timeline_canvas.get(),
+                gpu_canvas.get(),
+                breakdown_canvas.get(),
+            ) else {
+                return;
+            };
+            charts::fit_all(&[&timeline, &gpus, &breakdown]);
+            let drawn = [
+                charts::timeline(&timeline, &report, &bands),
+                charts::gpus(&gpus, &report),
+                charts::breakdown(&breakdown, &parts),
+            ];
+            for message in drawn.into_iter().filter_map(Result::err) {
+                web_sys::console::warn_1(&format!("chart not drawn: {message}").into());
+            }
         });
     }
 

@@ -32,6 +32,7 @@ pub fn WhatIfPanel(
         .unwrap_or_default();
     Effect::new(move |_| {
         if let Some(element) = canvas.get() {
+            charts::fit_all(&[&element]);
             let drawn = match &batch {
                 Some((points, capacities)) => charts::batch(&element, points, capacities),
                 None => charts::bars(&element, &bars),
