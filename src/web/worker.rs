@@ -21,7 +21,6 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::{
     Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent, Worker, WorkerOptions,
-    XmlHttpRequest, XmlHttpRequestResponseType,
 };
 
 use crate::permalink::{Fingerprint, TraceIdentity};
@@ -29,12 +28,16 @@ use crate::pipeline::{self, Config, Prepared, Progress};
 use crate::protocol::{Request, Response, WorkStage};
 use crate::trace::{TraceError, TraceSource};
 
-/// The trace the worker runs once when it starts (the demo shipped with the
-/// site, relative to the worker's own script), so that the browser has
-/// compiled the hot code with its optimizing tier before the user's first
-/// file arrives: V8 starts WebAssembly in a baseline compiler and optimizes a
-/// function only after it has run a while, which made a first drop about
-/// 2.5 times slower than the next one.
+/// The trace the worker runs when it starts and nothing is asked of it (the
+/// demo shipped with the site, relative to the worker's own script), so that
+/// the browser has compiled the hot code with its optimizing tier before the
+/// user's first file arrives: V8 starts WebAssembly in a baseline compiler
+/// and optimizes a function only after it has run a while, which made a first
+/// drop about 2.5 times slower than the next one. The warm-up gives way to
+/// the user: it runs after the worker has said it is ready, one stage at a
+/// time, and stops at the first request (a file dropped while the page loads
+/// no longer waits for the whole warm-up; the request's own run warms the
+/// code it needs).
 const WARM_UP_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
 
 /// Bytes read per slice of the blob.
@@ -72,6 +75,8 @@ thread_local! {
     static HASHER: RefCell<Option<Worker>> = const { RefCell::new(None) };
     /// A result waiting for its file's fingerprint from the hasher.
     static WAITING: RefCell<Option<Waiting>> = const { RefCell::new(None) };
+    /// Whether the page has asked anything yet: the warm-up stops then.
+    static ASKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A prepared trace and its result, until the hasher's fingerprints arrive.
@@ -149,8 +154,8 @@ pub fn register() {
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
     start_hasher(&scope);
-    warm_up();
     post_to(&scope, Response::Ready);
+    wasm_bindgen_futures::spawn_local(warm_up(scope));
 }
 
 /// Posts a response to the page. A failed post means the page is gone;
@@ -312,36 +317,66 @@ fn finish(
     }
 }
 
-/// Runs the pipeline once on the demo trace and forgets the result. Any
-/// failure (a site deployed without the demo) only skips the warm-up.
-fn warm_up() {
-    let Some(bytes) = fetch_sync(WARM_UP_URL) else {
+/// Runs the pipeline on the demo trace, twice (the second pass runs what the
+/// first one got optimized), and forgets the results; one stage at a time,
+/// each after the tasks already waiting (a request from the page among
+/// them), and not at all once the page has asked something. Any failure (a
+/// site deployed without the demo) only ends the warm-up.
+async fn warm_up(scope: DedicatedWorkerGlobalScope) {
+    let Some(bytes) = fetch_bytes(&scope, WARM_UP_URL).await else {
         return;
     };
-    // The same path as a dropped file: its fingerprint, then the pipeline;
-    // twice, as the second pass runs what the first one got optimized.
     for _ in 0..2 {
+        if !give_way(&scope).await {
+            return;
+        }
+        // The same path as a dropped file: its fingerprint, then the pipeline.
         let _ = TraceIdentity::of(WARM_UP_URL, &bytes);
         let config = Config::standard();
-        if let Ok(prepared) = pipeline::prepare(&bytes, &config, &mut |_| {}) {
-            let _ = pipeline::estimate(&prepared, &config, &mut |_| {});
+        let Ok(prepared) = pipeline::prepare(&bytes, &config, &mut |_| {}) else {
+            return;
+        };
+        if !give_way(&scope).await {
+            return;
         }
+        let _ = pipeline::estimate(&prepared, &config, &mut |_| {});
     }
 }
 
-/// A same-origin file by synchronous request (allowed in workers).
-fn fetch_sync(url: &str) -> Option<Vec<u8>> {
-    let request = XmlHttpRequest::new().ok()?;
-    request.open_with_async("GET", url, false).ok()?;
-    request.set_response_type(XmlHttpRequestResponseType::Arraybuffer);
-    request.send().ok()?;
-    if request.status().ok()? != 200 {
+/// Lets the tasks already queued run first (a zero-delay timer's turn comes
+/// after the messages that arrived before it was set); whether the warm-up
+/// may go on (the page has asked nothing yet).
+async fn give_way(scope: &DedicatedWorkerGlobalScope) -> bool {
+    let timer = js_sys::Promise::new(&mut |resolve, _| {
+        if scope
+            .set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, 0)
+            .is_err()
+        {
+            let _ = resolve.call0(&JsValue::NULL);
+        }
+    });
+    let _ = wasm_bindgen_futures::JsFuture::from(timer).await;
+    !ASKED.with(std::cell::Cell::get)
+}
+
+/// A same-origin file, fetched without blocking the worker (a request from
+/// the page is handled meanwhile).
+async fn fetch_bytes(scope: &DedicatedWorkerGlobalScope, url: &str) -> Option<Vec<u8>> {
+    use wasm_bindgen_futures::JsFuture;
+    let response: web_sys::Response = JsFuture::from(scope.fetch_with_str(url))
+        .await
+        .ok()?
+        .dyn_into()
+        .ok()?;
+    if !response.ok() {
         return None;
     }
-    Some(Uint8Array::new(&request.response().ok()?).to_vec())
+    let buffer = JsFuture::from(response.array_buffer().ok()?).await.ok()?;
+    Some(Uint8Array::new(&buffer).to_vec())
 }
 
 fn handle(data: &JsValue, post: &dyn Fn(Response)) {
+    ASKED.with(|asked| asked.set(true));
     let request = Reflect::get(data, &"request".into())
         .ok()
         .and_then(|value| value.as_string())

@@ -53,19 +53,19 @@ export function longTrace(copies) {
   return file;
 }
 
-/** The file the worker runs to warm up before it says "ready" (the demo). */
-export const WARM_UP_PATH = "demo/resnet18_sgd_bs16_pos1.json.gz";
+/** The worker's WebAssembly, which it fetches before it can say "ready". */
+export const WORKER_WASM_PATH = "worker_bg.wasm";
 
 /**
  * Serves dist/ under SUB_PATH on 127.0.0.1 and a free port; returns { origin, url, close }.
  *
- * `slowWarmUpMs` holds the worker's request for its warm-up trace that long,
+ * `slowWorkerMs` holds each worker's request for its WebAssembly that long,
  * so the worker is not ready for that long after the page has loaded — a
- * slow or busy laptop, on purpose. Only the workers' requests are held (their
- * referrer is the worker's script): the page's own "Try the demo" fetch of
- * the same file is served at once. Nothing in the product changes.
+ * slow network or a busy laptop, on purpose. Only the workers' requests are
+ * held (their referrer is the worker's loader script). Nothing in the
+ * product changes.
  */
-export async function serveDist({ slowWarmUpMs = 0 } = {}) {
+export async function serveDist({ slowWorkerMs = 0 } = {}) {
   if (!existsSync(path.join(DIST, "index.html"))) {
     throw new Error(`no ${DIST}/index.html: run \`trunk build --release\` first`);
   }
@@ -76,8 +76,8 @@ export async function serveDist({ slowWarmUpMs = 0 } = {}) {
       return;
     }
     let relative = decodeURIComponent(url.pathname.slice(SUB_PATH.length)) || "index.html";
-    if (slowWarmUpMs > 0 && relative === WARM_UP_PATH && /worker_loader\.js$/.test(req.headers.referer ?? "")) {
-      await new Promise((resolve) => setTimeout(resolve, slowWarmUpMs));
+    if (slowWorkerMs > 0 && relative === WORKER_WASM_PATH && /worker_loader\.js$/.test(req.headers.referer ?? "")) {
+      await new Promise((resolve) => setTimeout(resolve, slowWorkerMs));
     }
     const file = path.join(DIST, relative);
     if (!file.startsWith(DIST)) {

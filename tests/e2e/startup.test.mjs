@@ -2,8 +2,8 @@
 // picked, the demo, or a permalink's trace given before the worker has said
 // "ready" is queued and runs as soon as it is, and the status line says what
 // is happening meanwhile (never "Ready." while the worker is not). The
-// worker's warm-up is slowed on purpose (the test server holds the worker's
-// request for its warm-up trace), as on a slow or busy laptop.
+// worker's start is slowed on purpose (the test server holds the worker's
+// request for its WebAssembly), as on a slow network or a busy laptop.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -13,14 +13,14 @@ import {
   screenshot,
 } from "./harness.mjs";
 
-/** How long the test server holds the worker's warm-up trace. */
+/** How long the test server holds the worker's WebAssembly. */
 const SLOW_MS = 4000;
 
 let site;
 let browser;
 
 before(async () => {
-  site = await serveDist({ slowWarmUpMs: SLOW_MS });
+  site = await serveDist({ slowWorkerMs: SLOW_MS });
   browser = await launchBrowser();
 });
 
@@ -60,7 +60,7 @@ function assertQueued(log, { name, givenAt, worker = 0, since = 0 }) {
   );
 }
 
-test("a file dropped the moment the page appears is queued while the worker warms up, then estimated", async () => {
+test("a file dropped the moment the page appears is queued while the worker starts, then estimated", async () => {
   const { page, problems, requests } = await slowPage();
   const file = fixture("resnet18_sgd_bs32_pos1.json.gz");
   const name = path.basename(file);
@@ -75,7 +75,7 @@ test("a file dropped the moment the page appears is queued while the worker warm
   await page.close();
 });
 
-test("a file picked and the demo asked for while the worker warms up are estimated too", async () => {
+test("a file picked and the demo asked for while the worker starts are estimated too", async () => {
   {
     const { page, problems } = await slowPage();
     const file = fixture("mobilenet_v2_sgd_bs16_pos0.json.gz");
@@ -139,7 +139,7 @@ test("a file dropped while a cancelled worker restarts is queued, and the previo
   const name = path.basename(file);
   const givenAt = (await startupLog(page)).now;
   await dropFile(page, file);
-  // While the new worker warms up, the cancelled job's predecessor is on screen.
+  // While the new worker starts, the cancelled job's predecessor is on screen.
   assert.equal(await page.textContent("#peak-total-bytes"), before, "the previous estimate is kept");
   await page.locator("#trace-name", { hasText: name }).waitFor({ timeout: 60_000 });
   assertQueued(await startupLog(page), { name, givenAt, worker: 1, since: cancelledAt });
