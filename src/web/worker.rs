@@ -311,6 +311,16 @@ fn finish(
     let trace = kept.trace.clone();
     // The previous trace is replaced only by one that prepared successfully.
     PREPARED.with(|slot| *slot.borrow_mut() = Some(kept));
+    post_result(job, trace, result, post);
+}
+
+/// Posts an estimate of `trace`, or why there is none.
+fn post_result(
+    job: u32,
+    trace: TraceIdentity,
+    result: Result<Box<crate::report::Report>, String>,
+    post: &dyn Fn(Response),
+) {
     match result {
         Ok(report) => post(Response::Done { job, trace, report }),
         Err(message) => post(Response::Failed { job, message }),
@@ -634,10 +644,7 @@ fn run_kept(job: u32, files: u32, config: &Config, post: &dyn Fn(Response)) -> b
             kept.loaded.what_if = false;
         }
     });
-    match result {
-        Ok(report) => post(Response::Done { job, trace, report }),
-        Err(message) => post(Response::Failed { job, message }),
-    }
+    post_result(job, trace, result, post);
     true
 }
 
@@ -681,21 +688,13 @@ fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
         slot.borrow().as_ref().map(|kept| {
             (
                 kept.trace.clone(),
-                pipeline::estimate(&kept.loaded.prepared, config, &mut progress),
+                estimated(&kept.loaded.prepared, config, &mut progress),
             )
         })
     });
     match outcome {
         None => post(Response::NeedTrace { job }),
-        Some((trace, Ok(report))) => post(Response::Done {
-            job,
-            trace,
-            report: Box::new(report.value),
-        }),
-        Some((_, Err(err))) => post(Response::Failed {
-            job,
-            message: err.to_string(),
-        }),
+        Some((trace, result)) => post_result(job, trace, result, post),
     }
 }
 

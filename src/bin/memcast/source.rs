@@ -250,9 +250,21 @@ impl memcast::Parallel for Threads {
         // The jobs count the events they simulated here; this thread
         // passes the sum on while it waits.
         let events = std::sync::atomic::AtomicU64::new(0);
+        // Takes jobs until none is left, adding each one's events to the
+        // count and telling `count` the sum.
+        let take_jobs = |count: &mut dyn FnMut(u64)| {
+            let mut finished = Vec::new();
+            while let Some((index, job)) = next() {
+                let mut tick = |k: u64| {
+                    count(events.fetch_add(k, std::sync::atomic::Ordering::Relaxed) + k);
+                };
+                finished.push((index, job(&mut tick)));
+            }
+            finished
+        };
         let mut done: Vec<(usize, memcast::report::SimulatedRun)> = std::thread::scope(|scope| {
             let events = &events;
-            let next = &next;
+            let take_jobs = &take_jobs;
             // Each helper says when it has run out of jobs, so the last one
             // is heard at once rather than at the next poll.
             let (ended, ends) = std::sync::mpsc::channel::<()>();
@@ -261,13 +273,7 @@ impl memcast::Parallel for Threads {
                 .map(|_| {
                     let ended = ended.clone();
                     scope.spawn(move || {
-                        let mut finished = Vec::new();
-                        while let Some((index, job)) = next() {
-                            let mut tick = |k: u64| {
-                                events.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
-                            };
-                            finished.push((index, job(&mut tick)));
-                        }
+                        let finished = take_jobs(&mut |_| {});
                         let _ = ended.send(());
                         finished
                     })
@@ -277,14 +283,7 @@ impl memcast::Parallel for Threads {
             // This thread takes jobs too (the first: a job's memory is
             // then this thread's, as when it ran alone), passing the count
             // on as it goes; then it waits for the helpers.
-            let mut finished = Vec::new();
-            while let Some((index, job)) = next() {
-                let mut tick = |k: u64| {
-                    let all = events.fetch_add(k, std::sync::atomic::Ordering::Relaxed) + k;
-                    simulated(all);
-                };
-                finished.push((index, job(&mut tick)));
-            }
+            let mut finished = take_jobs(simulated);
             let mut running = helpers;
             while running > 0 {
                 match ends.recv_timeout(std::time::Duration::from_millis(20)) {
