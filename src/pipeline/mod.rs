@@ -17,6 +17,7 @@
 
 mod capture;
 mod config;
+mod cycles;
 mod runs;
 mod settings;
 mod simulate;

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::ops::ControlFlow;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
+use super::cycles::Cycles;
 use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
 use crate::program::{JobEvent, JobRef};
@@ -250,7 +251,7 @@ impl Handoffs {
 
     /// The runs set aside and not taken, per device (tests).
     #[cfg(test)]
-    fn into_parts(self) -> Vec<Option<Parted>> {
+    pub(super) fn into_parts(self) -> Vec<Option<Parted>> {
         self.slots
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
@@ -365,6 +366,7 @@ pub fn simulate_from(
     // frees are skipped too.
     let mut skipped: HashSet<u64> = HashSet::new();
     let mut index = 0usize;
+    let mut cycles = Cycles::new(job, &mut runner, at as u64);
     job.for_each(|e: &JobEvent| {
         let op = match e.kind {
             EventKind::Alloc => {
@@ -392,6 +394,17 @@ pub fn simulate_from(
             }
             return ControlFlow::Continue(());
         }
+        // A decode step the small pool has seen: its small events go by.
+        cycles.boundary(index as u64, &mut runner);
+        if cycles.replaying() && cycles.let_by(index as u64, op.as_ref(), &mut runner, lowest) {
+            index += 1;
+            if index as u64 % TICK == 0 {
+                tick(TICK);
+            }
+            recorder.record(e.time, cycles.sample(&runner));
+            return ControlFlow::Continue(());
+        }
+        let noted = cycles.before(op.as_ref(), &runner);
         // Before an allocation that could take a waiting device past its
         // room: the run as it stands, and how far the event could take it.
         let mut before: Option<(Suspended, u64)> = None;
@@ -408,7 +421,8 @@ pub fn simulate_from(
             }
         }
         let oom = op.is_some_and(|op| runner.step(index, &op).is_err());
-        let sample = runner.sample();
+        cycles.after(noted, &runner);
+        let sample = cycles.sample(&runner);
         if lowest < u64::MAX && (sample.reserved.get() > lowest || before.is_some()) {
             for (i, sharer) in sharers.iter_mut().enumerate() {
                 let Sharer::Waiting {

@@ -15,6 +15,9 @@ mod build;
 mod derive;
 mod facts;
 mod fast;
+mod live;
+#[cfg(test)]
+mod testing;
 
 pub(crate) use build::Grid;
 pub(crate) use facts::grown_text;
@@ -187,6 +190,15 @@ impl<'a> JobRef<'a> {
         }
     }
 
+    /// The runs of decode steps among the job's top-level parts, each step
+    /// a fixed list of events (none for a schedule).
+    pub fn step_runs(&self) -> Vec<StepRun> {
+        match self {
+            JobRef::Schedule(_) => Vec::new(),
+            JobRef::Program(p) => p.step_runs(),
+        }
+    }
+
     /// The blocks live right after event `index`, as the events that
     /// allocated them, in allocation order; and that event itself.
     pub fn live_after(&self, index: u64) -> (Vec<JobEvent>, Option<JobEvent>) {
@@ -246,38 +258,43 @@ pub(crate) fn walk_nodes<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(
     extra: [i64; 2],
     f: &mut F,
 ) {
-    fn walk<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(
-        nodes: &[Node],
-        leaves: &[Leaf],
-        vars: [i64; 4],
-        f: &mut F,
-    ) -> ControlFlow<()> {
-        let terms = Terms::of(vars);
-        for node in nodes {
-            match node {
-                Node::Leaf(i) => {
-                    if let Some(leaf) = leaves.get(*i as usize) {
-                        f(*i, leaf, &terms)?;
-                    }
+    let _ = walk_vars(nodes, leaves, [0, extra[0], 0, extra[1]], f);
+}
+
+/// [`walk_nodes`] at the variables `vars` (each run's copy number and the
+/// copies added, per dimension): what a walk does inside one copy.
+fn walk_vars<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(
+    nodes: &[Node],
+    leaves: &[Leaf],
+    vars: [i64; 4],
+    f: &mut F,
+) -> ControlFlow<()> {
+    let terms = Terms::of(vars);
+    for node in nodes {
+        match node {
+            Node::Leaf(i) => {
+                if let Some(leaf) = leaves.get(*i as usize) {
+                    f(*i, leaf, &terms)?;
                 }
-                Node::Run { dim, body } => {
-                    let (copy, copies) = match dim {
-                        Dim::Depth => (0, vars[1]),
-                        Dim::Tokens => (2, vars[3]),
-                    };
-                    for c in 0..copies {
-                        let mut inner = vars;
-                        if let Some(slot) = inner.get_mut(copy) {
-                            *slot = c;
-                        }
-                        walk(body, leaves, inner, f)?;
-                    }
+            }
+            Node::Run { dim, body } => {
+                let (copy, copies) = dim.slot(vars);
+                for c in 0..copies {
+                    walk_vars(body, leaves, with_copy(vars, copy, c), f)?;
                 }
             }
         }
-        ControlFlow::Continue(())
     }
-    let _ = walk(nodes, leaves, [0, extra[0], 0, extra[1]], f);
+    ControlFlow::Continue(())
+}
+
+/// `vars` with copy number `c` in place `slot`.
+fn with_copy(vars: [i64; 4], slot: usize, c: i64) -> [i64; 4] {
+    let mut inner = vars;
+    if let Some(s) = inner.get_mut(slot) {
+        *s = c;
+    }
+    inner
 }
 
 /// The two ways a rebuilt job repeats: more blocks, more decode steps.
@@ -285,6 +302,17 @@ pub(crate) fn walk_nodes<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(
 pub enum Dim {
     Depth,
     Tokens,
+}
+
+impl Dim {
+    /// Where a copy's number of this dimension is among a walk's
+    /// variables, and how many copies the job adds.
+    fn slot(self, vars: [i64; 4]) -> (usize, i64) {
+        match self {
+            Dim::Depth => (0, vars[1]),
+            Dim::Tokens => (2, vars[3]),
+        }
+    }
 }
 
 /// The variables a program's numbers are written in: the copy's number
@@ -355,6 +383,15 @@ impl Terms {
         }
         Terms { vars, t }
     }
+}
+
+/// Decode steps in a row: from event `start`, `copies` steps of `events`
+/// events each, every step the same list of the program's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepRun {
+    pub start: u64,
+    pub events: u64,
+    pub copies: u64,
 }
 
 /// What an event is, besides its numbers: equal on every copy.
@@ -542,6 +579,32 @@ impl Program {
         self.time_range = first.zip(last).map(|(a, b)| (Nanos(a), Nanos(b)));
     }
 
+    /// [`JobRef::step_runs`]: the top-level runs of decode steps whose
+    /// body is events only.
+    fn step_runs(&self) -> Vec<StepRun> {
+        let mut runs = Vec::new();
+        let mut position = 0u64;
+        for node in &self.nodes {
+            match node {
+                Node::Leaf(_) => position = position.saturating_add(1),
+                Node::Run { dim, body } => {
+                    let copies = u64::try_from(self.extra[*dim as usize]).unwrap_or(0);
+                    let (events, _) = self.count(body, self.extra);
+                    let flat = body.iter().all(|n| matches!(n, Node::Leaf(_)));
+                    if *dim == Dim::Tokens && flat && events > 0 && copies > 0 {
+                        runs.push(StepRun {
+                            start: position,
+                            events,
+                            copies,
+                        });
+                    }
+                    position = position.saturating_add(events.saturating_mul(copies));
+                }
+            }
+        }
+        runs
+    }
+
     fn key(&self, leaf: &Leaf) -> Option<&EventKey> {
         self.keys.get(leaf.key as usize)
     }
@@ -590,18 +653,12 @@ impl Program {
                 Some(leaf.attrs.get(build::TIME)?.at(&Terms::of(vars)))
             }
             Node::Run { dim, body } => {
-                let (copy, copies) = match dim {
-                    Dim::Depth => (0, vars[1]),
-                    Dim::Tokens => (2, vars[3]),
-                };
+                let (copy, copies) = dim.slot(vars);
                 if copies <= 0 {
                     return None;
                 }
-                let mut inner = vars;
-                if let Some(slot) = inner.get_mut(copy) {
-                    *slot = if last { copies - 1 } else { 0 };
-                }
-                self.edge_time(body, inner, last)
+                let c = if last { copies - 1 } else { 0 };
+                self.edge_time(body, with_copy(vars, copy, c), last)
             }
         })
     }
@@ -628,48 +685,6 @@ impl Program {
                 None => ControlFlow::Continue(()),
             }
         });
-    }
-
-    /// The blocks live right after event `index` and that event, in
-    /// allocation order. Most blocks live briefly: the recent ones are kept
-    /// in a ring by their allocation's place, those that outlive it aside.
-    fn live_after(&self, index: u64) -> (Vec<JobEvent>, Option<JobEvent>) {
-        const RING: u64 = 1 << 16;
-        let mut ring: Vec<Option<JobEvent>> = vec![None; RING as usize];
-        let mut aside: BTreeMap<u64, JobEvent> = BTreeMap::new();
-        let slot = |block: u64| (block % RING) as usize;
-        let mut at = None;
-        let mut position = 0u64;
-        self.walk_at(self.extra, &mut |item, leaf, terms| {
-            let event = self.event(item, leaf, position, terms);
-            if let Some(e) = event {
-                match e.kind {
-                    EventKind::Alloc => {
-                        if let Some(old) = ring.get_mut(slot(e.block)).and_then(|s| s.replace(e)) {
-                            aside.insert(old.block, old);
-                        }
-                    }
-                    EventKind::Free => match ring.get_mut(slot(e.block)) {
-                        Some(s) if s.is_some_and(|l| l.block == e.block) => *s = None,
-                        _ => {
-                            aside.remove(&e.block);
-                        }
-                    },
-                }
-            }
-            if position == index {
-                at = event;
-                return ControlFlow::Break(());
-            }
-            position += 1;
-            ControlFlow::Continue(())
-        });
-        let mut live: Vec<JobEvent> = aside
-            .into_values()
-            .chain(ring.into_iter().flatten())
-            .collect();
-        live.sort_unstable_by_key(|e| e.block);
-        (live, at)
     }
 
     /// The facts of a block: its leaf's key, its layer's numbers at its

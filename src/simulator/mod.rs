@@ -40,6 +40,7 @@
 mod allocator;
 mod config;
 mod device;
+mod steps;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -48,13 +49,15 @@ use serde::{Deserialize, Serialize};
 
 pub use allocator::{
     Allocation, BlockHandle, BlockView, CachingAllocator, ForcedAllocation, LayoutError,
-    NotAllocated, OutOfMemory, PoolKind, SegmentChange, SegmentLayout, SegmentView, MAX_REQUEST,
+    NotAllocated, OutOfMemory, Placed, PoolKind, SegmentChange, SegmentLayout, SegmentView,
+    MAX_REQUEST,
 };
 pub use config::{
     AllocatorConfig, ConfigError, RuleVersion, DIVISION_INTERVALS, LARGE_BUFFER, MIN_BLOCK_SIZE,
     MIN_LARGE_ALLOC, SMALL_BUFFER, SMALL_SIZE,
 };
 pub use device::GpuMemory;
+pub use steps::{Owner, SmallBlock};
 
 use crate::diag::Warning;
 use crate::units::Bytes;
@@ -202,6 +205,14 @@ impl IdMap {
         }
     }
 
+    fn get(&self, id: u64) -> Option<BlockHandle> {
+        if id < self.limit {
+            self.dense.get(id as usize).copied().flatten()
+        } else {
+            self.sparse.get(&id).copied()
+        }
+    }
+
     fn remove(&mut self, id: &u64) -> Option<BlockHandle> {
         if *id < self.limit {
             self.dense.get_mut(*id as usize).and_then(Option::take)
@@ -246,6 +257,7 @@ impl IdMap {
 pub struct Suspended {
     alloc: CachingAllocator,
     live: Vec<(u64, BlockHandle)>,
+    owners: Option<Vec<u64>>,
     limit: u64,
     unknown_frees: u64,
     first_unknown: Option<u64>,
@@ -255,7 +267,8 @@ pub struct Suspended {
 impl Suspended {
     /// About the bytes it holds.
     pub fn footprint(&self) -> Bytes {
-        let live = self.live.len() * std::mem::size_of::<(u64, BlockHandle)>();
+        let live = self.live.len() * std::mem::size_of::<(u64, BlockHandle)>()
+            + self.owners.as_ref().map_or(0, Vec::len) * std::mem::size_of::<u64>();
         Bytes(self.alloc.footprint().get().saturating_add(live as u64))
     }
 
@@ -266,6 +279,7 @@ impl Suspended {
         Some(Suspended {
             alloc: self.alloc.on_device(device)?,
             live: self.live.clone(),
+            owners: self.owners.clone(),
             ..*self
         })
     }
@@ -284,6 +298,9 @@ pub fn simulate(events: &[SimOp], config: &AllocatorConfig, device: &GpuMemory) 
 pub struct Runner {
     alloc: CachingAllocator,
     live: IdMap,
+    /// Where the small pool is followed ([`Runner::follow_small_pool`]):
+    /// by arena slot, the id of the allocation that took it last.
+    owners: Option<Vec<u64>>,
     unknown_frees: u64,
     first_unknown: Option<u64>,
     reused_ids: u64,
@@ -296,6 +313,7 @@ impl Runner {
         Runner {
             alloc: CachingAllocator::new(config.clone(), *device),
             live: IdMap::new(n_events),
+            owners: None,
             unknown_frees: 0,
             first_unknown: None,
             reused_ids: 0,
@@ -315,6 +333,9 @@ impl Runner {
                 if size.get() > 0 {
                     match self.alloc.malloc(size, stream) {
                         Ok(a) => {
+                            if let Some(owners) = self.owners.as_mut() {
+                                steps::own(owners, a.handle, block);
+                            }
                             if let Some(old) = self.live.insert(block, a.handle) {
                                 // The caller reused a live id: free the old block
                                 // so the schedule stays balanced.
@@ -356,6 +377,7 @@ impl Runner {
         Suspended {
             alloc: self.alloc.clone(),
             live: self.live.entries(),
+            owners: self.owners.clone(),
             limit: self.live.limit,
             unknown_frees: self.unknown_frees,
             first_unknown: self.first_unknown,
@@ -367,6 +389,7 @@ impl Runner {
     pub fn resume(s: Suspended) -> Runner {
         Runner {
             live: IdMap::of_entries(s.limit, &s.live),
+            owners: s.owners,
             alloc: s.alloc,
             unknown_frees: s.unknown_frees,
             first_unknown: s.first_unknown,

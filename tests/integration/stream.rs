@@ -395,3 +395,89 @@ fn runs_at_capacity_handed_over_side_by_side_are_the_runs_in_turn() {
         "the reports differ"
     );
 }
+
+/// Generations long enough that the KV cache leaves the small pool: their
+/// decode steps then repeat what the small pool did a step or two before,
+/// and the simulation lets those steps' small events go by without the
+/// allocator (`pipeline/cycles.rs`). The report is the job built whole's,
+/// byte for byte: on GPUs it fits and on capacities around its peak (runs
+/// at capacity parting from the unlimited run inside those steps, and
+/// running out of memory), with allocator settings that keep the cycles
+/// (`max_split_size_mb`) and that turn them off (garbage collection,
+/// expandable segments).
+#[test]
+fn decode_steps_let_go_by_report_what_the_job_built_whole_reports() {
+    let cases: &[(&str, Option<u32>, u32, &[&str])] = &[
+        (
+            "fixtures/traces-llm/llama_gen16_dynamic.json.gz",
+            None,
+            600,
+            &[
+                "",
+                "max_split_size_mb:20",
+                "garbage_collection_threshold:0.6,per_process_memory_fraction:0.9",
+                "expandable_segments:True",
+            ],
+        ),
+        (
+            "fixtures/traces-llm/llama_gen16_static.json.gz",
+            None,
+            200,
+            &[""],
+        ),
+        (
+            "fixtures/traces-llm/distilgpt2_gen8.json.gz",
+            Some(3),
+            450,
+            &[""],
+        ),
+    ];
+    for &(name, layers, new_tokens, alloc_confs) in cases {
+        let trace = parse(&read_shared(name));
+        let settings = Settings {
+            layers,
+            new_tokens: Some(new_tokens),
+            gpus: vec!["a100-80gb".into()],
+            ..Settings::default()
+        };
+        let mut config = settings.config().unwrap();
+        let prepare = |config: &Config| {
+            memcast::prepare_parsed(
+                std::slice::from_ref(&trace),
+                Vec::new(),
+                config,
+                &mut |_| {},
+            )
+            .unwrap()
+        };
+        let streamed = prepare(&config);
+        assert!(streamed.program.is_some(), "{name}: not streamed");
+        config.materialize = true;
+        let whole = prepare(&config);
+        let estimate = |prepared: &memcast::pipeline::Prepared, config: &Config| {
+            memcast::pipeline::estimate(prepared, config, &mut |_| {})
+                .unwrap()
+                .value
+        };
+        let peak_mib = estimate(&streamed, &config).peak.reserved_bytes.get() >> 20;
+        let mut gpus = vec!["a100-80gb".to_owned(), "t4".to_owned()];
+        gpus.extend(
+            [peak_mib / 2, peak_mib + 100, peak_mib + 300, peak_mib + 500]
+                .iter()
+                .map(|m| format!("{m}MiB")),
+        );
+        for alloc_conf in alloc_confs {
+            let settings = Settings {
+                gpus: gpus.clone(),
+                alloc_conf: (*alloc_conf).to_owned(),
+                ..settings.clone()
+            };
+            let config = settings.config().unwrap();
+            let json = |p| serde_json::to_string_pretty(&estimate(p, &config)).unwrap();
+            assert!(
+                json(&streamed) == json(&whole),
+                "{name} {layers:?} at {new_tokens} new tokens, {alloc_conf:?}: the streamed report differs from the whole job's"
+            );
+        }
+    }
+}

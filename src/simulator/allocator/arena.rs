@@ -13,19 +13,34 @@ use super::{free_key, Block, CachingAllocator, Pool, PoolKind, NIL};
 impl CachingAllocator {
     /// Puts `b` into a spare slot (or a new one) and returns its id.
     pub(super) fn new_block(&mut self, b: Block) -> u32 {
-        if let Some(id) = self.spare.pop() {
-            if let Some(slot) = self.blocks.get_mut(id as usize) {
-                *slot = b;
-                return id;
+        let id = match self.spare.pop() {
+            Some(id) if (id as usize) < self.blocks.len() => {
+                if let Some(slot) = self.blocks.get_mut(id as usize) {
+                    *slot = b;
+                }
+                id
+            }
+            _ => {
+                self.blocks.push(b);
+                (self.blocks.len() - 1) as u32
+            }
+        };
+        if b.pool == PoolKind::Small {
+            if let Some(index) = self.small_index.as_mut() {
+                index.add(id);
             }
         }
-        self.blocks.push(b);
-        (self.blocks.len() - 1) as u32
+        id
     }
 
     /// Returns block `id`'s slot to the spares (it is no longer linked).
     pub(super) fn drop_block(&mut self, id: u32) {
         if let Some(b) = self.blocks.get_mut(id as usize) {
+            if b.pool == PoolKind::Small {
+                if let Some(index) = self.small_index.as_mut() {
+                    index.remove(id);
+                }
+            }
             b.allocated = false;
             b.size = 0;
             b.prev = NIL;
@@ -110,5 +125,44 @@ impl CachingAllocator {
     /// Whether block `id` exists and is mapped.
     pub(super) fn is_mapped(&self, id: u32) -> bool {
         self.block(id).is_some_and(|b| b.mapped)
+    }
+}
+
+/// The arena slots of the small pool's blocks, for a caller that reads the
+/// pool block by block ([`CachingAllocator::index_small_pool`]), and each
+/// slot's place among them.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SmallIndex {
+    pub(super) slots: Vec<u32>,
+    place: Vec<u32>,
+}
+
+impl SmallIndex {
+    pub(super) fn add(&mut self, id: u32) {
+        let i = id as usize;
+        if self.place.len() <= i {
+            self.place.resize(i + 1, NIL);
+        }
+        if let Some(p) = self.place.get_mut(i) {
+            if *p == NIL {
+                *p = self.slots.len() as u32;
+                self.slots.push(id);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: u32) {
+        let Some(&p) = self.place.get(id as usize).filter(|&&p| p != NIL) else {
+            return;
+        };
+        self.slots.swap_remove(p as usize);
+        if let Some(&moved) = self.slots.get(p as usize) {
+            if let Some(m) = self.place.get_mut(moved as usize) {
+                *m = p;
+            }
+        }
+        if let Some(gone) = self.place.get_mut(id as usize) {
+            *gone = NIL;
+        }
     }
 }

@@ -27,10 +27,12 @@ mod forced;
 mod free_set;
 mod load;
 mod release;
+mod small;
 
 use std::collections::BTreeMap;
 
 pub use forced::ForcedAllocation;
+pub use small::Placed;
 
 use serde::{Deserialize, Serialize};
 
@@ -75,6 +77,13 @@ impl PoolKind {
 /// An opaque reference to an allocated block, valid until it is freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockHandle(u32);
+
+impl BlockHandle {
+    /// The arena slot it names.
+    pub(crate) fn slot(self) -> usize {
+        self.0 as usize
+    }
+}
 
 /// A block handed out by [`CachingAllocator::malloc`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,6 +280,9 @@ pub struct CachingAllocator {
     shortfall: u64,
     /// External stream ids by internal index (blocks store the index).
     streams: Vec<u32>,
+    /// The small pool's blocks, where a caller reads them
+    /// ([`CachingAllocator::index_small_pool`]).
+    small_index: Option<arena::SmallIndex>,
 }
 
 impl CachingAllocator {
@@ -304,6 +316,7 @@ impl CachingAllocator {
             changes: Vec::new(),
             shortfall: 0,
             streams: Vec::new(),
+            small_index: None,
         }
     }
 
