@@ -295,13 +295,11 @@ impl Cycles {
         match (op, did) {
             (None, Did::Unissued) => return true,
             (Some(&SimOp::Alloc { size, .. }), _) => {
-                let reach = runner
-                    .sample()
-                    .reserved
-                    .get()
-                    .saturating_add(runner.segment_for(size).get());
-                if reach <= lowest {
-                    match (runner.small_rounded(size), did) {
+                let (small, segment) = runner.request(size);
+                let waiting = lowest < u64::MAX
+                    && runner.sample().reserved.get().saturating_add(segment) > lowest;
+                if !waiting {
+                    match (small, did) {
                         (Some(r), Did::Small(want)) if r == want => {
                             pending.extend(op.copied());
                             *allocated = allocated.saturating_add_unsigned(r);
@@ -445,6 +443,7 @@ mod tests {
             runner: Runner::new(config, &GpuMemory::unlimited(), 0),
             recorder: Recorder::detailed(job.n_events(), (first, last), 512, vec![(first, last)]),
             at: 0,
+            walked: None,
         };
         let handoffs = Handoffs::new(devices.len(), Bytes(u64::MAX));
         let mut out = vec![simulate_from(

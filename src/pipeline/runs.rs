@@ -189,6 +189,7 @@ pub(super) fn simulate_all<'c>(
             runner: fresh(),
             recorder,
             at: 0,
+            walked: None,
         };
         let headline = *run_key == reference_key;
         jobs.push(Box::new(move |tick| {
@@ -243,6 +244,7 @@ pub(super) fn simulate_all<'c>(
                     runner: Runner::new(allocator, &device, n_hint),
                     recorder: Recorder::maxima(),
                     at: 0,
+                    walked: None,
                 },
             };
             simulate_from(job, target, start, &[], &Handoffs::none(), tick)

@@ -105,16 +105,31 @@ pub fn simulate_job(
         runner,
         recorder,
         at: 0,
+        walked: None,
     };
     simulate_from(job, target, start, &[], &Handoffs::none(), tick)
 }
 
 /// Where a simulation starts: its run as it stands before event `at` (0:
-/// a fresh allocator) and what it recorded of the events before.
+/// a fresh allocator) and what it recorded of the events before; what the
+/// run sharing it knew of them besides (`None`: they are walked to learn
+/// it).
 pub struct Start {
     pub runner: Runner,
     pub recorder: Recorder,
     pub at: usize,
+    pub walked: Option<Walked>,
+}
+
+/// What a simulation starting at a later event needs of the events before
+/// it besides the allocator, from the run it shared: the blocks not issued
+/// (their frees are skipped too), the workspaces the target still issues,
+/// and the op of the event it starts at, made already.
+#[derive(Debug, Clone)]
+pub struct Walked {
+    workspaces_left: u32,
+    skipped: HashSet<u64>,
+    op: Option<SimOp>,
 }
 
 /// A run at a device's capacity set aside where it leaves the run it
@@ -123,6 +138,7 @@ pub struct Parted {
     pub runner: Suspended,
     pub recorder: Recorder,
     pub at: usize,
+    pub walked: Walked,
 }
 
 impl Parted {
@@ -132,6 +148,7 @@ impl Parted {
             runner: Runner::resume(self.runner),
             recorder: self.recorder,
             at: self.at,
+            walked: Some(self.walked),
         }
     }
 }
@@ -333,8 +350,23 @@ pub fn simulate_from(
         mut runner,
         mut recorder,
         at,
+        walked,
     } = start;
-    let mut issued_size = Issued::on(target);
+    // From the run it shared, the events before `at` need not be made.
+    let (mut issued_size, mut skipped, mut first_op, from) = match walked {
+        Some(w) => (
+            Issued {
+                workspaces_left: w.workspaces_left,
+            },
+            w.skipped,
+            Some(w.op),
+            at,
+        ),
+        None => (Issued::on(target), HashSet::new(), None, 0),
+    };
+    if from > 0 {
+        tick(from as u64 / TICK * TICK);
+    }
     let mut sharers: Vec<Sharer> = devices
         .iter()
         .enumerate()
@@ -363,29 +395,31 @@ pub fn simulate_from(
     };
     let mut lowest = lowest_room(&sharers);
     // Blocks never issued (zero bytes, workspaces past the count): their
-    // frees are skipped too.
-    let mut skipped: HashSet<u64> = HashSet::new();
-    let mut index = 0usize;
+    // frees are skipped too (`skipped`).
+    let mut index = from;
     let mut cycles = Cycles::new(job, &mut runner, at as u64);
-    job.for_each(|e: &JobEvent| {
-        let op = match e.kind {
-            EventKind::Alloc => {
-                let size = issued_size.of(e.category, e.size_on(target));
-                if size > Bytes::ZERO {
-                    Some(SimOp::Alloc {
-                        block: e.block,
-                        size,
-                        stream: 0,
-                    })
-                } else {
-                    skipped.insert(e.block);
-                    None
+    job.for_each_from(from as u64, |e: &JobEvent| {
+        let op = match first_op.take() {
+            Some(op) => op,
+            None => match e.kind {
+                EventKind::Alloc => {
+                    let size = issued_size.of(e.category, e.size_on(target));
+                    if size > Bytes::ZERO {
+                        Some(SimOp::Alloc {
+                            block: e.block,
+                            size,
+                            stream: 0,
+                        })
+                    } else {
+                        skipped.insert(e.block);
+                        None
+                    }
                 }
-            }
-            EventKind::Free => {
-                let was_skipped = !skipped.is_empty() && skipped.remove(&e.block);
-                (!was_skipped).then_some(SimOp::Free { block: e.block })
-            }
+                EventKind::Free => {
+                    let was_skipped = !skipped.is_empty() && skipped.remove(&e.block);
+                    (!was_skipped).then_some(SimOp::Free { block: e.block })
+                }
+            },
         };
         if index < at {
             index += 1;
@@ -442,6 +476,11 @@ pub fn simulate_from(
                             runner,
                             recorder: recorder.maxima_so_far(),
                             at: index,
+                            walked: Walked {
+                                workspaces_left: issued_size.workspaces_left,
+                                skipped: skipped.clone(),
+                                op,
+                            },
                         })),
                         None => Slot::Alone,
                     };
@@ -562,6 +601,7 @@ mod tests {
             runner: Runner::new(&allocator, &GpuMemory::unlimited(), 0),
             recorder: Recorder::maxima(),
             at: 0,
+            walked: None,
         };
         let handoffs = Handoffs::new(devices.len(), keep);
         let unlimited = simulate_from(job, &target, start, &devices, &handoffs, &mut |_| {});

@@ -161,13 +161,25 @@ impl<'a> JobRef<'a> {
     }
 
     /// Calls `f` with each event in order until it breaks.
-    pub fn for_each<F: FnMut(&JobEvent) -> ControlFlow<()>>(&self, mut f: F) {
+    pub fn for_each<F: FnMut(&JobEvent) -> ControlFlow<()>>(&self, f: F) {
+        self.for_each_from(0, f);
+    }
+
+    /// Calls `f` with each event from the `from`-th on, in order, until it
+    /// breaks; the events before are not made (a program skips whole
+    /// copies of its runs).
+    pub fn for_each_from<F: FnMut(&JobEvent) -> ControlFlow<()>>(&self, from: u64, mut f: F) {
         match self {
             JobRef::Schedule(s) => {
+                let mut index = 0u64;
                 for e in &s.events {
                     let Some(block) = s.block(e.block) else {
                         continue;
                     };
+                    index += 1;
+                    if index <= from {
+                        continue;
+                    }
                     let event = JobEvent {
                         time: e.time,
                         kind: e.kind,
@@ -186,7 +198,7 @@ impl<'a> JobRef<'a> {
                     }
                 }
             }
-            JobRef::Program(p) => p.for_each(&mut f),
+            JobRef::Program(p) => p.for_each_from(from, &mut f),
         }
     }
 
@@ -609,12 +621,6 @@ impl Program {
         self.keys.get(leaf.key as usize)
     }
 
-    /// Calls `f` with each event's leaf and its variables, for a job with
-    /// `extra` added copies, until it breaks.
-    fn walk_at<F: FnMut(u32, &Leaf, &Terms) -> ControlFlow<()>>(&self, extra: [i64; 2], f: &mut F) {
-        walk_nodes(&self.nodes, &self.leaves, extra, f);
-    }
-
     /// Events of `nodes` once and allocations among them, for `extra`.
     fn count(&self, nodes: &[Node], extra: [i64; 2]) -> (u64, u64) {
         let mut n = (0u64, 0u64);
@@ -675,16 +681,57 @@ impl Program {
         Some(fast::Head::of(key).event(numbers, item, index, terms))
     }
 
-    fn for_each<F: FnMut(&JobEvent) -> ControlFlow<()>>(&self, f: &mut F) {
+    fn for_each_from<F: FnMut(&JobEvent) -> ControlFlow<()>>(&self, from: u64, f: &mut F) {
         let mut index = 0u64;
-        self.walk_at(self.extra, &mut |item, leaf, terms| {
-            let event = self.event(item, leaf, index, terms);
-            index += 1;
-            match event {
+        let vars = [0, self.extra[0], 0, self.extra[1]];
+        let _ = self.walk_from(
+            &self.nodes,
+            vars,
+            from,
+            &mut index,
+            &mut |item, leaf, terms, at| match self.event(item, leaf, at, terms) {
                 Some(e) => f(&e),
                 None => ControlFlow::Continue(()),
+            },
+        );
+    }
+
+    /// [`walk_vars`] from the `from`-th event on, counting the events in
+    /// `position`: a copy of a run that ends before `from` is counted, not
+    /// walked.
+    fn walk_from<F: FnMut(u32, &Leaf, &Terms, u64) -> ControlFlow<()>>(
+        &self,
+        nodes: &[Node],
+        vars: [i64; 4],
+        from: u64,
+        position: &mut u64,
+        f: &mut F,
+    ) -> ControlFlow<()> {
+        let terms = Terms::of(vars);
+        for node in nodes {
+            match node {
+                Node::Leaf(i) => {
+                    if let Some(leaf) = self.leaves.get(*i as usize) {
+                        if *position >= from {
+                            f(*i, leaf, &terms, *position)?;
+                        }
+                        *position += 1;
+                    }
+                }
+                Node::Run { dim, body } => {
+                    let (slot, copies) = dim.slot(vars);
+                    let per = self.count(body, self.extra).0;
+                    for c in 0..copies {
+                        if position.saturating_add(per) <= from {
+                            *position += per;
+                            continue;
+                        }
+                        self.walk_from(body, with_copy(vars, slot, c), from, position, f)?;
+                    }
+                }
             }
-        });
+        }
+        ControlFlow::Continue(())
     }
 
     /// The facts of a block: its leaf's key, its layer's numbers at its

@@ -87,6 +87,12 @@ impl Runner {
         self.alloc.small_rounded(request)
     }
 
+    /// The bytes a request is served at where it goes to the small pool,
+    /// and the segment it would make.
+    pub fn request(&self, request: Bytes) -> (Option<u64>, u64) {
+        self.alloc.request(request)
+    }
+
     /// The size of live block `id` where it is in the small pool.
     pub fn small_size(&self, id: u64) -> Option<u64> {
         Some(self.alloc.small_block(self.live.get(id)?)?.size)

@@ -41,8 +41,15 @@ impl CachingAllocator {
 
     /// The bytes a request is served at, where it goes to the small pool.
     pub fn small_rounded(&self, request: Bytes) -> Option<u64> {
+        self.request(request).0
+    }
+
+    /// The bytes a request is served at where it goes to the small pool,
+    /// and the segment it makes where no cached block serves it
+    /// ([`CachingAllocator::segment_for`]), rounded once.
+    pub fn request(&self, request: Bytes) -> (Option<u64>, u64) {
         let s = self.config.round_size(request.get());
-        (s <= SMALL_SIZE).then_some(s)
+        ((s <= SMALL_SIZE).then_some(s), self.config.segment_size(s))
     }
 
     /// An allocated block of the small pool, placed.
