@@ -229,92 +229,28 @@ impl LiveWalk {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{EventKey, FastLeaf, Poly};
     use super::*;
-    use crate::kernels::ArchSet;
-    use crate::orchestrator::{Category, Phase};
     use proptest::prelude::*;
-
-    /// A leaf of `kind` whose second number is `second` (a size, or how
-    /// far back its block was made) plus `growth` per copy.
-    fn leaf(key: u32, second: i64, growth: i64) -> Leaf {
-        let mut time = Poly::default();
-        time.add(0, 1);
-        let mut number = Poly::default();
-        number.add(0, second);
-        number.add(super::super::C_TOKENS, growth);
-        Leaf {
-            key,
-            attrs: vec![time, number],
-        }
-    }
 
     /// A generation-like program: `prefix` allocations never freed, then a
     /// run of `copies` copies of a body in which allocation `i` (at
-    /// `slots[2i]`) is freed `lives[i]` copies later at `slots[2i + 1]`,
-    /// then two more allocations.
+    /// `slots[2i]`) is freed `lives[i]` copies later at `slots[2i + 1]`
+    /// (the first free's distance growing by `growth` a copy), then two
+    /// more allocations.
     fn program(order: &[usize], lives: &[i64], prefix: usize, copies: i64, growth: i64) -> Program {
-        let n = lives.len();
-        let events = 2 * n;
-        let key = |kind| EventKey {
-            kind,
-            category: Category::Activation,
-            phase: Phase::Forward,
-            iteration: Some(0),
-            op: None,
-            layer: None,
-            numbers: 0,
-            on: ArchSet::ALL,
-            per_gpu: None,
-        };
-        let keys = vec![key(EventKind::Alloc), key(EventKind::Free)];
-        let mut leaves: Vec<Leaf> = Vec::new();
-        let mut nodes: Vec<Node> = Vec::new();
-        for _ in 0..prefix {
-            nodes.push(Node::Leaf(leaves.len() as u32));
-            leaves.push(leaf(0, 4096, 0));
-        }
-        // Body positions: alloc i at order[2i], its free at order[2i + 1].
-        let mut body: Vec<Option<Leaf>> = vec![None; events];
+        let events = 2 * lives.len();
+        let mut body = vec![(EventKind::Alloc, 0, 0); events];
         for (i, &life) in lives.iter().enumerate() {
             let (a, f) = (order[2 * i], order[2 * i + 1]);
             let mut back = f as i64 - a as i64 + life * events as i64;
             if back <= 0 {
                 back += events as i64;
             }
-            body[a] = Some(leaf(0, 512 * (i as i64 + 1), 0));
-            body[f] = Some(leaf(1, back, growth * i64::from(i == 0)));
+            body[a] = (EventKind::Alloc, 512 * (i as i64 + 1), 0);
+            body[f] = (EventKind::Free, back, growth * i64::from(i == 0));
         }
-        let mut run = Vec::new();
-        for l in body.into_iter().flatten() {
-            run.push(Node::Leaf(leaves.len() as u32));
-            leaves.push(l);
-        }
-        nodes.push(Node::Run {
-            dim: Dim::Tokens,
-            body: run,
-        });
-        for _ in 0..2 {
-            nodes.push(Node::Leaf(leaves.len() as u32));
-            leaves.push(leaf(0, 1024, 0));
-        }
-        let fast = leaves.iter().map(|l| FastLeaf::of(l, &keys)).collect();
-        let mut p = Program {
-            nodes,
-            leaves,
-            keys,
-            names: Vec::new(),
-            extra: [0, 0],
-            n_events: 0,
-            n_blocks: 0,
-            time_range: None,
-            iterations: Vec::new(),
-            phases: Vec::new(),
-            kernels: Vec::new(),
-            fast,
-        };
-        p.count_at([0, copies]);
-        p
+        let alloc = |size| (EventKind::Alloc, size);
+        Program::of_events(&vec![alloc(4096); prefix], &body, copies, &[alloc(1024); 2])
     }
 
     proptest! {

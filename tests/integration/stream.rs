@@ -22,11 +22,14 @@ fn parse(bytes: &[u8]) -> memcast::trace::Trace {
     memcast::trace::parse(bytes).unwrap().value
 }
 
+/// The trace prepared (parsed already) with `config`.
+fn prepared(trace: &memcast::trace::Trace, config: &Config) -> memcast::pipeline::Prepared {
+    memcast::prepare_parsed(std::slice::from_ref(trace), Vec::new(), config, &mut |_| {}).unwrap()
+}
+
 /// The report's JSON, and whether the job was streamed as a program.
 fn report(trace: &memcast::trace::Trace, config: &Config) -> (String, bool) {
-    let prepared =
-        memcast::prepare_parsed(std::slice::from_ref(trace), Vec::new(), config, &mut |_| {})
-            .unwrap();
+    let prepared = prepared(trace, config);
     let report = memcast::pipeline::estimate(&prepared, config, &mut |_| {})
         .unwrap()
         .value;
@@ -220,15 +223,7 @@ fn what_ifs_on_a_job_derived_in_depth_answer_as_on_the_job_built_whole() {
     .config()
     .unwrap();
     config.orchestrator.autocast.what_if = true;
-    let prepare = |config: &Config| {
-        memcast::prepare_parsed(
-            std::slice::from_ref(&trace),
-            Vec::new(),
-            config,
-            &mut |_| {},
-        )
-        .unwrap()
-    };
+    let prepare = |config: &Config| prepared(&trace, config);
     let streamed = prepare(&config);
     assert!(streamed.program.is_some(), "not derived in depth");
     let mut whole_config = config.clone();
@@ -441,15 +436,7 @@ fn decode_steps_let_go_by_report_what_the_job_built_whole_reports() {
             ..Settings::default()
         };
         let mut config = settings.config().unwrap();
-        let prepare = |config: &Config| {
-            memcast::prepare_parsed(
-                std::slice::from_ref(&trace),
-                Vec::new(),
-                config,
-                &mut |_| {},
-            )
-            .unwrap()
-        };
+        let prepare = |config: &Config| prepared(&trace, config);
         let streamed = prepare(&config);
         assert!(streamed.program.is_some(), "{name}: not streamed");
         config.materialize = true;
