@@ -720,9 +720,10 @@ impl Program {
                 }
                 Node::Run { dim, body } => {
                     let (slot, copies) = dim.slot(vars);
-                    let per = self.count(body, self.extra).0;
+                    // A copy's events, counted only where one can be skipped.
+                    let per = (*position < from).then(|| self.count(body, self.extra).0);
                     for c in 0..copies {
-                        if position.saturating_add(per) <= from {
+                        if let Some(per) = per.filter(|&p| position.saturating_add(p) <= from) {
                             *position += per;
                             continue;
                         }
