@@ -163,7 +163,8 @@ def main():
 
     # traces and snapshots into bins, plan order
     files = []
-    for suffix in (".json.xz", ".snapshot.pickle.gz"):  # every trace before any snapshot
+    # every CPU trace, then every CUDA trace, before any snapshot
+    for suffix in (".json.xz", ".cuda.json.gz", ".snapshot.pickle.gz"):
         for name, _where, _flags in jobs:
             p = os.path.join(a.work, name + suffix)
             if os.path.exists(p):

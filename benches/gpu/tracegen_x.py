@@ -20,6 +20,11 @@ out before profile_cpu parses the rest:
                              on --device cuda, record the caching allocator's history and
                              dump it beside NAME.gpu.json (events: no frames; stacks: Python
                              frames of every allocation)
+  --x-cuda-trace             on --device cuda, also record the loop under torch.profiler (CPU
+                             activity, profile_memory, record_shapes) and write
+                             NAME.cuda.json.gz: every CUDA allocation as a [memory] event
+                             inside the op that made it (cuDNN workspaces, attention buffers),
+                             with the allocator's reserved bytes after it
 
 Model ``x-smallcnn``: Conv2d(3, 8, 3) -> ReLU -> AvgPool2d(4) -> Flatten -> Linear(., classes),
 the smallest network whose peak is one convolution's backward.
@@ -61,6 +66,7 @@ def main():
     amp_outer = take(argv, "--x-amp-outer")
     bert = take(argv, "--x-bert")
     snapshot = take(argv, "--x-snapshot") or "none"
+    cuda_trace = take(argv, "--x-cuda-trace", has_value=False)
     device = "cuda" if ("--device" in argv and argv[argv.index("--device") + 1] == "cuda") else "cpu"
     out = argv[argv.index("--out") + 1]
     stem = out.removesuffix(".gz").removesuffix(".json")
@@ -170,15 +176,51 @@ def main():
         orig_init = pc.GpuPeak.__init__
         orig_write = pc.GpuPeak.write
 
+        orig_enter = pc.GpuPeak.__enter__
+        orig_exit = pc.GpuPeak.__exit__
+        orig_step = pc.GpuPeak.step
+
         def init(self):
             orig_init(self)
+            self.prof = None
+            if cuda_trace:
+                from torch.profiler import ProfilerActivity, profile
+                self.prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                                    record_shapes=True, with_stack=False)
             if snapshot != "none":
                 real_torch.cuda.memory._record_memory_history(
                     enabled="all", context="alloc" if snapshot == "stacks" else None,
                     stacks="python", max_entries=2_000_000)
 
+        def enter(self):
+            out = orig_enter(self)
+            if self.prof is not None:
+                self.prof.__enter__()
+            return out
+
+        def exit_(self, *exc):
+            out = orig_exit(self, *exc)
+            if self.prof is not None:
+                self.prof.__exit__(None, None, None)
+            return out
+
+        def step(self):
+            orig_step(self)
+            if self.prof is not None:
+                self.prof.step()
+
         def write(self, args, running_loss):
             orig_write(self, args, running_loss)
+            if self.prof is not None:
+                raw = stem + ".cuda.json"
+                self.prof.export_chrome_trace(raw)
+                with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb", compresslevel=6) as g:
+                    data = f.read()
+                    g.write(data)
+                os.remove(raw)
+                cuda_events = data.count(b'"Device Type": 1')
+                print(f"{os.path.basename(raw)}.gz: {len(data)} B, "
+                      f"{cuda_events} CUDA memory events")
             if snapshot != "none":
                 snap = real_torch.cuda.memory._snapshot()
                 real_torch.cuda.memory._record_memory_history(enabled=None)
@@ -197,7 +239,8 @@ def main():
                     "cudnn": getattr(cuda, "cudnn_sdp_enabled", lambda: None)(),
                 },
                 "x_flags": {"attn": attn, "amp_cuda": amp_cuda, "grad_scaler": bool(scaler_on),
-                            "amp_outer": amp_outer, "bert": bert, "snapshot": snapshot},
+                            "amp_outer": amp_outer, "bert": bert, "snapshot": snapshot,
+                            "cuda_trace": bool(cuda_trace)},
                 "grad_scaler_scale": float(scaler.get_scale()) if scaler else None,
                 "optimizer_state_tensors": sum(
                     sum(1 for v in st.values() if real_torch.is_tensor(v))
@@ -207,6 +250,9 @@ def main():
                 json.dump(stats, f, indent=1)
         pc.GpuPeak.__init__ = init
         pc.GpuPeak.write = write
+        pc.GpuPeak.__enter__ = enter
+        pc.GpuPeak.__exit__ = exit_
+        pc.GpuPeak.step = step
 
     pc.main(argv)
 

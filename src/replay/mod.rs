@@ -144,6 +144,10 @@ pub struct DeviceReplay {
     pub start_reserved_bytes: Bytes,
     /// The allocator was empty when the recording started.
     pub start_complete: bool,
+    /// Profiler only: how many times the window was replayed to warm the
+    /// cache before the compared pass (0: from a cold allocator).
+    #[serde(default)]
+    pub warmup_passes: u64,
     /// Pre-trace blocks whose size had to be inferred (snapshot).
     pub start_state_inferred_blocks: u64,
     /// Inferred blocks grown by the teacher-forced pass (replay-notes §3).
@@ -174,6 +178,7 @@ impl DeviceReplay {
             address_exact_allocs: 0,
             start_reserved_bytes: Bytes::ZERO,
             start_complete: false,
+            warmup_passes: 0,
             start_state_inferred_blocks: 0,
             start_state_repairs: 0,
             start_state_repair_evidence: Vec::new(),

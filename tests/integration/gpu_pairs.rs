@@ -116,3 +116,50 @@ fn checkpointed_jobs_rebuilt_from_two_blocks_are_the_four_block_traces() {
         );
     }
 }
+
+/// The same jobs' CUDA runs recorded under `torch.profiler` on the H200
+/// (`NAME.cuda.json.gz`, `tracegen_x.py --x-cuda-trace`): every CUDA
+/// allocation the real allocator made, replayed through the simulator. The
+/// recordings start with the job's first iteration, so the replay takes the
+/// cache cold (a warmed cache hid every segment they show being made and
+/// put the simulated peak below the allocated bytes), and the real peak in
+/// each recording is the one the run measured. The profiler records the
+/// size of the block the allocator handed out (a cached block it did not
+/// split), not the size asked for, so the replay can only ask for more than
+/// the job did: the simulated peak is at most 0.5 % under the real one, at
+/// most 9 % over (the bf16 runs, where workspaces reuse odd-sized blocks),
+/// and 2 % over on average.
+#[test]
+fn real_cuda_allocation_streams_replay_to_their_measured_peaks() {
+    let dir = data_dir();
+    let mut errors = Vec::new();
+    let mut failures = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(name) = file.strip_suffix(".cuda.json.gz") else {
+            continue;
+        };
+        let gpu: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.gpu.json"))).unwrap())
+                .unwrap();
+        let measured = gpu["max_memory_reserved_bytes"].as_u64().unwrap();
+        let report = memcast::replay::replay(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let r = &report.largest;
+        let real = r.real_peak_reserved_bytes.get();
+        let off =
+            100.0 * (r.simulated_peak_reserved_bytes.get() as f64 - real as f64) / real as f64;
+        if real != measured || r.warmup_passes != 0 || !(-0.5..=9.0).contains(&off) {
+            failures.push(format!(
+                "{name}: real peak {real} (measured {measured}), simulated {off:+.2} %, warm-up passes {}",
+                r.warmup_passes
+            ));
+        }
+        errors.push(off);
+    }
+    assert!(errors.len() >= 19, "{} CUDA recordings", errors.len());
+    let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(mean <= 2.0, "mean error {mean:+.2} %");
+}

@@ -98,8 +98,14 @@ fn device_text(s: &mut String, kind: ReplayKind, r: &DeviceReplay) {
             "empty allocator".to_owned()
         } else if kind == ReplayKind::Profiler {
             format!(
-                "reserved {} at the first event (layout unknown; cache warmed by replaying the window twice)",
-                gib(r.start_reserved_bytes.get())
+                "reserved {} at the first event (layout unknown; {})",
+                gib(r.start_reserved_bytes.get()),
+                match r.warmup_passes {
+                    0 => "cache taken cold: the window starts the job".to_owned(),
+                    1 => "cache warmed by replaying the window once".to_owned(),
+                    2 => "cache warmed by replaying the window twice".to_owned(),
+                    n => format!("cache warmed by replaying the window {n} times"),
+                }
             )
         } else {
             format!(
