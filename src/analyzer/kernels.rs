@@ -103,6 +103,28 @@ pub struct ConvCall {
     /// channel per group, read from the shapes) in fp32 or bf16, which
     /// PyTorch runs without cuDNN.
     pub native_depthwise: bool,
+    /// Bytes of the input and the weight arguments at the traced dtype,
+    /// where the trace has shapes (`None` without `record_shapes`).
+    #[serde(default)]
+    pub operands: Option<ConvOperands>,
+}
+
+/// The tensors a convolution pass reads, from the trace's shapes
+/// ([`crate::kernels::conv`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvOperands {
+    pub input_bytes: u64,
+    pub weight_bytes: u64,
+    /// Bytes of an element at the traced dtype.
+    pub elem: u64,
+    /// A 1×1 window: its weight is the same matrix in either layout.
+    pub pointwise: bool,
+    /// The output keeps the input's spatial size (stride 1, or padding
+    /// that makes up for the window).
+    pub stride_one: bool,
+    /// Fewer than 8 input channels per group (an RGB image) under a window
+    /// of at most 3.
+    pub thin: bool,
 }
 
 /// A reduction over `reduced` dims of a contiguous tensor of `dims`, as
@@ -437,6 +459,45 @@ fn native_depthwise(trace: &Trace, index: &SpanIndex, op: usize, input: u16, wei
     matches!((x.get(1), w.get(1)), (Some(&c), Some(&1)) if c > 1) && x.len() >= 4 && !half
 }
 
+/// The input and weight of a convolution pass of `op` (arguments at `input`
+/// and `weight`) whose output (the forward's output, the backward's
+/// grad_output) is `output_bytes` at the input's dtype: their bytes and the
+/// window's facts that decide cuDNN's workspace.
+fn conv_operands(
+    trace: &Trace,
+    index: &SpanIndex,
+    op: usize,
+    input: u16,
+    weight: u16,
+    output_bytes: Option<u64>,
+) -> Option<ConvOperands> {
+    let x = dims_of(trace, index, op, input)?;
+    let w = dims_of(trace, index, op, weight)?;
+    let elem = index
+        .tensor_arg(trace, op, input)
+        .and_then(|a| a.dtype)
+        .and_then(|d| dtype_size(trace.name(d)))?;
+    let bytes = |dims: &[u64]| dims.iter().try_fold(elem, |acc, &d| acc.checked_mul(d));
+    let (input_bytes, weight_bytes) = (bytes(&x)?, bytes(&w)?);
+    let (&batch, spatial) = x.split_first()?;
+    let spatial = spatial.get(1..)?;
+    let (&c_out, w_rest) = w.split_first()?;
+    let (&c_in_per_group, window) = w_rest.split_first()?;
+    // The output keeps the input's spatial size at stride 1 (1×1, no padding).
+    let same_size = [batch, c_out]
+        .iter()
+        .chain(spatial)
+        .try_fold(elem, |acc, &d| acc.checked_mul(d));
+    Some(ConvOperands {
+        input_bytes,
+        weight_bytes,
+        elem,
+        pointwise: !window.is_empty() && window.iter().all(|&k| k == 1),
+        stride_one: output_bytes.is_some() && output_bytes == same_size,
+        thin: c_in_per_group < 8 && window.iter().all(|&k| k <= 3),
+    })
+}
+
 /// Every forward `aten::convolution` and backward `aten::convolution_backward`
 /// with the blocks it writes ([`ConvCall`]).
 fn convolutions(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) -> Vec<ConvCall> {
@@ -513,6 +574,15 @@ fn convolutions(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) ->
             None
         };
         let (input, weight) = if backward { (1, 2) } else { (0, 1) };
+        let output_bytes = if backward {
+            grad_output
+        } else {
+            written
+                .first()
+                .and_then(|&b| life.blocks.get(b))
+                .map(|b| b.size.get())
+        };
+        let operands = conv_operands(trace, index, op, input, weight, output_bytes);
         out.push(ConvCall {
             op,
             backward,
@@ -520,6 +590,7 @@ fn convolutions(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) ->
             forward_output,
             grad_output,
             native_depthwise: native_depthwise(trace, index, op, input, weight),
+            operands,
         });
     }
     out

@@ -30,27 +30,65 @@
 //!   `use_cudnn_depthwise`): `conv_depthwise2d` allocates only its outputs.
 //!
 //! Which plan the heuristics return depends on the shapes, dtype, GPU and
-//! cuDNN version, and its workspace has no closed form (on an H200, cuDNN
-//! 9.19, torch 2.11: 400 bytes for many 1×1 forwards, 0.5 to 9 times the
-//! larger tensor for 3×3 and 7×7 ones, odd sizes that are properties of the
-//! plan; resnet18 at batch 32 fp32: 21.4 MB forward workspaces beside
-//! 25.7 MB outputs at 56², but 34.5–53.6 MB backward-filter ones beside
-//! 0.6–3.2 MB tensors in the 7×7 and 14×14 stages, the allocator's
-//! snapshot shows). So memcast states an assumption instead of a formula:
-//! **each pass's workspace is as large as the largest tensor the pass
-//! writes or reads that the trace shows** — the forward's output; the
-//! backward's grad_output and grad_input. The reason: the engines with a
-//! workspace hold an operand in another form (a Winograd or FFT transform of
-//! the input or output tiles, split-K partial sums over the output, an
-//! explicit im2col of the input), at least one operand's bytes; cheaper
-//! plans (implicit GEMM) need none, and those above it are what the
-//! allocator may refuse, where PyTorch falls back. It underestimates the
-//! deep layers' backward-filter workspaces (above), which come one at a
-//! time and rarely at the peak. It is the same on every architecture, so
-//! the blocks are on every GPU.
+//! cuDNN version; PyTorch cannot say, so the size is **measured**, not
+//! derived: `benches/gpu/conv_workspaces.py` ran one forward and one
+//! backward of 44 geometries in fp32 and bf16 on an H200 (sm90, cuDNN 9.19,
+//! torch 2.11; `tests/data/gpu-h200/conv_workspaces_h200.json`), and the
+//! profiler recorded what each pass allocated and freed inside the op.
+//! What it shows:
+//!
+//! - **A pass's workspace is a copy of the tensors it touches**: input +
+//!   weight + output bytes for the forward, grad_output + weight +
+//!   grad_input for backward-data, input + grad_output + grad_weight for
+//!   backward-filter — the same sum. bf16: every forward and backward-data
+//!   pass to the byte (e.g. 64→64 3×3 at 56², batch 32: 24.57 MiB =
+//!   12.25 + 12.25 + 0.07), backward-filter 1.0–1.3×. fp32: the same from
+//!   96 input channels up; with 64 input channels the forward copies input
+//!   and weight only (0.33–0.68× the sum), its backward passes the whole
+//!   sum. The reason, assumed: cuDNN 9's engines on tensor-core GPUs work on
+//!   channels-last tiles, and for the channels-first tensors PyTorch hands
+//!   them the plan transposes each operand into its workspace first. A 1×1
+//!   window's weight is the same `[C_out, C_in]` matrix in either layout, so
+//!   nothing of it is copied: a 1×1 convolution at stride 2 takes input +
+//!   output (resnet's downsampling: 19,268,096 bytes for 12,845,056 +
+//!   6,422,528 at batch 32, fp32).
+//! - **No workspace where the tensors are read as they lie**: a 1×1 window
+//!   at stride 1 (a channels-first 1×1 convolution is a matrix product over
+//!   the channel dim as the tensor lies; backward passes take 0.5–2 MiB of
+//!   scratch, left out), and an input of fewer than 8 channels per group
+//!   (an RGB image) under a window of at most 3, forward in both dtypes and
+//!   backward in fp32 (none but one pass at batch 32). In bf16 its backward
+//!   passes take 1.1–9× the sum: cuDNN's half-precision backward engines
+//!   are tensor-core ones, its fp32 ones also run channels-first (assumed),
+//!   so those take the copy. A 7×7 stem (resnet's) takes the copy like any
+//!   other window.
+//!
+//! Each pass frees its workspace before the next allocates, so a backward
+//! call holds one workspace at a time. Measured on sm90 only; memcast
+//! assumes the same on every architecture, so the blocks are on every GPU.
+//! A trace without shapes gives no operand bytes: each pass then takes the
+//! largest tensor it writes or reads that the trace shows (the forward's
+//! output; the backward's grad_output and grad_input), the assumption before
+//! the measurements, which undercounts by the other operands.
+
+/// Whether a cuDNN pass reads a convolution's tensors in place, with no
+/// workspace: a 1×1 window at stride 1 (`pointwise`, `stride_one`); or a
+/// thin input (fewer than 8 channels per group under a window of at most
+/// 3) in the forward, and in fp32 backward passes (`half`: an element of 2
+/// bytes or fewer).
+pub fn in_place(pointwise: bool, stride_one: bool, thin: bool, backward: bool, half: bool) -> bool {
+    (pointwise && stride_one) || (thin && !(backward && half))
+}
+
+/// The workspace of one cuDNN pass over an input, weight and output of
+/// these bytes (at the CUDA run's dtype): a copy of each.
+pub fn workspace(input: u64, weight: u64, output: u64) -> u64 {
+    input.saturating_add(weight).saturating_add(output)
+}
 
 /// The workspace memcast assumes for one cuDNN pass that writes or reads
-/// tensors of these bytes: the largest of them (0 for none).
+/// tensors of these bytes, where the trace has no shapes: the largest of
+/// them (0 for none).
 pub fn assumed_workspace(operands: &[u64]) -> u64 {
     operands.iter().copied().max().unwrap_or(0)
 }
@@ -74,5 +112,25 @@ mod tests {
         assert_eq!(assumed_workspace(&[output, input]), output);
         assert_eq!(assumed_workspace(&[]), 0);
         assert!(runs_cudnn(false) && !runs_cudnn(true));
+    }
+
+    /// The measured H200 geometries (`conv_workspaces_h200.json`) each rule
+    /// stands on.
+    #[test]
+    fn a_pass_copies_what_it_touches_unless_cudnn_reads_it_in_place() {
+        // bf16 64→64 3×3 at 56², batch 32: 24.57 MiB measured, forward and
+        // backward-data.
+        let (x, w) = (32 * 64 * 56 * 56 * 2, 64 * 64 * 9 * 2);
+        assert_eq!(workspace(x, w, x), 25_763_840);
+        // (pointwise, stride_one, thin, backward, half)
+        assert!(!in_place(false, true, false, false, true));
+        // 1×1 at stride 1: none; at stride 2 a window like any other.
+        assert!(in_place(true, true, false, true, false));
+        assert!(!in_place(true, false, false, false, false));
+        // An RGB image under 3×3 (vgg, mobilenet): none forward, none in an
+        // fp32 backward, the copy in a bf16 one.
+        assert!(in_place(false, false, true, false, true));
+        assert!(in_place(false, false, true, true, false));
+        assert!(!in_place(false, false, true, true, true));
     }
 }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::alloc_settings::signed_delta;
 use super::distributed::{landmarks, At, Edit};
 use super::{estimate_schedule, retime, Anchor, PeakFigures, WhatIfError};
-use crate::orchestrator::{Category, EventKind, Phase, Schedule};
+use crate::orchestrator::{Category, EventKind, Phase, Schedule, ScheduledBlock};
 use crate::pipeline::{Config, Prepared};
 use crate::units::Nanos;
 
@@ -199,9 +199,31 @@ pub fn move_frees(
     Ok((retime(schedule, &moved, &[])?, count))
 }
 
+/// The last event from `alloc` on that the op making `block` still makes:
+/// the run of events right after it whose blocks the same layer makes in
+/// the same phase of the same iteration (the rest of a convolution's
+/// backward: its other gradients and workspaces; the gradient itself comes
+/// from a factory call inside it, so ops are not compared).
+fn end_of_op(schedule: &Schedule, alloc: usize, block: &ScheduledBlock) -> usize {
+    let same_op = |b: &ScheduledBlock| {
+        block.layer.is_some()
+            && b.layer == block.layer
+            && b.phase == block.phase
+            && b.iteration == block.iteration
+    };
+    let run = schedule
+        .events
+        .iter()
+        .skip(alloc + 1)
+        .take_while(|e| schedule.block(e.block).is_some_and(same_op))
+        .count();
+    alloc + run
+}
+
 /// `zero_grad(set_to_none=False)`: the gradients of the first iteration that
-/// makes them stay allocated; every later gradient is freed right after its
-/// allocation (backward accumulates it in place into the existing one).
+/// makes them stay allocated; every later gradient is freed when the op that
+/// made it returns (backward accumulates it in place into the existing one
+/// and frees it): after the events the same op makes after it.
 pub fn keep_gradients(schedule: &Schedule) -> Result<(Schedule, u32), WhatIfError> {
     let facts = gradients(schedule);
     let first = schedule
@@ -230,7 +252,7 @@ pub fn keep_gradients(schedule: &Schedule) -> Result<(Schedule, u32), WhatIfErro
             }
             EventKind::Free => {
                 if let Some(&alloc) = facts.alloc_event.get(event.block.index()) {
-                    moved.push((index, Anchor::After(alloc)));
+                    moved.push((index, Anchor::After(end_of_op(schedule, alloc, block))));
                     changed += 1;
                 }
             }

@@ -163,3 +163,64 @@ fn real_cuda_allocation_streams_replay_to_their_measured_peaks() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(mean <= 2.0, "mean error {mean:+.2} %");
 }
+
+/// cuDNN's workspaces as the H200 measured them (`conv_workspaces_h200.json`,
+/// `benches/gpu/conv_workspaces.py`: 88 geometries, fp32 and bf16, forward
+/// and backward) against `memcast::kernels::conv`'s rule: where it reads
+/// the tensors in place, forwards made none; elsewhere its copies come to
+/// 1.0–1.3× the forwards' workspaces (fp32 forwards with 64 input channels
+/// copy input and weight only) and 0.75–1.0× the largest backward pass's
+/// (backward-filter passes take 1.0–1.3× the copy).
+#[test]
+fn conv_workspace_rule_stands_on_the_measured_workspaces() {
+    use memcast::kernels::conv::{in_place, workspace};
+    let path = data_dir().join("conv_workspaces_h200.json");
+    let table: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}")))
+            .unwrap();
+    let get = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    for backward in [false, true] {
+        let (mut measured, mut rule, mut rows) = (0_u64, 0_u64, 0);
+        for r in table["rows"].as_array().unwrap() {
+            let steady = &r["steady"];
+            let ops: Vec<&str> = steady["ops"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o.as_str().unwrap())
+                .collect();
+            if !ops.contains(&"aten::cudnn_convolution") {
+                continue;
+            }
+            let (k, groups) = (get(r, "k"), get(r, "groups"));
+            let pointwise = k == 1;
+            let thin = get(r, "cin") / groups < 8 && k <= 3;
+            let half = r["dtype"] != "fp32";
+            let pass = if backward { "backward" } else { "forward" };
+            let largest = steady[pass]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap())
+                .max()
+                .unwrap_or(0);
+            if in_place(pointwise, get(r, "stride") == 1, thin, backward, half) {
+                if !backward {
+                    assert!(largest <= 4096, "{r}: {largest} B in place");
+                }
+                continue;
+            }
+            let weight = if pointwise { 0 } else { get(r, "w_bytes") };
+            rule += workspace(get(r, "in_bytes"), weight, get(r, "out_bytes"));
+            measured += largest;
+            rows += 1;
+        }
+        let ratio = rule as f64 / measured as f64;
+        let (lo, hi) = if backward { (0.75, 1.0) } else { (1.0, 1.3) };
+        assert!(rows >= 40, "{rows} geometries");
+        assert!(
+            (lo..=hi).contains(&ratio),
+            "backward {backward}: rule {rule} B vs measured {measured} B ({ratio:.3})"
+        );
+    }
+}

@@ -152,18 +152,33 @@ fn reduce_buffers(analysis: &Analysis, plan: &mut Plan) {
     }
 }
 
-/// Rule `cudnn_conv_workspaces`: a workspace per convolution call that
-/// runs cuDNN, of [`crate::kernels::conv::assumed_workspace`]'s size at the
-/// CUDA run's dtype (a block autocast resized gives its size). A forward
-/// holds it from its output's allocation to its end. A backward runs the
-/// data and filter passes in turn, each freeing its workspace before the
-/// next allocates; assumed alike in size, they are one block from the first
-/// gradient's allocation to the call's end.
+/// Rule `cudnn_conv_workspaces`: a workspace per cuDNN pass of a
+/// convolution call ([`crate::kernels::conv`]): a copy of the input, weight
+/// (none of a 1×1 one) and output of the pass at the CUDA run's dtype (the
+/// blocks autocast resized give the factor), none where cuDNN reads them in
+/// place. A forward holds it from its output's allocation to its end. A
+/// backward runs its passes in PyTorch's order, each making its gradient,
+/// then its workspace, which it frees before the next pass makes its own:
+/// the data pass from grad_input's allocation, the filter pass from
+/// grad_weight's, each until the next gradient the call makes (or its end).
+/// Without shapes, one block of the largest tensor the call touches, from
+/// its first gradient to its end.
 fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
     let cuda_size = |b: usize| -> Option<(u64, Nanos)> {
         let block = analysis.blocks.get(b)?;
         let size = plan.resized.get(&b).map_or(block.size, |&(s, _)| s);
         Some((size.get(), block.alloc_ts))
+    };
+    // `bytes` at the CUDA run's dtype: scaled as autocast resized block `b`.
+    let cuda_share = |b: usize, bytes: u64| -> u64 {
+        let traced = analysis.blocks.get(b).map_or(0, |x| x.size.get());
+        let cuda = cuda_size(b).map_or(traced, |c| c.0);
+        if traced == 0 || cuda == traced {
+            bytes
+        } else {
+            u64::try_from(u128::from(bytes) * u128::from(cuda) / u128::from(traced))
+                .unwrap_or(u64::MAX)
+        }
     };
     for call in &analysis.kernel_calls.conv {
         if !crate::kernels::conv::runs_cudnn(call.native_depthwise) {
@@ -175,34 +190,95 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
         let written: Vec<(u64, Nanos)> =
             call.written.iter().filter_map(|&b| cuda_size(b)).collect();
         let largest_written = written.first().map(|w| w.0);
-        let (operands, alloc) = if call.backward {
-            let grad_output = call
-                .forward_output
-                .and_then(cuda_size)
-                .map(|o| o.0)
-                .or(call.grad_output);
-            let first = written.iter().map(|w| w.1).min().unwrap_or(op.start);
-            (vec![largest_written, grad_output], first)
+        let grad_output = call
+            .forward_output
+            .and_then(cuda_size)
+            .map(|o| o.0)
+            .or(call.grad_output);
+        // (size, alloc, free) of each pass's workspace.
+        let mut passes: Vec<(u64, Nanos, Nanos)> = Vec::new();
+        let sized_by = if call.backward {
+            call.forward_output.or(call.written.first().copied())
         } else {
-            (
-                vec![largest_written],
-                written.first().map_or(op.start, |w| w.1),
-            )
+            call.written.first().copied()
         };
-        let operands: Vec<u64> = operands.into_iter().flatten().collect();
-        let size = crate::kernels::conv::assumed_workspace(&operands);
-        if size == 0 {
-            continue;
+        let share = |bytes| sized_by.map_or(bytes, |b| cuda_share(b, bytes));
+        let in_place = |o: &crate::analyzer::kernels::ConvOperands| {
+            let half = share(o.elem) <= 2;
+            crate::kernels::conv::in_place(o.pointwise, o.stride_one, o.thin, call.backward, half)
+        };
+        match call.operands {
+            Some(o) if in_place(&o) => {}
+            Some(o) => {
+                let weight = if o.pointwise {
+                    0
+                } else {
+                    share(o.weight_bytes)
+                };
+                if call.backward {
+                    let size = crate::kernels::conv::workspace(
+                        share(o.input_bytes),
+                        weight,
+                        grad_output.unwrap_or(0),
+                    );
+                    // The gradients the call makes, in time order; a pass
+                    // per gradient of the input's or the weight's size.
+                    let mut made: Vec<(Nanos, u64)> = call
+                        .written
+                        .iter()
+                        .filter_map(|&b| analysis.blocks.get(b))
+                        .map(|b| (b.alloc_ts, b.size.get()))
+                        .collect();
+                    made.sort_unstable();
+                    for (i, &(at, bytes)) in made.iter().enumerate() {
+                        if bytes != o.input_bytes && bytes != o.weight_bytes {
+                            continue;
+                        }
+                        let until = made
+                            .get(i + 1)
+                            .map_or(op.end, |&(next, _)| Nanos(next.get().saturating_sub(1)));
+                        passes.push((size, at, until.max(at)));
+                    }
+                } else {
+                    let size = crate::kernels::conv::workspace(
+                        share(o.input_bytes),
+                        weight,
+                        largest_written.unwrap_or(0),
+                    );
+                    passes.push((size, written.first().map_or(op.start, |w| w.1), op.end));
+                }
+            }
+            None => {
+                let operands: Vec<u64> = if call.backward {
+                    [largest_written, grad_output]
+                        .into_iter()
+                        .flatten()
+                        .collect()
+                } else {
+                    largest_written.into_iter().collect()
+                };
+                let first = written.iter().map(|w| w.1).min().unwrap_or(op.start);
+                passes.push((
+                    crate::kernels::conv::assumed_workspace(&operands),
+                    first,
+                    op.end,
+                ));
+            }
         }
-        plan.added.push(AddedBlock {
-            size: Bytes(size),
-            alloc,
-            free: Some(op.end),
-            op: call.op,
-            rule: RuleId::CudnnConvWorkspaces,
-            on: ArchSet::ALL,
-            per_gpu: None,
-        });
+        for (size, alloc, free) in passes {
+            if size == 0 {
+                continue;
+            }
+            plan.added.push(AddedBlock {
+                size: Bytes(size),
+                alloc,
+                free: Some(free),
+                op: call.op,
+                rule: RuleId::CudnnConvWorkspaces,
+                on: ArchSet::ALL,
+                per_gpu: None,
+            });
+        }
     }
 }
 
@@ -493,19 +569,19 @@ mod tests {
         [mem(ts, bytes), mem(free, -bytes)]
     }
 
-    /// A CPU trace of one fp32 convolution (input [2,3,8,8], weight
-    /// [4,3,3,3], output [2,4,8,8]: 2,048 bytes) with its oneDNN scratch,
+    /// A CPU trace of one fp32 convolution (input [2,8,8,8], weight
+    /// [4,8,3,3], output [2,4,8,8]: 2,048 bytes) with its oneDNN scratch,
     /// a depthwise one ([2,4,8,8] by [4,1,3,3]) and the first one's backward
-    /// (grad_input 1,536 bytes, grad_weight 432, a scratch block).
+    /// (grad_input 4,096 bytes, grad_weight 1,152, a scratch block).
     fn trace() -> Analysis {
         let f = r#"["float", "float"]"#;
         let mut ev = vec![
-            op("aten::conv2d", 10, 20, "[[2,3,8,8],[4,3,3,3]]", f, Some(1)),
+            op("aten::conv2d", 10, 20, "[[2,8,8,8],[4,8,3,3]]", f, Some(1)),
             op(
                 "aten::convolution",
                 11,
                 18,
-                "[[2,3,8,8],[4,3,3,3]]",
+                "[[2,8,8,8],[4,8,3,3]]",
                 f,
                 None,
             ),
@@ -513,7 +589,7 @@ mod tests {
                 "aten::_convolution",
                 12,
                 16,
-                "[[2,3,8,8],[4,3,3,3]]",
+                "[[2,8,8,8],[4,8,3,3]]",
                 f,
                 None,
             ),
@@ -521,7 +597,7 @@ mod tests {
                 "aten::mkldnn_convolution",
                 13,
                 14,
-                "[[2,3,8,8],[4,3,3,3]]",
+                "[[2,8,8,8],[4,8,3,3]]",
                 f,
                 None,
             ),
@@ -546,24 +622,24 @@ mod tests {
                 "aten::convolution_backward",
                 102,
                 46,
-                "[[2,4,8,8],[2,3,8,8],[4,3,3,3]]",
+                "[[2,4,8,8],[2,8,8,8],[4,8,3,3]]",
                 r#"["float", "float", "float"]"#,
                 None,
             ),
         ];
         ev.extend(block(1 << 20, 14, 2048, 200)); // output
-        ev.extend(block(2 << 20, 15, 4096, 20)); // oneDNN scratch
+        ev.extend(block(2 << 20, 15, 4104, 20)); // oneDNN scratch
         ev.extend(block(3 << 20, 42, 2048, 200)); // depthwise output
-        ev.extend(block(4 << 20, 103, 1536, 300)); // grad_input
+        ev.extend(block(4 << 20, 103, 4096, 300)); // grad_input
         ev.extend(block(5 << 20, 104, 8000, 105)); // scratch
-        ev.extend(block(6 << 20, 110, 432, 300)); // grad_weight
+        ev.extend(block(6 << 20, 110, 1152, 300)); // grad_weight
         let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
         let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
         analyze(&trace, &AnalyzerConfig::standard()).unwrap().value
     }
 
     #[test]
-    fn cudnn_conv_workspaces_take_the_largest_tensor_of_each_pass() {
+    fn cudnn_conv_workspaces_copy_what_each_pass_touches() {
         let a = trace();
         assert_eq!(a.kernel_calls.conv.len(), 3, "{:?}", a.kernel_calls.conv);
         let mut plan = Plan::default();
@@ -581,20 +657,26 @@ mod tests {
             .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
             .collect();
         // The depthwise fp32 convolution runs PyTorch's own kernel: none.
-        assert_eq!(ws.len(), 2, "{ws:?}");
+        assert_eq!(ws.len(), 3, "{ws:?}");
         let at = |size: u64| a.blocks.iter().find(|b| b.size == Bytes(size)).unwrap();
         let name_of = |i: usize| a.name(a.ops[i].name);
-        // Forward: the output's bytes, from the output to the call's end.
+        // Forward: input (2x8x8x8 fp32, 4,096) + weight (4x8x3x3, 1,152) +
+        // output (2,048), from the output to the call's end.
+        let copy = Bytes(4096 + 1152 + 2048);
         assert_eq!(name_of(ws[0].op), "aten::convolution");
-        assert_eq!(ws[0].size, Bytes(2048));
+        assert_eq!(ws[0].size, copy);
         assert_eq!(ws[0].alloc, at(2048).alloc_ts);
         assert_eq!(ws[0].free, Some(a.ops[ws[0].op].end));
-        // Backward: the larger of grad_output (the forward's output, 2,048)
-        // and grad_input (1,536), from grad_input to the call's end.
+        // Backward: input + weight + grad_output (the forward's output) per
+        // pass. The data pass from grad_input until just before grad_weight,
+        // the filter pass from grad_weight to the call's end.
+        let (grad_input, grad_weight) = (at(4096).alloc_ts, at(1152).alloc_ts);
         assert_eq!(name_of(ws[1].op), "aten::convolution_backward");
-        assert_eq!(ws[1].size, Bytes(2048));
-        assert_eq!(ws[1].alloc, at(1536).alloc_ts);
-        assert_eq!(ws[1].free, Some(a.ops[ws[1].op].end));
+        assert_eq!((ws[1].size, ws[2].size), (copy, copy));
+        assert_eq!(ws[1].alloc, grad_input);
+        assert_eq!(ws[1].free, Some(Nanos(grad_weight.get() - 1)));
+        assert_eq!(ws[2].alloc, grad_weight);
+        assert_eq!(ws[2].free, Some(a.ops[ws[2].op].end));
         assert!(ws.iter().all(|w| w.on.is_all() && w.per_gpu.is_none()));
     }
 }
