@@ -484,10 +484,7 @@ fn conv_operands(
     let (&c_out, w_rest) = w.split_first()?;
     let (&c_in_per_group, window) = w_rest.split_first()?;
     // The output keeps the input's spatial size at stride 1 (1×1, no padding).
-    let same_size = [batch, c_out]
-        .iter()
-        .chain(spatial)
-        .try_fold(elem, |acc, &d| acc.checked_mul(d));
+    let same_size = bytes(&[&[batch, c_out][..], spatial].concat());
     Some(ConvOperands {
         input_bytes,
         weight_bytes,

@@ -216,9 +216,9 @@ fn replay_device(
         }
     }
     // Warm the cache (warm start): the window is a slice of a steady loop,
-    // so replay it `warmup_passes` times before the compared pass. Blocks still live at the
-    // end of a pass stand in for the next pass's pre-window blocks (matched
-    // by size when those are freed).
+    // so replay it `warmup_passes` times before the compared pass. Blocks
+    // still live at the end of a pass stand in for the next pass's
+    // pre-window blocks (matched by size when those are freed).
     let mut carry: BTreeMap<u64, Vec<BlockHandle>> = BTreeMap::new();
     for _ in 0..warmup_passes {
         let mut prev_reserved = None;
