@@ -297,7 +297,8 @@ fn by_backend_union(by_backend: &BTreeMap<Backend, ArchSet>, except: ArchSet) ->
 /// blocks allocated before the call and after the previous call on its
 /// thread ended (the projections of this attention, found without module
 /// frames, so the estimate does not depend on them), of the query's, key's
-/// or value's size, that die after it but before its backward. On the
+/// or value's size or of the three together (one fused projection whose
+/// output they are views of), that die after it but before its backward. On the
 /// architectures that run a fused kernel each lives until the call's
 /// backward ends; elsewhere (`math_on`) as traced.
 fn keep_inputs(
@@ -333,12 +334,16 @@ fn keep_inputs(
             call.shape.v_head_dim,
         ),
     ];
+    // A fused projection (GPT-2's `c_attn(x).split(...)`) makes one block
+    // that query, key and value are views of: the kernel keeping any of
+    // them keeps it whole.
+    let fused = sizes.iter().fold(0_u64, |sum, &s| sum.saturating_add(s));
     let before = analysis.blocks.partition_point(|b| b.alloc_ts < op.start);
     let inputs: Vec<usize> = analysis.blocks[..before]
         .iter()
         .rev()
         .take(256)
-        .filter(|b| sizes.contains(&b.size.get()))
+        .filter(|b| sizes.contains(&b.size.get()) || b.size.get() == fused)
         .take_while(|b| b.alloc_ts >= since)
         .filter(|b| b.free_ts.is_some_and(|f| f > op.end && f < backward_start))
         .take(3)
@@ -678,5 +683,65 @@ mod tests {
         assert_eq!(ws[2].alloc, grad_weight);
         assert_eq!(ws[2].free, Some(a.ops[ws[2].op].end));
         assert!(ws.iter().all(|w| w.on.is_all() && w.per_gpu.is_none()));
+    }
+
+    /// GPT-2's attention: query, key and value are views of one fused
+    /// projection (`c_attn(x).split(...)`, one block of the three's bytes)
+    /// that the CPU's math composite lets die when the forward is done
+    /// with it. A fused CUDA kernel saves the query, so the block lives
+    /// until the call's backward has run, on the architectures that run one.
+    #[test]
+    fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
+        let b = r#"["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"]"#;
+        let qkv = "[[1,2,8,8],[1,2,8,8],[1,2,8,8]]";
+        let mut ev = vec![
+            op("aten::addmm", 10, 5, "[[48],[8,16],[16,48]]", b, Some(1)),
+            op("aten::scaled_dot_product_attention", 20, 20, qkv, b, None),
+            op(
+                "aten::_scaled_dot_product_attention_math",
+                21,
+                18,
+                qkv,
+                b,
+                Some(2),
+            ),
+            op(
+                "autograd::engine::evaluate_function: BmmBackward0",
+                100,
+                20,
+                "[]",
+                "[]",
+                Some(2),
+            ),
+        ];
+        // q, k and v: 1x2x8x8 bf16, 256 bytes each.
+        ev.extend(block(1 << 20, 11, 768, 60)); // the fused projection
+        ev.extend(block(2 << 20, 30, 256, 300)); // the attention's output
+        let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+        let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+        let a = analyze(&trace, &AnalyzerConfig::standard()).unwrap().value;
+        assert_eq!(a.kernel_calls.attention.len(), 1);
+        let mut plan = Plan::default();
+        apply(
+            &a,
+            Rules {
+                efficient_gqa: true,
+            },
+            false,
+            &mut plan,
+        );
+        let fused = a.blocks.iter().find(|b| b.size == Bytes(768)).unwrap();
+        let kept: Vec<&AddedBlock> = plan
+            .added
+            .iter()
+            .filter(|b| b.rule == RuleId::SdpaCudaKernels && b.size == Bytes(768))
+            .collect();
+        assert_eq!(kept.len(), 1, "{plan:?}");
+        assert_eq!(kept[0].alloc, fused.alloc_ts);
+        assert_eq!(
+            kept[0].free,
+            Some(a.ops[a.kernel_calls.attention[0].backward[0]].end)
+        );
+        assert!(kept[0].on.contains(Sm::KNOWN[Sm::KNOWN.len() - 1]));
     }
 }

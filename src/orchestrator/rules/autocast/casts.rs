@@ -45,6 +45,25 @@ const SAVES_INPUT: &[&str] = &[
     "renorm",
 ];
 
+/// Whether an op (`name`, with `tensors` floating tensor inputs) reads its
+/// inputs without autograd keeping any of them: its backward formula uses
+/// none of their values (`tools/autograd/derivatives.yaml`, pytorch/pytorch
+/// at d327a787: `add`, `sub` and `rsub` pass the gradient on, scaled by
+/// `alpha`; `mul` and `div` by a Python number keep only the number; `neg`,
+/// `cat`, `clone` and the copies keep nothing), or it is a view of the same
+/// elements, whose own readers are matched to the tensor by element count.
+pub(super) fn keeps_nothing(name: &str, tensors: usize) -> bool {
+    let name = bare(name);
+    match name {
+        "add" | "add_" | "sub" | "sub_" | "rsub" | "neg" | "cat" | "clone" | "contiguous"
+        | "to" | "_to_copy" | "copy_" | "view" | "reshape" | "_reshape_alias" | "_unsafe_view"
+        | "transpose" | "permute" | "t" | "unsqueeze" | "squeeze" | "flatten" | "alias"
+        | "detach" => true,
+        "mul" | "mul_" | "div" | "div_" => tensors <= 1,
+        _ => false,
+    }
+}
+
 /// The type CUDA autocast casts an input of type `input` to under `policy`
 /// (`inputs`: all the op's input types), `None` when it leaves it as it is.
 pub(super) fn cuda_cast_to(
@@ -155,16 +174,19 @@ fn copy_free(walk: &Walk, index: usize, policy: Option<CastPolicy>, input: &Inpu
 }
 
 /// After a region that records autograd: a tensor the CPU kept past the
-/// region (for backward, or with a graph no backward frees) whose every
-/// reader made a CUDA cast copy of it (which autograd keeps instead) is
-/// freed on CUDA when its last reader returns.
+/// region (for backward, or with a graph no backward frees) that a reader
+/// copied under CUDA autocast, and whose every reader that autograd may
+/// keep it for made a CUDA cast copy of it (which autograd keeps instead), is
+/// freed on CUDA when the model's code lets go of it: when the block of the
+/// model that made it returns ([`holders`](super::holders)), and not before
+/// its last reader returns.
 pub(super) fn saved_copies(walk: &mut Walk) {
     if walk.region.grad != GradMode::Enabled {
         return;
     }
     let analysis = walk.analysis;
     for t in &walk.tensors {
-        let (true, Some(last)) = (t.only_copied, t.last_read) else {
+        let (true, true, Some(last)) = (t.only_copied, t.copied, t.last_read) else {
             continue;
         };
         let Some(block) = analysis.blocks.get(t.block) else {
@@ -175,9 +197,15 @@ pub(super) fn saved_copies(walk: &mut Walk) {
         // (the output reassigned, the trace's end).
         let kept = block.free_ts.is_none_or(|f| f > walk.region.end);
         if kept {
+            // Its Python references: until the model's block that made it
+            // returns (a guess, see `holders`), within the region.
+            let held = walk
+                .stacks
+                .call_end(analysis, block)
+                .map_or(last, |end| end.min(walk.region.end).max(last));
             walk.plan
                 .freed
-                .insert(block.id, (last, RuleId::AutocastInputCasts));
+                .insert(block.id, (held, RuleId::AutocastInputCasts));
         }
     }
 }

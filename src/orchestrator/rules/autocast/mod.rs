@@ -26,6 +26,7 @@ mod cache;
 mod casts;
 mod cpu_copies;
 mod dtypes;
+mod holders;
 mod scaler;
 #[cfg(test)]
 mod tests;
@@ -252,8 +253,11 @@ struct Tensor {
     cuda: Dtype,
     /// Its block (the output of the op that made it).
     block: usize,
-    /// Every op that read it made a CUDA cast copy of it.
+    /// Every op that read it and may keep it for backward made a CUDA
+    /// cast copy of it instead.
     only_copied: bool,
+    /// An op made a CUDA cast copy of it.
+    copied: bool,
     /// The end of the last op that read it.
     last_read: Option<Nanos>,
 }
@@ -285,8 +289,10 @@ enum ParamKey {
 pub(crate) fn plan(analysis: &Analysis, setup: &Setup) -> Plan {
     let mut plan = Plan::default();
     let under = blocks_by_top_op(analysis);
+    let savers = savers(analysis);
     let mut factors: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
     let mut any_cpu = false;
+    let stacks = holders::Stacks::of(analysis);
     for &region in &setup.regions {
         any_cpu |= matches!(region.start_dtype, Start::CpuAutocast(_));
         let lower_cpu = match region.start_dtype {
@@ -308,7 +314,9 @@ pub(crate) fn plan(analysis: &Analysis, setup: &Setup) -> Plan {
             cached: BTreeSet::new(),
             plan: &mut plan,
             under: &under,
+            savers: &savers,
             factors: &mut factors,
+            stacks: &stacks,
         };
         let first = analysis
             .ops
@@ -340,6 +348,27 @@ fn blocks_by_top_op(analysis: &Analysis) -> BTreeMap<usize, Vec<usize>> {
     for block in &analysis.blocks {
         if let Some(top) = top_of(analysis, block.alloc_op) {
             out.entry(top).or_default().push(block.id);
+        }
+    }
+    out
+}
+
+/// The forward op (top-level) whose autograd node kept each block: a
+/// block freed while a backward node runs was one of the tensors that node
+/// saved, and autograd releases them when the node has run
+/// (`Node::release_variables` in torch/csrc/autograd/function.h). An op
+/// that saved a block read it, which tells apart tensors of one size.
+fn savers(analysis: &Analysis) -> BTreeMap<usize, usize> {
+    let mut out = BTreeMap::new();
+    for block in &analysis.blocks {
+        if block.free_phase != Some(Phase::Backward) {
+            continue;
+        }
+        let forward = op_chain(analysis, block.free_op)
+            .take_while(|o| o.backward)
+            .find_map(|o| o.forward_op);
+        if let Some(top) = top_of(analysis, forward) {
+            out.insert(block.id, top);
         }
     }
     out
@@ -382,20 +411,49 @@ struct Walk<'a> {
     cached: BTreeSet<ParamKey>,
     plan: &'a mut Plan,
     under: &'a BTreeMap<usize, Vec<usize>>,
+    /// The op whose backward kept each block ([`savers`]).
+    savers: &'a BTreeMap<usize, usize>,
     /// Per top-level op whose outputs changed type: (CPU, CUDA) element sizes.
     factors: &'a mut BTreeMap<usize, (u64, u64)>,
+    /// The model's stacks of blocks, for when its code lets go of a tensor.
+    stacks: &'a holders::Stacks,
 }
 
 impl Walk<'_> {
     /// The tracked tensor an input of `numel` elements (CPU type `cpu`, if
     /// known) is: the latest one of that size and type.
     fn find(&self, numel: u64, cpu: Option<Dtype>) -> Option<usize> {
+        self.candidates(numel, cpu).next()
+    }
+
+    /// The tracked tensors an input of `numel` elements (CPU type `cpu`, if
+    /// known) may be, the latest first.
+    fn candidates(&self, numel: u64, cpu: Option<Dtype>) -> impl Iterator<Item = usize> + '_ {
         self.by_numel
-            .get(&numel)?
-            .iter()
-            .rev()
-            .copied()
-            .find(|&t| cpu.is_none_or(|d| self.tensors.get(t).is_some_and(|x| x.cpu == d)))
+            .get(&numel)
+            .into_iter()
+            .flat_map(|ts| ts.iter().rev().copied())
+            .filter(move |&t| cpu.is_none_or(|d| self.tensors.get(t).is_some_and(|x| x.cpu == d)))
+    }
+
+    /// The tensor an input of `op` is: among those of its size and type,
+    /// the latest one that `op`'s backward kept (and no other input of `op`
+    /// already is), else the latest one.
+    fn find_read_by(
+        &self,
+        op: usize,
+        numel: u64,
+        cpu: Option<Dtype>,
+        taken: &[usize],
+    ) -> Option<usize> {
+        let saved = self.candidates(numel, cpu).find(|&t| {
+            !taken.contains(&t)
+                && self
+                    .tensors
+                    .get(t)
+                    .is_some_and(|x| self.savers.get(&x.block) == Some(&op))
+        });
+        saved.or_else(|| self.find(numel, cpu))
     }
 
     /// The parameter an input of `numel` elements of `op` (not made in the
@@ -423,13 +481,20 @@ impl Walk<'_> {
     /// it was fp32 when CPU autocast copied as many elements inside the op
     /// (`cpu_casts`) and in the lower type otherwise; elsewhere it has the
     /// type of the tensor it matches.
-    fn inputs(&self, op: &OpSpan, cpu_casts: &[usize], cpu_lower: bool) -> Vec<Input> {
+    fn inputs(
+        &self,
+        index: usize,
+        op: &OpSpan,
+        cpu_casts: &[usize],
+        cpu_lower: bool,
+    ) -> Vec<Input> {
         let cast_numels: Vec<u64> = cpu_casts
             .iter()
             .filter_map(|&b| self.analysis.blocks.get(b))
             .map(|b| b.size.get() / self.lower_cpu.size().unwrap_or(2))
             .collect();
         let mut out = Vec::new();
+        let mut taken = Vec::new();
         for arg in self.analysis.inputs_of(op) {
             if arg.dtype.is_some_and(|d| !d.is_castable()) {
                 continue;
@@ -446,7 +511,8 @@ impl Walk<'_> {
             };
             let arg = crate::trace::TensorInput { dtype, ..*arg };
             let arg = &arg;
-            let tensor = self.find(arg.numel, arg.dtype);
+            let tensor = self.find_read_by(index, arg.numel, arg.dtype, &taken);
+            taken.extend(tensor);
             let parameter = match tensor {
                 Some(_) => None,
                 None => self.parameter(op, arg.numel, arg.dtype),
@@ -493,27 +559,30 @@ impl Walk<'_> {
             op,
             &blocks,
         );
-        let inputs = self.inputs(op, &cpu_casts, cpu_policy == Some(CastPolicy::Lower));
+        let inputs = self.inputs(index, op, &cpu_casts, cpu_policy == Some(CastPolicy::Lower));
         let cpu_in: Vec<Dtype> = inputs.iter().map(|i| i.cpu).collect();
         let cuda_in: Vec<Dtype> = inputs.iter().map(|i| i.cuda).collect();
         let cpu_out = dtypes::output_dtype(cpu_policy, &cpu_in, self.lower_cpu);
         let cuda_out = dtypes::output_dtype(cuda_policy, &cuda_in, self.target);
         let outputs = dtypes::values_only(analysis, op, outputs, cpu_out);
         casts::input_casts(self, index, cuda_policy, &inputs, cpu_casts);
-        self.read(&inputs, cuda_policy, op.end);
+        let keeps = !casts::keeps_nothing(name, inputs.len());
+        self.read(&inputs, cuda_policy, keeps, op.end);
         dtypes::outputs(self, index, cuda_policy, cpu_out, cuda_out, &outputs);
     }
 
-    /// Marks the inputs read by an op ending at `end`, and whether CUDA
-    /// read each through a cast copy.
-    fn read(&mut self, inputs: &[Input], policy: Option<CastPolicy>, end: Nanos) {
+    /// Marks the inputs read by an op ending at `end`, whether CUDA read
+    /// each through a cast copy, and whether autograd may keep what the op
+    /// read (`keeps`; see [`casts::keeps_nothing`]).
+    fn read(&mut self, inputs: &[Input], policy: Option<CastPolicy>, keeps: bool, end: Nanos) {
         let target = self.target;
         for input in inputs {
             let Some(t) = input.tensor.and_then(|t| self.tensors.get_mut(t)) else {
                 continue;
             };
             let copied = casts::cuda_cast_to(policy, input.cuda, &[input.cuda], target).is_some();
-            t.only_copied &= copied;
+            t.only_copied &= copied || !keeps;
+            t.copied |= copied;
             t.last_read = Some(end);
         }
     }
@@ -526,6 +595,7 @@ impl Walk<'_> {
             cuda,
             block,
             only_copied: true,
+            copied: false,
             last_read: None,
         });
         self.by_numel.entry(numel).or_default().push(t);

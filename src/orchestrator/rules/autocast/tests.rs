@@ -621,3 +621,150 @@ fn rule_autocast_input_casts_frees_a_copied_tensor_with_no_backward() {
         "{plan:?}"
     );
 }
+
+/// `p = softmax(x)` in fp32 made inside `Attn_0` of the first of two
+/// `Block`s, read only by a `bmm` that CUDA runs on a bf16 copy, then a
+/// `relu` in `Block_0` after `Attn_0` returned and one in `Block_1`.
+fn held_in_a_block(transformers: bool) -> Tb {
+    let mut t = Tb::default();
+    t.region(0.0, 400.0);
+    t.frame("nn.Module: Block_0", 5.0, 95.0);
+    if transformers {
+        t.frame(
+            "transformers/models/bert/modeling_bert.py(400): forward",
+            5.5,
+            94.0,
+        );
+    }
+    t.frame("nn.Module: Attn_0", 6.0, 50.0);
+    t.frame("nn.Module: Block_1", 105.0, 95.0);
+    t.op(
+        "aten::softmax",
+        10.0,
+        5.0,
+        &[Arg::T(&[4, 64], F), Arg::T(&[], "Scalar")],
+        Some(1),
+    );
+    t.block(11.0, 1024, Some(500.0));
+    t.op(
+        "aten::bmm",
+        21.0,
+        25.0,
+        &[Arg::T(&[1, 4, 64], F), Arg::T(&[1, 64, 32], B)],
+        Some(2),
+    );
+    t.cast(22.0, &[1, 4, 64], F, 512, Some(500.0));
+    t.block(30.0, 256, Some(500.0));
+    t.op("aten::relu", 70.0, 10.0, &[Arg::T(&[1, 4, 32], B)], Some(3));
+    t.block(71.0, 256, Some(500.0));
+    t.op("aten::relu", 120.0, 5.0, &[Arg::T(&[1, 4, 32], B)], Some(4));
+    t.block(121.0, 256, Some(500.0));
+    t
+}
+
+/// In a transformers model the layer keeps what its attention returns
+/// (`holders`): p goes when the last op of `Block_0` returns, not when the
+/// `bmm` does.
+#[test]
+fn rule_autocast_input_casts_holds_a_copied_tensor_until_its_transformers_layer_returns() {
+    let a = held_in_a_block(true).analysis();
+    assert!(a.state.hf_model_type.is_some());
+    let plan = planned(&a, "2.12");
+    let p = block_at(&a, 1024)[0];
+    let relu_in_block_0 = a
+        .ops
+        .iter()
+        .filter(|o| a.name(o.name) == "aten::relu")
+        .map(|o| o.end)
+        .min()
+        .unwrap();
+    assert_eq!(
+        plan.freed.get(&p),
+        Some(&(relu_in_block_0, RuleId::AutocastInputCasts)),
+        "{plan:?}"
+    );
+}
+
+/// Elsewhere p goes with the module that made it: `Attn_0`, whose last op
+/// is the `bmm`.
+#[test]
+fn rule_autocast_input_casts_holds_a_copied_tensor_until_its_module_returns() {
+    let a = held_in_a_block(false).analysis();
+    assert!(a.state.hf_model_type.is_none());
+    let plan = planned(&a, "2.12");
+    let p = block_at(&a, 1024)[0];
+    let bmm = a
+        .ops
+        .iter()
+        .find(|o| a.name(o.name) == "aten::bmm")
+        .unwrap();
+    assert_eq!(
+        plan.freed.get(&p),
+        Some(&(bmm.end, RuleId::AutocastInputCasts)),
+        "{plan:?}"
+    );
+}
+
+/// GPT-2's `gelu_new`: `x` (bf16) is read by `0.5 * x` (keeps nothing),
+/// `pow(x, 3)` (an fp32-list op: CUDA reads an fp32 copy and autograd keeps
+/// the copy) and `x + ...` (keeps nothing); `h = 0.5 * x` has x's size and
+/// type and is kept by the final product. The CPU's `PowBackward0` frees x,
+/// which says the `pow` read x, not the later h: on CUDA x goes when its
+/// module returns, and h stays for backward.
+#[test]
+fn rule_autocast_input_casts_tells_same_size_tensors_apart_by_their_backward() {
+    let mut t = Tb::default();
+    t.region(0.0, 100.0);
+    t.frame("nn.Module: Gelu_0", 5.0, 60.0);
+    let x_ty = [Arg::T(&[4, 64], B), Arg::T(&[4, 64], B)];
+    t.op("aten::add", 10.0, 2.0, &x_ty, Some(1));
+    t.block(11.0, 512, Some(160.0)); // x
+    let scalar = [Arg::T(&[4, 64], B), Arg::T(&[], "Scalar")];
+    t.op("aten::mul", 15.0, 2.0, &scalar, Some(2));
+    t.block(16.0, 512, Some(300.0)); // h = 0.5 * x
+    t.op("aten::pow", 20.0, 2.0, &scalar, Some(3));
+    t.block(21.0, 512, Some(31.0)); // x ** 3
+    t.op("aten::mul", 30.0, 2.0, &scalar, Some(4));
+    t.block(31.0, 512, Some(41.0));
+    t.op("aten::add", 40.0, 2.0, &x_ty, Some(5));
+    t.block(41.0, 512, Some(51.0));
+    t.op("aten::tanh", 50.0, 2.0, &[Arg::T(&[4, 64], B)], Some(6));
+    t.block(51.0, 512, Some(300.0));
+    t.op("aten::mul", 55.0, 2.0, &x_ty, Some(7));
+    t.block(56.0, 512, Some(300.0));
+    t.op(
+        "autograd::engine::evaluate_function: PowBackward0",
+        150.0,
+        20.0,
+        &[],
+        Some(3),
+    );
+    let a = t.analysis();
+    assert_eq!(a.autocast[0].grad, GradMode::Enabled);
+    let plan = planned(&a, "2.12");
+    let blocks = block_at(&a, 512);
+    let (x, h) = (blocks[0], blocks[1]);
+    let gelu_end = a
+        .ops
+        .iter()
+        .filter(|o| a.name(o.name) == "aten::mul")
+        .map(|o| o.end)
+        .max()
+        .unwrap();
+    assert_eq!(
+        plan.freed.get(&x),
+        Some(&(gelu_end, RuleId::AutocastInputCasts)),
+        "{plan:?}"
+    );
+    assert!(!plan.freed.contains_key(&h), "{plan:?}");
+}
+
+#[test]
+fn only_ops_whose_backward_needs_no_input_keep_nothing() {
+    assert!(casts::keeps_nothing("aten::add", 2));
+    assert!(casts::keeps_nothing("aten::view", 1));
+    assert!(casts::keeps_nothing("aten::mul", 1));
+    assert!(!casts::keeps_nothing("aten::mul", 2));
+    assert!(!casts::keeps_nothing("aten::pow", 1));
+    assert!(!casts::keeps_nothing("aten::layer_norm", 1));
+}
