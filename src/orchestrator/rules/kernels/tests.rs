@@ -1,0 +1,243 @@
+//! Tests of the kernel rules, each on a small hand-written CPU trace.
+#![cfg(test)]
+
+use super::*;
+use crate::analyzer::{analyze, AnalyzerConfig};
+
+fn op(name: &str, ts: u32, dur: u32, dims: &str, types: &str, seq: Option<u32>) -> String {
+    let seq = seq.map_or(String::new(), |s| format!(r#", "Sequence number": {s}"#));
+    format!(
+        r#"{{"ph": "X", "cat": "cpu_op", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}, "args": {{"Input Dims": {dims}, "Input type": {types}{seq}}}}}"#
+    )
+}
+
+fn block(addr: u32, ts: u32, bytes: i64, free: u32) -> [String; 2] {
+    let mem = |ts: u32, b: i64| {
+        format!(
+            r#"{{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": {ts}, "args": {{"Addr": {addr}, "Bytes": {b}, "Device Type": 0, "Device Id": -1}}}}"#
+        )
+    };
+    [mem(ts, bytes), mem(free, -bytes)]
+}
+
+/// A CPU trace of one fp32 convolution (input [2,8,8,8], weight
+/// [4,8,3,3], output [2,4,8,8]: 2,048 bytes) with its oneDNN scratch,
+/// a depthwise one ([2,4,8,8] by [4,1,3,3]) and the first one's backward
+/// (grad_input 4,096 bytes, grad_weight 1,152, a scratch block).
+fn trace() -> Analysis {
+    let f = r#"["float", "float"]"#;
+    let mut ev = vec![
+        op("aten::conv2d", 10, 20, "[[2,8,8,8],[4,8,3,3]]", f, Some(1)),
+        op(
+            "aten::convolution",
+            11,
+            18,
+            "[[2,8,8,8],[4,8,3,3]]",
+            f,
+            None,
+        ),
+        op(
+            "aten::_convolution",
+            12,
+            16,
+            "[[2,8,8,8],[4,8,3,3]]",
+            f,
+            None,
+        ),
+        op(
+            "aten::mkldnn_convolution",
+            13,
+            14,
+            "[[2,8,8,8],[4,8,3,3]]",
+            f,
+            None,
+        ),
+        op(
+            "aten::convolution",
+            40,
+            10,
+            "[[2,4,8,8],[4,1,3,3]]",
+            f,
+            None,
+        ),
+        op(
+            "autograd::engine::evaluate_function: ConvolutionBackward0",
+            100,
+            50,
+            "[]",
+            "[]",
+            None,
+        ),
+        op("ConvolutionBackward0", 101, 48, "[]", "[]", Some(1)),
+        op(
+            "aten::convolution_backward",
+            102,
+            46,
+            "[[2,4,8,8],[2,8,8,8],[4,8,3,3]]",
+            r#"["float", "float", "float"]"#,
+            None,
+        ),
+    ];
+    ev.extend(block(1 << 20, 14, 2048, 200)); // output
+    ev.extend(block(2 << 20, 15, 4104, 20)); // oneDNN scratch
+    ev.extend(block(3 << 20, 42, 2048, 200)); // depthwise output
+    ev.extend(block(4 << 20, 103, 4096, 300)); // grad_input
+    ev.extend(block(5 << 20, 104, 8000, 105)); // scratch
+    ev.extend(block(6 << 20, 110, 1152, 300)); // grad_weight
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+    analyze(&trace, &AnalyzerConfig::standard()).unwrap().value
+}
+
+#[test]
+fn cudnn_conv_workspaces_copy_what_each_pass_touches() {
+    let a = trace();
+    assert_eq!(a.kernel_calls.conv.len(), 3, "{:?}", a.kernel_calls.conv);
+    let mut plan = Plan::default();
+    apply(
+        &a,
+        Rules {
+            efficient_gqa: true,
+        },
+        false,
+        &mut plan,
+    );
+    let ws: Vec<&AddedBlock> = plan
+        .added
+        .iter()
+        .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
+        .collect();
+    // The depthwise fp32 convolution runs PyTorch's own kernel: none.
+    assert_eq!(ws.len(), 3, "{ws:?}");
+    let at = |size: u64| a.blocks.iter().find(|b| b.size == Bytes(size)).unwrap();
+    let name_of = |i: usize| a.name(a.ops[i].name);
+    // Forward: input (2x8x8x8 fp32, 4,096) + weight (4x8x3x3, 1,152) +
+    // output (2,048), from the output to the call's end.
+    let copy = Bytes(4096 + 1152 + 2048);
+    assert_eq!(name_of(ws[0].op), "aten::convolution");
+    assert_eq!(ws[0].size, copy);
+    assert_eq!(ws[0].alloc, at(2048).alloc_ts);
+    assert_eq!(ws[0].free, Some(a.ops[ws[0].op].end));
+    // Backward: input + weight + grad_output (the forward's output) per
+    // pass. The data pass from grad_input until just before grad_weight,
+    // the filter pass from grad_weight to the call's end.
+    let (grad_input, grad_weight) = (at(4096).alloc_ts, at(1152).alloc_ts);
+    assert_eq!(name_of(ws[1].op), "aten::convolution_backward");
+    assert_eq!((ws[1].size, ws[2].size), (copy, copy));
+    assert_eq!(ws[1].alloc, grad_input);
+    assert_eq!(ws[1].free, Some(Nanos(grad_weight.get() - 1)));
+    assert_eq!(ws[2].alloc, grad_weight);
+    assert_eq!(ws[2].free, Some(a.ops[ws[2].op].end));
+    assert!(ws.iter().all(|w| w.on.is_all() && w.per_gpu.is_none()));
+}
+
+/// GPT-2's attention: query, key and value are views of one fused
+/// projection (`c_attn(x).split(...)`, one block of the three's bytes)
+/// that the CPU's math composite lets die when the forward is done
+/// with it. A fused CUDA kernel saves the query, so the block lives
+/// until the call's backward has run, on the architectures that run one.
+#[test]
+fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
+    let b = r#"["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"]"#;
+    let qkv = "[[1,2,8,8],[1,2,8,8],[1,2,8,8]]";
+    let mut ev = vec![
+        op("aten::addmm", 10, 5, "[[48],[8,16],[16,48]]", b, Some(1)),
+        op("aten::scaled_dot_product_attention", 20, 20, qkv, b, None),
+        op(
+            "aten::_scaled_dot_product_attention_math",
+            21,
+            18,
+            qkv,
+            b,
+            Some(2),
+        ),
+        op(
+            "autograd::engine::evaluate_function: BmmBackward0",
+            100,
+            20,
+            "[]",
+            "[]",
+            Some(2),
+        ),
+    ];
+    // q, k and v: 1x2x8x8 bf16, 256 bytes each.
+    ev.extend(block(1 << 20, 11, 768, 60)); // the fused projection
+    ev.extend(block(2 << 20, 30, 256, 300)); // the attention's output
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+    let a = analyze(&trace, &AnalyzerConfig::standard()).unwrap().value;
+    assert_eq!(a.kernel_calls.attention.len(), 1);
+    let mut plan = Plan::default();
+    apply(
+        &a,
+        Rules {
+            efficient_gqa: true,
+        },
+        false,
+        &mut plan,
+    );
+    let fused = a.blocks.iter().find(|b| b.size == Bytes(768)).unwrap();
+    let kept: Vec<&AddedBlock> = plan
+        .added
+        .iter()
+        .filter(|b| b.rule == RuleId::SdpaCudaKernels && b.size == Bytes(768))
+        .collect();
+    assert_eq!(kept.len(), 1, "{plan:?}");
+    assert_eq!(kept[0].alloc, fused.alloc_ts);
+    assert_eq!(
+        kept[0].free,
+        Some(a.ops[a.kernel_calls.attention[0].backward[0]].end)
+    );
+    assert!(kept[0].on.contains(Sm::KNOWN[Sm::KNOWN.len() - 1]));
+}
+
+/// A backward whose gradients have neither the input's nor the
+/// weight's size still gets a workspace: one, from its first gradient
+/// to its end.
+#[test]
+fn a_backward_with_unmatched_gradients_keeps_one_workspace() {
+    let f3 = r#"["float", "float", "float"]"#;
+    let mut ev = vec![
+        op(
+            "autograd::engine::evaluate_function: ConvolutionBackward0",
+            100,
+            50,
+            "[]",
+            "[]",
+            None,
+        ),
+        op(
+            "aten::convolution_backward",
+            102,
+            46,
+            "[[2,4,8,8],[2,8,8,8],[4,8,3,3]]",
+            f3,
+            None,
+        ),
+    ];
+    ev.extend(block(4 << 20, 103, 4608, 300)); // grad_input, padded
+    ev.extend(block(6 << 20, 110, 1536, 300)); // grad_weight, padded
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
+    let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+    let a = analyze(&trace, &AnalyzerConfig::standard()).unwrap().value;
+    assert_eq!(a.kernel_calls.conv.len(), 1, "{:?}", a.kernel_calls.conv);
+    let mut plan = Plan::default();
+    apply(
+        &a,
+        Rules {
+            efficient_gqa: true,
+        },
+        false,
+        &mut plan,
+    );
+    let ws: Vec<&AddedBlock> = plan
+        .added
+        .iter()
+        .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
+        .collect();
+    assert_eq!(ws.len(), 1, "{ws:?}");
+    let first = a.blocks.iter().map(|b| b.alloc_ts).min().unwrap();
+    assert_eq!(ws[0].alloc, first);
+    assert_eq!(ws[0].free, Some(a.ops[ws[0].op].end));
+    assert!(ws[0].size.get() > 0);
+}
