@@ -77,9 +77,23 @@ pub(super) fn apply(
     }
     reduce_buffers(analysis, plan);
     conv_workspaces(analysis, plan);
+    // Convolutions: one choice on every GPU, named so the report says it.
+    let mut notes: Vec<KernelNote> = Vec::new();
+    let cudnn = analysis
+        .kernel_calls
+        .conv
+        .iter()
+        .any(|c| crate::kernels::conv::runs_cudnn(c.native_depthwise));
+    if cudnn {
+        notes.push(KernelNote {
+            on: ArchSet::ALL,
+            family: "convolution".to_owned(),
+            choice: "cuDNN, default heuristics (workspaces as measured on an H200)".to_owned(),
+        });
+    }
     let calls = &analysis.kernel_calls.attention;
     if calls.is_empty() {
-        return Vec::new();
+        return notes;
     }
     let by_op = blocks_by_op(analysis);
     let mut chosen: BTreeMap<Sm, BTreeMap<Backend, u32>> = BTreeMap::new();
@@ -103,24 +117,22 @@ pub(super) fn apply(
         let set = groups.entry(key).or_insert(ArchSet::NONE);
         *set = set.union(ArchSet::of(sm));
     }
-    groups
-        .into_iter()
-        .map(|(backends, on)| {
-            let choice = match backends.as_slice() {
-                [(only, _)] => only.label().to_owned(),
-                many => many
-                    .iter()
-                    .map(|(b, n)| format!("{} ({n} calls)", b.label()))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            };
-            KernelNote {
-                on,
-                family: "attention".to_owned(),
-                choice,
-            }
-        })
-        .collect()
+    notes.extend(groups.into_iter().map(|(backends, on)| {
+        let choice = match backends.as_slice() {
+            [(only, _)] => only.label().to_owned(),
+            many => many
+                .iter()
+                .map(|(b, n)| format!("{} ({n} calls)", b.label()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        KernelNote {
+            on,
+            family: "attention".to_owned(),
+            choice,
+        }
+    }));
+    notes
 }
 
 /// Rule `cuda_reduce_buffers`: each reduction's global buffer and

@@ -214,7 +214,8 @@ impl RuleId {
             RuleId::SdpaCudaKernels => "scaled_dot_product_attention runs the CUDA backend PyTorch selects for each GPU's architecture (cuDNN, flash, memory-efficient or math: dtype, head dims, mask, dropout, grouped-query attention): what the CPU kernel allocated beside the output and the input gradients is replaced by that backend's saved statistics and workspaces, or by the math path's scores, probabilities and masks",
             RuleId::DropoutCudaMask => "dropout's mask is a bool tensor on CUDA (native_dropout), one byte an element, where the CPU makes it in the input's dtype",
             RuleId::CudaReduceBuffers => "a CUDA sum or mean that splits its rows across thread blocks (a bias gradient over many tokens) allocates a global buffer for their partial results while it runs, sized by the GPU's multiprocessors (Reduce.cuh's setReduceConfig)",
-            RuleId::CudnnConvWorkspaces => "each convolution pass cuDNN runs (forward, backward-data, backward-filter; not an fp32 or bf16 depthwise one, which PyTorch runs itself) allocates its plan's workspace through the caching allocator and frees it when the pass returns (Conv_v8.cpp run_conv_plan, Conv_v7.cpp allocate_workspace); the plan cuDNN's heuristics pick is unknowable without the GPU, so its workspace is assumed as large as the largest tensor the pass writes or reads (the forward's output; grad_output and grad_input), for the whole call",
+            RuleId::CudnnConvWorkspaces => "each convolution pass cuDNN runs (forward, backward-data, backward-filter; not an fp32 or bf16 depthwise one, which PyTorch runs itself) allocates its plan's workspace through the caching allocator and frees it when the pass returns (Conv_v8.cpp run_conv_plan, Conv_v7.cpp allocate_workspace); under the default heuristics the workspace measured on an H200 is a copy of the input, the weight (none of a 1x1 one) and the output, none where cuDNN reads them in place (a 1x1 window at stride 1; an input of fewer than 8 channels under a window of at most 3, forward and fp32 backward), and a backward holds the data pass's, then the filter pass's (kernels/conv.rs)",
+
             RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
             RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
             RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",
@@ -295,7 +296,7 @@ pub(crate) fn apply_all(
         config.autocast.dtype == Some(crate::autocast::Dtype::F16),
         &mut changes,
     );
-    if !kernel_notes.is_empty() {
+    if kernel_notes.iter().any(|n| n.family == "attention") {
         warnings.push(Warning::new(
             "attention_backend_assumed",
             format!("scaled_dot_product_attention is estimated with the CUDA backend PyTorch {} picks by default on each GPU (the report names it per GPU); a script that restricts the backends (torch.nn.attention.sdpa_kernel, torch.backends.cuda.enable_flash_sdp and the like) or a PyTorch built with an older cuDNN (which puts flash attention before cuDNN's on Hopper) runs another, with other saved tensors and workspaces", version.torch),
@@ -347,7 +348,8 @@ pub(crate) fn apply_all(
     if !analysis.devices.recorded_on_cuda && !analysis.kernel_calls.conv.is_empty() {
         warnings.push(Warning::new(
             "cudnn_workspace_assumed",
-            "each cuDNN convolution pass is estimated with a workspace as large as the largest tensor it writes or reads (an assumption: the plan cuDNN's heuristics pick, and so its workspace, depends on the shapes, the GPU and the cuDNN version and is not in a CPU trace; an H200 with cuDNN 9.19 showed 400 bytes for many 1x1 convolutions, about that tensor for 3x3 forwards and up to 17 times it for the backward-filter pass of deep layers). With torch.backends.cudnn.benchmark=True cuDNN times the plans whose workspace fits the largest free cached block and keeps the fastest; torch.backends.cudnn.deterministic or allow_tf32 changes the plans it may pick; and where a workspace cannot be allocated PyTorch runs the next plan, slower, instead of failing",
+            "each cuDNN convolution pass is estimated with the workspace cuDNN 9.19's default heuristics took on an H200 (torch 2.11): a copy of the tensors the pass touches, none where it reads them in place (an assumption on other GPUs and cuDNN versions, whose heuristics may pick plans with other workspaces; the backward-filter pass measured up to 1.3 times the copy). With torch.backends.cudnn.benchmark=True cuDNN times the plans whose workspace fits the largest free cached block and keeps the fastest; torch.backends.cudnn.deterministic or allow_tf32 changes the plans it may pick; and where a workspace cannot be allocated PyTorch runs the next plan, slower, instead of failing",
+
         ));
     }
 
