@@ -86,6 +86,19 @@ impl Tb {
         self.block(ts + 0.2, bytes, free);
     }
 
+    /// `p = softmax(x)` over 4x64 fp32 at 10 µs (autograd's sequence
+    /// number 1), its 1,024-byte output freed at `free`.
+    fn softmax_fp32(&mut self, free: f64) {
+        self.op(
+            "aten::softmax",
+            10.0,
+            5.0,
+            &[Arg::T(&[4, 64], F), Arg::T(&[], "Scalar")],
+            Some(1),
+        );
+        self.block(11.0, 1024, Some(free));
+    }
+
     fn analysis(&self) -> Analysis {
         let text = format!(r#"{{"traceEvents": [{}]}}"#, self.events.join(",\n"));
         let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
@@ -580,14 +593,7 @@ fn rule_autocast_input_casts_frees_a_copied_tensor_with_no_backward() {
     let mut t = Tb::default();
     t.region(0.0, 200.0);
     t.frame("nn.Module: Attention_0", 5.0, 100.0);
-    t.op(
-        "aten::softmax",
-        10.0,
-        5.0,
-        &[Arg::T(&[4, 64], F), Arg::T(&[], "Scalar")],
-        Some(1),
-    );
-    t.block(11.0, 1024, Some(300.0));
+    t.softmax_fp32(300.0);
     t.op(
         "aten::einsum",
         20.0,
@@ -638,14 +644,7 @@ fn held_in_a_block(transformers: bool) -> Tb {
     }
     t.frame("nn.Module: Attn_0", 6.0, 50.0);
     t.frame("nn.Module: Block_1", 105.0, 95.0);
-    t.op(
-        "aten::softmax",
-        10.0,
-        5.0,
-        &[Arg::T(&[4, 64], F), Arg::T(&[], "Scalar")],
-        Some(1),
-    );
-    t.block(11.0, 1024, Some(500.0));
+    t.softmax_fp32(500.0);
     t.op(
         "aten::bmm",
         21.0,

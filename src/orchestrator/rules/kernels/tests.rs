@@ -20,6 +20,35 @@ fn block(addr: u32, ts: u32, bytes: i64, free: u32) -> [String; 2] {
     [mem(ts, bytes), mem(free, -bytes)]
 }
 
+/// The analysis of a trace of these events.
+fn analysis_of(events: &[String]) -> Analysis {
+    let text = format!(r#"{{"traceEvents": [{}]}}"#, events.join(",\n"));
+    let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
+    analyze(&trace, &AnalyzerConfig::standard()).unwrap().value
+}
+
+/// What the kernel rules plan for `a` (bf16 targets, the newest policy).
+fn planned(a: &Analysis) -> Plan {
+    let mut plan = Plan::default();
+    apply(
+        a,
+        Rules {
+            efficient_gqa: true,
+        },
+        false,
+        &mut plan,
+    );
+    plan
+}
+
+/// The convolution workspaces a plan adds, in order.
+fn workspaces(plan: &Plan) -> Vec<&AddedBlock> {
+    plan.added
+        .iter()
+        .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
+        .collect()
+}
+
 /// A CPU trace of one fp32 convolution (input [2,8,8,8], weight
 /// [4,8,3,3], output [2,4,8,8]: 2,048 bytes) with its oneDNN scratch,
 /// a depthwise one ([2,4,8,8] by [4,1,3,3]) and the first one's backward
@@ -84,29 +113,15 @@ fn trace() -> Analysis {
     ev.extend(block(4 << 20, 103, 4096, 300)); // grad_input
     ev.extend(block(5 << 20, 104, 8000, 105)); // scratch
     ev.extend(block(6 << 20, 110, 1152, 300)); // grad_weight
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
-    analyze(&trace, &AnalyzerConfig::standard()).unwrap().value
+    analysis_of(&ev)
 }
 
 #[test]
 fn cudnn_conv_workspaces_copy_what_each_pass_touches() {
     let a = trace();
     assert_eq!(a.kernel_calls.conv.len(), 3, "{:?}", a.kernel_calls.conv);
-    let mut plan = Plan::default();
-    apply(
-        &a,
-        Rules {
-            efficient_gqa: true,
-        },
-        false,
-        &mut plan,
-    );
-    let ws: Vec<&AddedBlock> = plan
-        .added
-        .iter()
-        .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
-        .collect();
+    let plan = planned(&a);
+    let ws = workspaces(&plan);
     // The depthwise fp32 convolution runs PyTorch's own kernel: none.
     assert_eq!(ws.len(), 3, "{ws:?}");
     let at = |size: u64| a.blocks.iter().find(|b| b.size == Bytes(size)).unwrap();
@@ -163,19 +178,9 @@ fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
     // q, k and v: 1x2x8x8 bf16, 256 bytes each.
     ev.extend(block(1 << 20, 11, 768, 60)); // the fused projection
     ev.extend(block(2 << 20, 30, 256, 300)); // the attention's output
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
-    let a = analyze(&trace, &AnalyzerConfig::standard()).unwrap().value;
+    let a = analysis_of(&ev);
     assert_eq!(a.kernel_calls.attention.len(), 1);
-    let mut plan = Plan::default();
-    apply(
-        &a,
-        Rules {
-            efficient_gqa: true,
-        },
-        false,
-        &mut plan,
-    );
+    let plan = planned(&a);
     let fused = a.blocks.iter().find(|b| b.size == Bytes(768)).unwrap();
     let kept: Vec<&AddedBlock> = plan
         .added
@@ -217,24 +222,10 @@ fn a_backward_with_unmatched_gradients_keeps_one_workspace() {
     ];
     ev.extend(block(4 << 20, 103, 4608, 300)); // grad_input, padded
     ev.extend(block(6 << 20, 110, 1536, 300)); // grad_weight, padded
-    let text = format!(r#"{{"traceEvents": [{}]}}"#, ev.join(",\n"));
-    let trace = crate::trace::parse(text.as_bytes()).unwrap().value;
-    let a = analyze(&trace, &AnalyzerConfig::standard()).unwrap().value;
+    let a = analysis_of(&ev);
     assert_eq!(a.kernel_calls.conv.len(), 1, "{:?}", a.kernel_calls.conv);
-    let mut plan = Plan::default();
-    apply(
-        &a,
-        Rules {
-            efficient_gqa: true,
-        },
-        false,
-        &mut plan,
-    );
-    let ws: Vec<&AddedBlock> = plan
-        .added
-        .iter()
-        .filter(|b| b.rule == RuleId::CudnnConvWorkspaces)
-        .collect();
+    let plan = planned(&a);
+    let ws = workspaces(&plan);
     assert_eq!(ws.len(), 1, "{ws:?}");
     let first = a.blocks.iter().map(|b| b.alloc_ts).min().unwrap();
     assert_eq!(ws[0].alloc, first);
