@@ -215,7 +215,6 @@ impl RuleId {
             RuleId::DropoutCudaMask => "dropout's mask is a bool tensor on CUDA (native_dropout), one byte an element, where the CPU makes it in the input's dtype",
             RuleId::CudaReduceBuffers => "a CUDA sum or mean that splits its rows across thread blocks (a bias gradient over many tokens) allocates a global buffer for their partial results while it runs, sized by the GPU's multiprocessors (Reduce.cuh's setReduceConfig)",
             RuleId::CudnnConvWorkspaces => "each convolution pass cuDNN runs (forward, backward-data, backward-filter; not an fp32 or bf16 depthwise one, which PyTorch runs itself) allocates its plan's workspace through the caching allocator and frees it when the pass returns (Conv_v8.cpp run_conv_plan, Conv_v7.cpp allocate_workspace); under the default heuristics the workspace measured on an H200 is a copy of the input, the weight (none of a 1x1 one) and the output, none where cuDNN reads them in place (a 1x1 window at stride 1; an input of fewer than 8 channels under a window of at most 3, forward and fp32 backward), and a backward holds the data pass's, then the filter pass's (kernels/conv.rs)",
-
             RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
             RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
             RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",
@@ -349,7 +348,6 @@ pub(crate) fn apply_all(
         warnings.push(Warning::new(
             "cudnn_workspace_assumed",
             "each cuDNN convolution pass is estimated with the workspace cuDNN 9.19's default heuristics took on an H200 (torch 2.11): a copy of the tensors the pass touches, none where it reads them in place (an assumption on other GPUs and cuDNN versions, whose heuristics may pick plans with other workspaces; the backward-filter pass measured up to 1.3 times the copy). With torch.backends.cudnn.benchmark=True cuDNN times the plans whose workspace fits the largest free cached block and keeps the fastest; torch.backends.cudnn.deterministic or allow_tf32 changes the plans it may pick; and where a workspace cannot be allocated PyTorch runs the next plan, slower, instead of failing",
-
         ));
     }
 

@@ -31,98 +31,74 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::super::setup::module_class;
 use crate::analyzer::{Analysis, Block};
 use crate::trace::NameId;
 use crate::units::Nanos;
 
-/// The module classes with sibling instances, per parent path: the stacks
-/// of blocks of a model.
+/// The scope whose call holds the tensors made in each module path: in a
+/// transformers model, the path up to its block of the model's stack (the
+/// outermost module whose class has sibling instances under its parent);
+/// elsewhere (no entry) the path itself.
 #[derive(Debug, Default)]
 pub(super) struct Stacks {
-    /// (parent path, class) with two or more instance numbers.
-    repeated: BTreeSet<(String, String)>,
-    /// The prefix of each layer path whose call holds the tensors made in
-    /// it.
     scope: BTreeMap<NameId, String>,
 }
 
-/// `Class_k` split into its class and instance number.
-fn class_of(component: &str) -> Option<(&str, u32)> {
-    let (class, k) = component.rsplit_once('_')?;
-    Some((class, k.parse().ok()?))
-}
-
 impl Stacks {
-    /// The stacks of the module paths the trace's ops ran in.
+    /// The scopes of the module paths the trace's ops ran in.
     pub(super) fn of(analysis: &Analysis) -> Stacks {
+        if analysis.state.hf_model_type.is_none() {
+            return Stacks::default();
+        }
         let layers: BTreeSet<NameId> = analysis.ops.iter().filter_map(|o| o.layer).collect();
-        let mut instances: BTreeMap<(String, String), BTreeSet<u32>> = BTreeMap::new();
+        // Each component's instances (`Class_k`), per parent path and class.
+        let mut instances: BTreeMap<(String, &str), BTreeSet<&str>> = BTreeMap::new();
         for &layer in &layers {
-            let path = analysis.name(layer);
             let mut parent = String::new();
-            for component in path.split('/') {
-                if let Some((class, k)) = class_of(component) {
-                    instances
-                        .entry((parent.clone(), class.to_owned()))
-                        .or_default()
-                        .insert(k);
-                }
-                if !parent.is_empty() {
-                    parent.push('/');
-                }
-                parent.push_str(component);
+            for component in analysis.name(layer).split('/') {
+                instances
+                    .entry((parent.clone(), module_class(component)))
+                    .or_default()
+                    .insert(component);
+                push_component(&mut parent, component);
             }
         }
-        let repeated = instances
-            .into_iter()
-            .filter(|(_, ks)| ks.len() >= 2)
-            .map(|(key, _)| key)
-            .collect();
-        let mut stacks = Stacks {
-            repeated,
-            scope: BTreeMap::new(),
+        let stacked = |parent: &str, component: &str| {
+            instances
+                .get(&(parent.to_owned(), module_class(component)))
+                .is_some_and(|ks| ks.len() >= 2)
         };
-        let transformers = analysis.state.hf_model_type.is_some();
-        for layer in layers {
-            let path = analysis.name(layer);
-            let scope = if transformers {
-                stacks.scope_of(path)
-            } else {
-                path.to_owned()
-            };
-            stacks.scope.insert(layer, scope);
-        }
-        stacks
-    }
-
-    /// The prefix of `path` up to its outermost block of a stack, or all of
-    /// it when no component is one.
-    fn scope_of(&self, path: &str) -> String {
-        let mut parent = String::new();
-        for component in path.split('/') {
-            let stacked = class_of(component).is_some_and(|(class, _)| {
-                self.repeated.contains(&(parent.clone(), class.to_owned()))
-            });
-            if !parent.is_empty() {
-                parent.push('/');
-            }
-            parent.push_str(component);
-            if stacked {
-                return parent;
-            }
-        }
-        parent
+        let scope = layers
+            .iter()
+            .map(|&layer| {
+                let mut prefix = String::new();
+                for component in analysis.name(layer).split('/') {
+                    let outermost = stacked(&prefix, component);
+                    push_component(&mut prefix, component);
+                    if outermost {
+                        break;
+                    }
+                }
+                (layer, prefix)
+            })
+            .collect();
+        Stacks { scope }
     }
 
     /// When the call of the module scope that made `block` returns: the end
     /// of the last forward op, from the one that made it on, that ran inside
     /// that scope before an op outside it. `None` without module frames.
     pub(super) fn call_end(&self, analysis: &Analysis, block: &Block) -> Option<Nanos> {
-        let scope = self.scope.get(&block.layer?)?;
+        let layer = block.layer?;
+        let scope = self
+            .scope
+            .get(&layer)
+            .map_or_else(|| analysis.name(layer), String::as_str);
         let inside = |layer: Option<NameId>| {
             layer.is_some_and(|l| {
                 let path = analysis.name(l);
-                path.strip_prefix(scope.as_str())
+                path.strip_prefix(scope)
                     .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
             })
         };
@@ -147,4 +123,12 @@ impl Stacks {
         }
         end
     }
+}
+
+/// `path` with `component` appended as its last module.
+fn push_component(path: &mut String, component: &str) {
+    if !path.is_empty() {
+        path.push('/');
+    }
+    path.push_str(component);
 }
