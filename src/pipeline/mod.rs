@@ -18,6 +18,7 @@
 mod capture;
 mod config;
 mod cycles;
+mod handoffs;
 mod runs;
 mod settings;
 mod simulate;

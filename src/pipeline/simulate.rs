@@ -4,15 +4,16 @@
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
-use super::cycles::Cycles;
+use super::cycles::{Cycles, Item};
+use super::handoffs::{EndOnDrop, Slot};
+pub use super::handoffs::{Handed, Handoffs};
 use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
-use crate::program::{JobEvent, JobRef};
-use crate::report::{Recorder, SimulatedRun};
+use crate::program::{JobEvent, JobRef, Program};
+use crate::report::{Recorder, SimulatedRun, Stretch};
 use crate::simulator::{AllocatorConfig, GpuMemory, Runner, SimOp, Suspended};
-use crate::units::Bytes;
+use crate::units::{Bytes, Nanos};
 
 /// The simulator ops of a schedule on `target`: workspace blocks at the
 /// target's cuBLAS workspace size (the first `cublas_workspaces` of them
@@ -157,140 +158,6 @@ impl Parted {
 /// its room and did not) before that device's run is left to start alone.
 const PARTING_TRIES: u32 = 16;
 
-/// Where the runs at capacity that share an unlimited run are handed from
-/// that run to their own jobs: one slot per device sharing it, filled as
-/// each parts (or is left to run alone) and, when the unlimited run ends,
-/// with the run for every device it never took past its room. A job for a
-/// device takes its slot, waiting while the unlimited run has not decided
-/// it: shells that run jobs side by side go on with a run at capacity as
-/// soon as it parts; shells that run them in turn find every slot decided.
-pub struct Handoffs {
-    slots: Mutex<Vec<Slot>>,
-    decided: Condvar,
-    /// What the runs set aside and not yet taken may hold.
-    keep: u64,
-}
-
-/// One device's slot in [`Handoffs`].
-enum Slot {
-    /// The unlimited run has not yet decided it.
-    Open,
-    /// Its run set aside, to go on from there.
-    Parted(Box<Parted>),
-    /// Its run starts from the first event.
-    Alone,
-    /// The unlimited run ended without taking it past its room: that run
-    /// (without its detail) is its run.
-    Shared(Box<SimulatedRun>),
-    /// Its job took it.
-    Taken,
-}
-
-/// What a device's job finds in its slot ([`Handoffs::take`]).
-pub enum Handed {
-    /// Go on from where it parted.
-    Parted(Box<Parted>),
-    /// Run from the first event.
-    Alone,
-    /// The unlimited run never took it past its room; here it is, capped.
-    Shared(SimulatedRun),
-}
-
-impl Handoffs {
-    /// Slots for `devices` devices; the runs set aside hold at most `keep`
-    /// bytes together.
-    pub fn new(devices: usize, keep: Bytes) -> Handoffs {
-        Handoffs {
-            slots: Mutex::new((0..devices).map(|_| Slot::Open).collect()),
-            decided: Condvar::new(),
-            keep: keep.get(),
-        }
-    }
-
-    /// No device shares the run.
-    pub fn none() -> Handoffs {
-        Handoffs::new(0, Bytes::ZERO)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Vec<Slot>> {
-        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Decides device `i`'s slot (once: a decided slot is kept).
-    fn decide(&self, i: usize, slot: Slot) {
-        let mut slots = self.lock();
-        let parted = matches!(slot, Slot::Parted(_));
-        if let Some(open @ Slot::Open) = slots.get_mut(i) {
-            *open = slot;
-        }
-        if parted {
-            held_within(&mut slots, self.keep);
-        }
-        drop(slots);
-        self.decided.notify_all();
-    }
-
-    /// Decides every open slot: the unlimited run ended as `run` (`None`:
-    /// it did not finish).
-    fn end(&self, run: Option<&SimulatedRun>) {
-        let mut slots = self.lock();
-        for slot in slots.iter_mut().filter(|s| matches!(s, Slot::Open)) {
-            *slot = match run {
-                Some(run) => Slot::Shared(Box::new(SimulatedRun {
-                    detail: None,
-                    ..run.clone()
-                })),
-                None => Slot::Alone,
-            };
-        }
-        drop(slots);
-        self.decided.notify_all();
-    }
-
-    /// Device `i`'s slot, once the unlimited run has decided it.
-    pub fn take(&self, i: usize) -> Handed {
-        let mut slots = self.lock();
-        while matches!(slots.get(i), Some(Slot::Open)) {
-            slots = self
-                .decided
-                .wait(slots)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        match slots
-            .get_mut(i)
-            .map(|slot| std::mem::replace(slot, Slot::Taken))
-        {
-            Some(Slot::Parted(parted)) => Handed::Parted(parted),
-            Some(Slot::Shared(run)) => Handed::Shared(*run),
-            _ => Handed::Alone,
-        }
-    }
-
-    /// The runs set aside and not taken, per device (tests).
-    #[cfg(test)]
-    pub(super) fn into_parts(self) -> Vec<Option<Parted>> {
-        self.slots
-            .into_inner()
-            .unwrap_or_else(PoisonError::into_inner)
-            .into_iter()
-            .map(|slot| match slot {
-                Slot::Parted(parted) => Some(*parted),
-                _ => None,
-            })
-            .collect()
-    }
-}
-
-/// Ends a run's handoffs however the run stops: a slot left open would
-/// keep its job waiting.
-struct EndOnDrop<'h>(&'h Handoffs);
-
-impl Drop for EndOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.end(None);
-    }
-}
-
 /// A device whose run at capacity shares the simulation until it parts.
 enum Sharer {
     Waiting {
@@ -299,27 +166,6 @@ enum Sharer {
         tries: u32,
     },
     Decided,
-}
-
-/// Leaves to run alone the runs set aside (and not taken) that parted
-/// first, until those held take at most `keep` bytes.
-fn held_within(slots: &mut [Slot], keep: u64) {
-    loop {
-        let mut held = 0u64;
-        let mut first: Option<(usize, usize)> = None;
-        for (i, slot) in slots.iter().enumerate() {
-            if let Slot::Parted(p) = slot {
-                held = held.saturating_add(p.runner.footprint().get());
-                if first.is_none_or(|(_, at)| p.at < at) {
-                    first = Some((i, p.at));
-                }
-            }
-        }
-        match first.and_then(|(i, _)| slots.get_mut(i)) {
-            Some(slot) if held > keep => *slot = Slot::Alone,
-            _ => return,
-        }
-    }
 }
 
 /// [`simulate_job`] from `start`, the events before `start.at` walked but
@@ -348,12 +194,12 @@ pub fn simulate_from(
     let ending = EndOnDrop(handoffs);
     let Start {
         mut runner,
-        mut recorder,
+        recorder,
         at,
         walked,
     } = start;
     // From the run it shared, the events before `at` need not be made.
-    let (mut issued_size, mut skipped, mut first_op, from) = match walked {
+    let (issued_size, skipped, first_op, from) = match walked {
         Some(w) => (
             Issued {
                 workspaces_left: w.workspaces_left,
@@ -367,7 +213,7 @@ pub fn simulate_from(
     if from > 0 {
         tick(from as u64 / TICK * TICK);
     }
-    let mut sharers: Vec<Sharer> = devices
+    let sharers: Vec<Sharer> = devices
         .iter()
         .enumerate()
         .map(|(i, &device)| match device.available_to_allocator() {
@@ -382,28 +228,133 @@ pub fn simulate_from(
             }
         })
         .collect();
-    // The smallest room of a waiting device (u64::MAX: none waits).
-    let lowest_room = |sharers: &[Sharer]| {
-        sharers
-            .iter()
-            .filter_map(|s| match s {
-                Sharer::Waiting { room, .. } => Some(*room),
-                Sharer::Decided => None,
-            })
-            .min()
-            .unwrap_or(u64::MAX)
+    let cycles = Cycles::new(job, target, &mut runner, at as u64);
+    let mut sim = Sim {
+        target,
+        handoffs,
+        tick,
+        runner,
+        recorder,
+        at,
+        index: from,
+        issued_size,
+        skipped,
+        first_op,
+        lowest: lowest_room(&sharers),
+        sharers,
+        cycles,
+        in_bulk: false,
     };
-    let mut lowest = lowest_room(&sharers);
-    // Blocks never issued (zero bytes, workspaces past the count): their
-    // frees are skipped too (`skipped`).
-    let mut index = from;
-    let mut cycles = Cycles::new(job, &mut runner, at as u64);
-    job.for_each_from(from as u64, |e: &JobEvent| {
-        let op = match first_op.take() {
+    // The events one by one, but for the steps let go by in bulk.
+    let mut resume = from as u64;
+    loop {
+        let mut next = Next::Event;
+        job.for_each_from(resume, |e: &JobEvent| {
+            next = sim.event(e);
+            match next {
+                Next::Event => ControlFlow::Continue(()),
+                Next::Stop | Next::Bulk => ControlFlow::Break(()),
+            }
+        });
+        match (next, job) {
+            (Next::Bulk, JobRef::Program(program)) => match sim.bulk(program) {
+                Some(at) => resume = at,
+                None => break,
+            },
+            _ => break,
+        }
+    }
+    let Sim {
+        tick,
+        recorder,
+        index,
+        ..
+    } = sim;
+    tick(job.n_events().saturating_sub(index as u64 / TICK * TICK));
+    let run = recorder.finish();
+    handoffs.end(Some(&run));
+    drop(ending);
+    run
+}
+
+/// The smallest room of a waiting device (u64::MAX: none waits).
+fn lowest_room(sharers: &[Sharer]) -> u64 {
+    sharers
+        .iter()
+        .filter_map(|s| match s {
+            Sharer::Waiting { room, .. } => Some(*room),
+            Sharer::Decided => None,
+        })
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
+/// What a simulation does after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Goes on with the next event.
+    Event,
+    /// Stops: out of memory.
+    Stop,
+    /// Lets the steps from this event go by in bulk ([`Sim::bulk`]); the
+    /// event is not simulated yet.
+    Bulk,
+}
+
+/// A simulation under way ([`simulate_from`]).
+struct Sim<'s, 'a> {
+    target: &'a GpuTarget,
+    handoffs: &'s Handoffs,
+    tick: &'s mut dyn FnMut(u64),
+    runner: Runner,
+    recorder: Recorder,
+    /// The first event simulated (those before are walked).
+    at: usize,
+    /// The next event.
+    index: usize,
+    issued_size: Issued,
+    /// Blocks never issued (zero bytes, workspaces past the count): their
+    /// frees are skipped too.
+    skipped: HashSet<u64>,
+    /// The op of the first event, made by the run this one parted from.
+    first_op: Option<Option<SimOp>>,
+    sharers: Vec<Sharer>,
+    /// The smallest room of a waiting device (u64::MAX: none waits).
+    lowest: u64,
+    cycles: Cycles<'a>,
+    /// Events are made by [`Sim::bulk`], which must not be asked for again.
+    in_bulk: bool,
+}
+
+impl Sim<'_, '_> {
+    /// One more event.
+    fn counted(&mut self, n: usize) {
+        let before = self.index as u64 / TICK;
+        self.index += n;
+        for _ in before..self.index as u64 / TICK {
+            (self.tick)(TICK);
+        }
+    }
+
+    /// Simulates event `e` (the `index`-th), or lets it go by.
+    fn event(&mut self, e: &JobEvent) -> Next {
+        let index = self.index;
+        if index >= self.at {
+            // A decode step the small pool has seen: its small events go by,
+            // in bulk where they can.
+            self.cycles.boundary(index as u64, &mut self.runner);
+            if !self.in_bulk
+                && self.first_op.is_none()
+                && self.cycles.bulk_step(index as u64).is_some()
+            {
+                return Next::Bulk;
+            }
+        }
+        let op = match self.first_op.take() {
             Some(op) => op,
             None => match e.kind {
                 EventKind::Alloc => {
-                    let size = issued_size.of(e.category, e.size_on(target));
+                    let size = self.issued_size.of(e.category, e.size_on(self.target));
                     if size > Bytes::ZERO {
                         Some(SimOp::Alloc {
                             block: e.block,
@@ -411,54 +362,49 @@ pub fn simulate_from(
                             stream: 0,
                         })
                     } else {
-                        skipped.insert(e.block);
+                        self.skipped.insert(e.block);
                         None
                     }
                 }
                 EventKind::Free => {
-                    let was_skipped = !skipped.is_empty() && skipped.remove(&e.block);
+                    let was_skipped = !self.skipped.is_empty() && self.skipped.remove(&e.block);
                     (!was_skipped).then_some(SimOp::Free { block: e.block })
                 }
             },
         };
-        if index < at {
-            index += 1;
-            if index as u64 % TICK == 0 {
-                tick(TICK);
-            }
-            return ControlFlow::Continue(());
+        if index < self.at {
+            self.counted(1);
+            return Next::Event;
         }
-        // A decode step the small pool has seen: its small events go by.
-        cycles.boundary(index as u64, &mut runner);
-        if cycles.replaying() && cycles.let_by(index as u64, op.as_ref(), &mut runner, lowest) {
-            index += 1;
-            if index as u64 % TICK == 0 {
-                tick(TICK);
-            }
-            recorder.record(e.time, cycles.sample(&runner));
-            return ControlFlow::Continue(());
+        let runner = &mut self.runner;
+        let cycles = &mut self.cycles;
+        if cycles.replaying() && cycles.let_by(index as u64, op.as_ref(), runner, self.lowest) {
+            let sample = cycles.sample(runner);
+            self.counted(1);
+            self.recorder.record(e.time, sample);
+            return Next::Event;
         }
-        let noted = cycles.before(op.as_ref(), &runner);
+        let noted = cycles.before(op.as_ref(), runner);
         // Before an allocation that could take a waiting device past its
         // room: the run as it stands, and how far the event could take it.
         let mut before: Option<(Suspended, u64)> = None;
-        if lowest < u64::MAX {
+        if self.lowest < u64::MAX {
             if let Some(SimOp::Alloc { size, .. }) = op {
                 let reach = runner
                     .sample()
                     .reserved
                     .get()
                     .saturating_add(runner.segment_for(size).get());
-                if reach > lowest {
+                if reach > self.lowest {
                     before = Some((runner.suspend(), reach));
                 }
             }
         }
         let oom = op.is_some_and(|op| runner.step(index, &op).is_err());
-        cycles.after(noted, &runner);
-        let sample = cycles.sample(&runner);
-        if lowest < u64::MAX && (sample.reserved.get() > lowest || before.is_some()) {
-            for (i, sharer) in sharers.iter_mut().enumerate() {
+        cycles.after(noted, runner);
+        let sample = cycles.sample(runner);
+        if self.lowest < u64::MAX && (sample.reserved.get() > self.lowest || before.is_some()) {
+            for (i, sharer) in self.sharers.iter_mut().enumerate() {
                 let Sharer::Waiting {
                     device,
                     room,
@@ -474,44 +420,129 @@ pub fn simulate_from(
                     {
                         Some(runner) => Slot::Parted(Box::new(Parted {
                             runner,
-                            recorder: recorder.maxima_so_far(),
+                            recorder: self.recorder.maxima_so_far(),
                             at: index,
                             walked: Walked {
-                                workspaces_left: issued_size.workspaces_left,
-                                skipped: skipped.clone(),
+                                workspaces_left: self.issued_size.workspaces_left,
+                                skipped: self.skipped.clone(),
                                 op,
                             },
                         })),
                         None => Slot::Alone,
                     };
-                    handoffs.decide(i, slot);
+                    self.handoffs.decide(i, slot);
                     *sharer = Sharer::Decided;
                 } else if before.as_ref().is_some_and(|b| b.1 > *room) {
                     *tries += 1;
                     if *tries >= PARTING_TRIES {
-                        handoffs.decide(i, Slot::Alone);
+                        self.handoffs.decide(i, Slot::Alone);
                         *sharer = Sharer::Decided;
                     }
                 }
             }
-            lowest = lowest_room(&sharers);
+            self.lowest = lowest_room(&self.sharers);
         }
-        index += 1;
-        if index as u64 % TICK == 0 {
-            tick(TICK);
-        }
-        recorder.record(e.time, sample);
+        self.counted(1);
+        self.recorder.record(e.time, sample);
         if oom {
-            recorder.out_of_memory();
-            return ControlFlow::Break(());
+            self.recorder.out_of_memory();
+            return Next::Stop;
         }
-        ControlFlow::Continue(())
-    });
-    tick(job.n_events().saturating_sub(index as u64 / TICK * TICK));
-    let run = recorder.finish();
-    handoffs.end(Some(&run));
-    drop(ending);
-    run
+        Next::Event
+    }
+
+    /// From the first event of a step let go by ([`Next::Bulk`]), step
+    /// after step while they are let go by: each stretch of small events
+    /// that are the same on every step at once ([`Item::Stretch`]), every
+    /// other event made and taken by [`Sim::event`]. Returns the event the
+    /// simulation goes on from one by one (`None`: it stopped), where the
+    /// steps are no longer let go by, or where a stretch could take a
+    /// waiting device past its room (the events decide it one by one).
+    fn bulk(&mut self, program: &Program) -> Option<u64> {
+        self.in_bulk = true;
+        let at = self.bulk_steps(program);
+        self.in_bulk = false;
+        at
+    }
+
+    fn bulk_steps(&mut self, program: &Program) -> Option<u64> {
+        loop {
+            let index = self.index as u64;
+            let Some((run, k, copy)) = self.cycles.bulk_step(index) else {
+                return Some(index);
+            };
+            let (Some(steps), true) = (program.steps(&run), copy < run.copies) else {
+                return Some(index);
+            };
+            let Some(plan) = self.cycles.plan(k, &steps, &self.runner) else {
+                return Some(index);
+            };
+            let terms = steps.terms(copy);
+            for item in &plan.items {
+                let index = self.index as u64;
+                match *item {
+                    Item::One(q) => {
+                        let Some(e) = steps.event(q, index, &terms) else {
+                            return Some(index);
+                        };
+                        if self.event(&e) == Next::Stop {
+                            return None;
+                        }
+                        if !self.cycles.replaying() {
+                            return Some(self.index as u64);
+                        }
+                    }
+                    Item::Stretch {
+                        q,
+                        n,
+                        at,
+                        max_at,
+                        min_at,
+                        total,
+                        segment,
+                    } => {
+                        let sample = self.runner.sample();
+                        if self.lowest < u64::MAX
+                            && sample.reserved.get().saturating_add(segment) > self.lowest
+                        {
+                            return Some(index);
+                        }
+                        let before = self.cycles.allocated();
+                        let prefix = plan.prefix.get(at..).unwrap_or(&[]);
+                        let bytes = |i: u64| {
+                            let step = prefix.get(i as usize).copied().unwrap_or(0);
+                            i128::from(sample.allocated.get())
+                                + i128::from(before)
+                                + i128::from(step)
+                        };
+                        if bytes(min_at) < 0 || bytes(max_at) > i128::from(u64::MAX) {
+                            return Some(index);
+                        }
+                        let stretch = Stretch {
+                            n,
+                            reserved: sample.reserved,
+                            max_at,
+                            min_at,
+                        };
+                        let time = |i: u64| {
+                            steps
+                                .event(q + i, index + i, &terms)
+                                .map_or(Nanos(0), |e| e.time)
+                        };
+                        let allocated = |i: u64| Bytes(u64::try_from(bytes(i)).unwrap_or(0));
+                        self.recorder.record_stretch(&stretch, allocated, time);
+                        self.cycles.let_by_stretch(n, total);
+                        self.counted(usize::try_from(n).unwrap_or(usize::MAX));
+                    }
+                }
+            }
+            // The next step's first event ends this one.
+            self.cycles.boundary(self.index as u64, &mut self.runner);
+            if !self.cycles.replaying() {
+                return Some(self.index as u64);
+            }
+        }
+    }
 }
 
 /// Events between two progress ticks of a simulation.

@@ -16,6 +16,7 @@ mod derive;
 mod facts;
 mod fast;
 mod live;
+mod steps;
 #[cfg(test)]
 mod testing;
 
@@ -23,6 +24,7 @@ pub(crate) use build::Grid;
 pub(crate) use facts::grown_text;
 use fast::FastLeaf;
 use rustc_hash::{FxHashMap, FxHashSet};
+pub(crate) use steps::Steps;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -398,12 +400,14 @@ impl Terms {
 }
 
 /// Decode steps in a row: from event `start`, `copies` steps of `events`
-/// events each, every step the same list of the program's events.
+/// events each, every step the same list of the program's events (its
+/// `node`-th top-level node's, [`Program::steps`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepRun {
     pub start: u64,
     pub events: u64,
     pub copies: u64,
+    pub node: usize,
 }
 
 /// What an event is, besides its numbers: equal on every copy.
@@ -596,7 +600,7 @@ impl Program {
     fn step_runs(&self) -> Vec<StepRun> {
         let mut runs = Vec::new();
         let mut position = 0u64;
-        for node in &self.nodes {
+        for (i, node) in self.nodes.iter().enumerate() {
             match node {
                 Node::Leaf(_) => position = position.saturating_add(1),
                 Node::Run { dim, body } => {
@@ -608,6 +612,7 @@ impl Program {
                             start: position,
                             events,
                             copies,
+                            node: i,
                         });
                     }
                     position = position.saturating_add(events.saturating_mul(copies));

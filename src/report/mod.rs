@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use accuracy::{ErrorBand, JobKind, Margin};
-pub use recorder::{LiveAtPeak, Recorder, RunDetail, SimulatedRun};
+pub use recorder::{LiveAtPeak, Recorder, RunDetail, SimulatedRun, Stretch};
 pub use timeline::{downsample, Downsampler, TimelinePoint, DEFAULT_MAX_POINTS};
 use verdict::verdict;
 pub use verdict::{kernels_on, GpuVerdict};

@@ -207,6 +207,56 @@ impl Downsampler {
         }
     }
 
+    /// Whether every point from time `from` to time `to` falls in the
+    /// bucket being filled ([`Downsampler::push_stretch`] can take them).
+    pub fn takes_all(&self, from: Nanos, to: Nanos) -> bool {
+        let (lo, hi) = self.span_of_bucket;
+        let offset = |t: Nanos| i128::from(t.get()) - self.start;
+        !self.all && self.bucket.is_some() && lo <= offset(from) && offset(to) < hi
+    }
+
+    /// `n` points that all fall in the bucket being filled
+    /// ([`Downsampler::takes_all`]), as [`Downsampler::push`] would take
+    /// them one by one: their reserved bytes all alike, given by the
+    /// first, the last, and the first highest and first lowest allocated
+    /// bytes with their places among them.
+    pub fn push_stretch(
+        &mut self,
+        n: u64,
+        first: TimelinePoint,
+        last: TimelinePoint,
+        max_allocated: (u64, TimelinePoint),
+        min_allocated: (u64, TimelinePoint),
+    ) {
+        let Some(bucket) = self.bucket.as_mut() else {
+            return;
+        };
+        let Some(n) = usize::try_from(n).ok().filter(|&n| n > 0) else {
+            return;
+        };
+        let at = |i: u64| {
+            bucket
+                .len
+                .saturating_add(usize::try_from(i).unwrap_or(usize::MAX))
+        };
+        let (start, end) = (bucket.len, bucket.len.saturating_add(n - 1));
+        let (max_i, min_i) = (at(max_allocated.0), at(min_allocated.0));
+        bucket.len = bucket.len.saturating_add(n);
+        bucket.last = (end, last);
+        if max_allocated.1.allocated_bytes > bucket.max_allocated.1.allocated_bytes {
+            bucket.max_allocated = (max_i, max_allocated.1);
+        }
+        if min_allocated.1.allocated_bytes < bucket.min_allocated.1.allocated_bytes {
+            bucket.min_allocated = (min_i, min_allocated.1);
+        }
+        if first.reserved_bytes > bucket.max_reserved.1.reserved_bytes {
+            bucket.max_reserved = (start, first);
+        }
+        if first.reserved_bytes < bucket.min_reserved.1.reserved_bytes {
+            bucket.min_reserved = (start, first);
+        }
+    }
+
     /// The points kept.
     pub fn finish(mut self) -> Vec<TimelinePoint> {
         if let Some(done) = self.bucket.take() {

@@ -32,8 +32,23 @@
 //! the steps are recorded again. The figures are those of the simulation
 //! of every event (`tests/integration/stream.rs`, and the unit tests
 //! below against the same job without the cycles).
+//!
+//! The small events let go by are not kept: where they must be applied,
+//! they are made again from the job, from the first step let go by
+//! ([`Cycles::catch_up`]). And most of them need not be made at all
+//! ([`Plan`]): an event whose size (or how far back its block was made) is
+//! the same on every step is let go by on every step its record is, so a
+//! simulation of a program lets a stretch of such events go by at once —
+//! the allocated bytes after each are the recorded ones plus a base, the
+//! reserved bytes do not change — and makes only the others, one by one
+//! (`pipeline/simulate.rs`).
 
-use crate::program::{JobRef, StepRun};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use crate::orchestrator::EventKind;
+use crate::presets::GpuTarget;
+use crate::program::{JobEvent, JobRef, StepRun, Steps};
 use crate::simulator::{Runner, Sample, SimOp, SmallBlock};
 use crate::units::Bytes;
 
@@ -76,18 +91,50 @@ enum Mode {
     /// Simulating a step event by event and recording it.
     Recording(Transcript),
     /// Letting steps go by after the recorded ones, at the `k`-th of them;
-    /// the small events let go by since the first, and the bytes they
-    /// allocated.
-    Replaying {
-        k: usize,
-        pending: Vec<SimOp>,
-        allocated: i64,
+    /// the first event of the first of them (the small events let go by
+    /// since are applied from there, [`Cycles::catch_up`]), and the bytes
+    /// they allocated.
+    Replaying { k: usize, from: u64, allocated: i64 },
+}
+
+/// A recorded step as a simulation lets it go by in bulk: its events in
+/// order, stretches of small events that are the same on every step (let
+/// go by at once) between the events made one by one.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    pub(super) items: Vec<Item>,
+    /// Per event of a stretch, the bytes allocated by the stretch's events
+    /// up to and including it.
+    pub(super) prefix: Vec<i64>,
+}
+
+/// One part of a [`Plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Item {
+    /// The step's `q`-th event, made and simulated (or let go by) alone.
+    One(u64),
+    /// `n` events from the step's `q`-th, small ones that are the same on
+    /// every step: their allocated bytes are `prefix[at..at + n]`, the
+    /// first highest at `max_at` and the first lowest at `min_at`, in all
+    /// `total`; a segment for any of them takes at most `segment` bytes.
+    Stretch {
+        q: u64,
+        n: u64,
+        at: usize,
+        max_at: u64,
+        min_at: u64,
+        total: i64,
+        segment: u64,
     },
 }
 
 /// A simulation's view of the job's runs of steps (see the module docs).
 #[derive(Debug)]
-pub(super) struct Cycles {
+pub(super) struct Cycles<'a> {
+    job: JobRef<'a>,
+    target: &'a GpuTarget,
+    /// The plans of the recorded steps, made when first asked for.
+    plans: Option<Vec<Arc<Plan>>>,
     runs: Vec<StepRun>,
     /// The run of the next boundary.
     run: usize,
@@ -100,10 +147,15 @@ pub(super) struct Cycles {
     mode: Mode,
 }
 
-impl Cycles {
-    /// The cycles of `job` for a simulation starting at event `at`, whose
-    /// small pool `runner` follows (none where it cannot).
-    pub(super) fn new(job: JobRef<'_>, runner: &mut Runner, at: u64) -> Cycles {
+impl<'a> Cycles<'a> {
+    /// The cycles of `job` on `target` for a simulation starting at event
+    /// `at`, whose small pool `runner` follows (none where it cannot).
+    pub(super) fn new(
+        job: JobRef<'a>,
+        target: &'a GpuTarget,
+        runner: &mut Runner,
+        at: u64,
+    ) -> Cycles<'a> {
         let follows = if at == 0 {
             runner.follow_small_pool()
         } else {
@@ -111,6 +163,9 @@ impl Cycles {
         };
         let runs = if follows { job.step_runs() } else { Vec::new() };
         let mut cycles = Cycles {
+            job,
+            target,
+            plans: None,
             runs,
             run: 0,
             next: u64::MAX,
@@ -143,6 +198,56 @@ impl Cycles {
         }
     }
 
+    /// At event `index`, the first of a step let go by (the `k`-th of the
+    /// recorded steps): its run, `k` and the step's number in its run.
+    pub(super) fn bulk_step(&self, index: u64) -> Option<(StepRun, usize, u64)> {
+        let Mode::Replaying { k, .. } = self.mode else {
+            return None;
+        };
+        let run = *self.runs.get(self.run)?;
+        if index != self.step_start || run.events == 0 || index < run.start {
+            return None;
+        }
+        Some((run, k, (index - run.start) / run.events))
+    }
+
+    /// The plan of the `k`-th recorded step, whose run's steps are `steps`.
+    pub(super) fn plan(
+        &mut self,
+        k: usize,
+        steps: &Steps<'_>,
+        runner: &Runner,
+    ) -> Option<Arc<Plan>> {
+        if self.plans.is_none() {
+            let plans = self
+                .recorded
+                .iter()
+                .map(|t| Arc::new(Plan::of(&t.did, steps, runner)));
+            self.plans = Some(plans.collect());
+        }
+        self.plans.as_ref()?.get(k).cloned()
+    }
+
+    /// The bytes the events let go by allocated since the first of their
+    /// steps.
+    pub(super) fn allocated(&self) -> i64 {
+        match self.mode {
+            Mode::Replaying { allocated, .. } => allocated,
+            _ => 0,
+        }
+    }
+
+    /// A stretch of `n` events let go by at once, allocating `total`
+    /// bytes (see [`Item::Stretch`]).
+    pub(super) fn let_by_stretch(&mut self, n: u64, total: i64) {
+        if let Mode::Replaying { allocated, .. } = &mut self.mode {
+            *allocated = allocated.saturating_add(total);
+            counted(n);
+            #[cfg(test)]
+            IN_BULK.with(|b| b.set(b.get() + n));
+        }
+    }
+
     /// Whether events are being let go by (their samples need
     /// [`Cycles::sample`]).
     pub(super) fn replaying(&self) -> bool {
@@ -167,12 +272,12 @@ impl Cycles {
             self.next = u64::MAX;
             return;
         };
-        self.end_step(run, runner);
+        self.end_step(run, runner, index);
         let copy = (index - run.start) / run.events;
         if copy >= run.copies {
             // The run is over (in the middle of the steps let go by, if
             // it came there): the next one, maybe from this very event.
-            self.differs(runner);
+            self.differs(runner, index);
             self.recorded.clear();
             self.run += 1;
             self.aim(index);
@@ -203,9 +308,10 @@ impl Cycles {
         });
         if let Some(from) = unit {
             self.recorded.drain(..from);
+            self.plans = None;
             self.mode = Mode::Replaying {
                 k: 0,
-                pending: Vec::new(),
+                from: index,
                 allocated: 0,
             };
         } else {
@@ -219,9 +325,10 @@ impl Cycles {
         }
     }
 
-    /// Ends the step before a boundary: keeps its record, or, after the
-    /// last of the recorded steps let go by, moves the small ids on.
-    fn end_step(&mut self, run: StepRun, runner: &mut Runner) {
+    /// Ends the step before the boundary at event `index`: keeps its
+    /// record, or, after the last of the recorded steps let go by, moves
+    /// the small ids on.
+    fn end_step(&mut self, run: StepRun, runner: &mut Runner, index: u64) {
         match std::mem::replace(&mut self.mode, Mode::Idle) {
             Mode::Recording(mut t) => {
                 let whole = t.did.len() as u64 == run.events;
@@ -234,17 +341,14 @@ impl Cycles {
                     if self.recorded.len() > 2 {
                         self.recorded.remove(0);
                     }
+                    self.plans = None;
                 }
             }
-            Mode::Replaying {
-                k,
-                pending,
-                allocated,
-            } => {
+            Mode::Replaying { k, from, allocated } => {
                 if k + 1 < self.recorded.len() {
                     self.mode = Mode::Replaying {
                         k: k + 1,
-                        pending,
+                        from,
                         allocated,
                     };
                     return;
@@ -255,12 +359,13 @@ impl Cycles {
                     // The pool is as the recorded steps found it: go on.
                     self.mode = Mode::Replaying {
                         k: 0,
-                        pending: Vec::new(),
+                        from: index,
                         allocated: 0,
                     };
                 } else {
-                    catch_up(runner, &pending);
+                    self.catch_up(runner, run, from, index);
                     self.recorded.clear();
+                    self.plans = None;
                 }
             }
             Mode::Idle => {}
@@ -279,18 +384,13 @@ impl Cycles {
         runner: &mut Runner,
         lowest: u64,
     ) -> bool {
-        let Mode::Replaying {
-            k,
-            pending,
-            allocated,
-        } = &mut self.mode
-        else {
+        let Mode::Replaying { k, allocated, .. } = &mut self.mode else {
             return false;
         };
         let q = index.saturating_sub(self.step_start) as usize;
         let from = |block: u64| i64::try_from(i128::from(block) - i128::from(self.step_start));
         let Some(&did) = self.recorded.get(*k).and_then(|t| t.did.get(q)) else {
-            return self.differs(runner);
+            return self.differs(runner, index);
         };
         match (op, did) {
             (None, Did::Unissued) => return true,
@@ -301,9 +401,8 @@ impl Cycles {
                 if !waiting {
                     match (small, did) {
                         (Some(r), Did::Small(want)) if r == want => {
-                            pending.extend(op.copied());
                             *allocated = allocated.saturating_add_unsigned(r);
-                            counted();
+                            counted(1);
                             return true;
                         }
                         (None, Did::Large) if runner.can_grow(size) => return false,
@@ -314,9 +413,8 @@ impl Cycles {
             (Some(&SimOp::Free { block }), Did::SmallFree { from: want, size })
                 if from(block) == Ok(want) =>
             {
-                pending.push(SimOp::Free { block });
                 *allocated = allocated.saturating_sub_unsigned(size);
-                counted();
+                counted(1);
                 return true;
             }
             (Some(&SimOp::Free { block }), Did::LargeFree(want))
@@ -326,17 +424,63 @@ impl Cycles {
             }
             _ => {}
         }
-        self.differs(runner)
+        self.differs(runner, index)
     }
 
-    /// An event differs from its record: the events let go by are applied
-    /// and the steps recorded again. Never takes care of the event.
-    fn differs(&mut self, runner: &mut Runner) -> bool {
-        if let Mode::Replaying { pending, .. } = std::mem::replace(&mut self.mode, Mode::Idle) {
-            catch_up(runner, &pending);
+    /// An event (the `index`-th) differs from its record: the events let go
+    /// by before it are applied and the steps recorded again. Never takes
+    /// care of the event.
+    fn differs(&mut self, runner: &mut Runner, index: u64) -> bool {
+        if let Mode::Replaying { from, .. } = std::mem::replace(&mut self.mode, Mode::Idle) {
+            if let Some(run) = self.runs.get(self.run).copied() {
+                self.catch_up(runner, run, from, index);
+            }
         }
         self.recorded.clear();
+        self.plans = None;
         false
+    }
+
+    /// Applies the small events let go by from event `from` (the first of
+    /// a step of `run`, the first let go by) to event `to` (excluded), in
+    /// order: the allocator as if they had been simulated where they came.
+    /// They are made again from the job: an event let go by is one whose
+    /// record says it allocated or freed a small block (any other was
+    /// simulated, or issued nothing), and its op is what the simulation
+    /// makes of it (a small block's size is never a workspace's left
+    /// unissued, so it is its size on the target).
+    fn catch_up(&self, runner: &mut Runner, run: StepRun, from: u64, to: u64) {
+        if run.events == 0 || from >= to {
+            return;
+        }
+        let mut index = from;
+        self.job.for_each_from(from, |e: &JobEvent| {
+            if index >= to {
+                return ControlFlow::Break(());
+            }
+            let q = (index - run.start) % run.events;
+            let k = (index - from) / run.events;
+            let did = usize::try_from(k)
+                .ok()
+                .and_then(|k| self.recorded.get(k))
+                .and_then(|t| t.did.get(usize::try_from(q).ok()?));
+            let op = match (did, e.kind) {
+                (Some(Did::Small(_)), EventKind::Alloc) => Some(SimOp::Alloc {
+                    block: e.block,
+                    size: e.size_on(self.target),
+                    stream: 0,
+                }),
+                (Some(Did::SmallFree { .. }), EventKind::Free) => {
+                    Some(SimOp::Free { block: e.block })
+                }
+                _ => None,
+            };
+            if let Some(op) = op {
+                let _ = runner.step(0, &op);
+            }
+            index += 1;
+            ControlFlow::Continue(())
+        });
     }
 
     /// While a step is recorded, before its event issuing `op` is
@@ -399,193 +543,82 @@ impl Cycles {
     }
 }
 
-/// Applies the small events let go by, in order: the allocator as if they
-/// had been simulated where they came.
-fn catch_up(runner: &mut Runner, pending: &[SimOp]) {
-    for op in pending {
-        let _ = runner.step(0, op);
-    }
-}
-
 // Small events let go by on this thread (tests check that they are).
 #[cfg(test)]
 thread_local! {
     static LET_BY: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Of those, the ones let go by a stretch at a time.
+    static IN_BULK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 #[inline]
-fn counted() {
+fn counted(_n: u64) {
     #[cfg(test)]
-    LET_BY.with(|n| n.set(n.get() + 1));
+    LET_BY.with(|n| n.set(n.get() + _n));
+}
+
+impl Plan {
+    /// The plan of a step recorded as `did`, whose run's steps are `steps`.
+    fn of(did: &[Did], steps: &Steps<'_>, runner: &Runner) -> Plan {
+        let mut plan = Plan::default();
+        let mut open: Option<Item> = None;
+        for (q, &d) in (0u64..).zip(did) {
+            let (delta, segment) = match d {
+                Did::Small(r) if steps.fixed(q) => {
+                    let delta = i64::try_from(r).unwrap_or(i64::MAX);
+                    (Some(delta), runner.request(Bytes(r)).1)
+                }
+                Did::SmallFree { size, .. } if steps.fixed(q) => {
+                    (Some(0i64.saturating_sub_unsigned(size)), 0)
+                }
+                _ => (None, 0),
+            };
+            let Some(delta) = delta else {
+                plan.items.extend(open.take());
+                plan.items.push(Item::One(q));
+                continue;
+            };
+            let sum = match open {
+                Some(Item::Stretch { total, .. }) => total.saturating_add(delta),
+                _ => delta,
+            };
+            plan.prefix.push(sum);
+            let (at, prefix) = (plan.prefix.len() - 1, &plan.prefix);
+            let stretch = open.get_or_insert(Item::Stretch {
+                q,
+                n: 0,
+                at,
+                max_at: 0,
+                min_at: 0,
+                total: 0,
+                segment: 0,
+            });
+            if let Item::Stretch {
+                n,
+                at: first,
+                max_at,
+                min_at,
+                total,
+                segment: most,
+                ..
+            } = stretch
+            {
+                let value = |i: u64| prefix.get(*first + i as usize).copied().unwrap_or(0);
+                if *n == 0 || sum > value(*max_at) {
+                    *max_at = *n;
+                }
+                if *n == 0 || sum < value(*min_at) {
+                    *min_at = *n;
+                }
+                *n += 1;
+                *total = sum;
+                *most = (*most).max(segment);
+            }
+        }
+        plan.items.extend(open);
+        plan
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pipeline::simulate::{simulate_from, simulate_job, Handoffs, Start};
-    use crate::pipeline::Settings;
-    use crate::presets::parse_gpu;
-    use crate::report::{Recorder, SimulatedRun};
-    use crate::simulator::{AllocatorConfig, GpuMemory};
-
-    /// Runs `job` without a limit, with runs at `caps` (allocator bytes)
-    /// sharing it, then each run set aside on its own; and each cap's run
-    /// from the first event. The small events let go by, counted.
-    fn runs(job: JobRef<'_>, caps: &[u64], config: &AllocatorConfig) -> (Vec<SimulatedRun>, u64) {
-        let target = parse_gpu("a100-80gb").unwrap();
-        let devices: Vec<GpuMemory> = caps
-            .iter()
-            .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
-            .collect();
-        LET_BY.with(|n| n.set(0));
-        let (first, last) = job.time_range().unwrap();
-        let start = Start {
-            runner: Runner::new(config, &GpuMemory::unlimited(), 0),
-            recorder: Recorder::detailed(job.n_events(), (first, last), 512, vec![(first, last)]),
-            at: 0,
-            walked: None,
-        };
-        let handoffs = Handoffs::new(devices.len(), Bytes(u64::MAX));
-        let mut out = vec![simulate_from(
-            job,
-            &target,
-            start,
-            &devices,
-            &handoffs,
-            &mut |_| {},
-        )];
-        for part in handoffs.into_parts().into_iter().flatten() {
-            out.push(simulate_from(
-                job,
-                &target,
-                part.start(),
-                &[],
-                &Handoffs::none(),
-                &mut |_| {},
-            ));
-        }
-        for device in &devices {
-            out.push(simulate_job(
-                job,
-                &target,
-                config,
-                device,
-                Recorder::maxima(),
-                &mut |_| {},
-            ));
-        }
-        (out, LET_BY.with(std::cell::Cell::get))
-    }
-
-    /// A generation long enough that its KV cache leaves the small pool:
-    /// simulated with the decode steps let go by, every figure of every run
-    /// (the unlimited one with its timeline, the runs at capacity parting
-    /// from it, each from the first event, out of memory at some) is the
-    /// figure of the same events simulated one by one (the job held whole,
-    /// which has no runs of steps); steps were let go by where the small
-    /// pool's decisions depend on it alone, and none with expandable
-    /// segments.
-    #[test]
-    fn steps_let_go_by_give_the_figures_of_every_event_simulated() {
-        let bytes = include_bytes!("../../tests/data/traces-llm/llama_gen8_b2_p16.json.gz");
-        let settings = Settings {
-            new_tokens: Some(600),
-            gpus: vec!["a100-80gb".into()],
-            ..Settings::default()
-        };
-        let config = settings.config().unwrap();
-        let prepared = crate::pipeline::prepare(bytes, &config, &mut |_| {}).unwrap();
-        let program = prepared
-            .program
-            .as_ref()
-            .expect("the generation is streamed");
-        let whole = program.schedule().unwrap();
-        let (unlimited, _) = runs(JobRef::Schedule(&whole), &[], &AllocatorConfig::default());
-        let peak = unlimited[0].max_reserved.get();
-        // Capacities passed all along the job, inside the steps let go by.
-        let mut caps: Vec<u64> = (16..32).map(|k| peak / 32 * k).collect();
-        caps.extend([peak - 1, peak + (2 << 20)]);
-        // Garbage collection runs only under a memory limit: the unlimited
-        // run lets steps go by, the runs at a fraction of the device not.
-        for (conf, lets_by) in [
-            ("", Some(true)),
-            ("max_split_size_mb:20", Some(true)),
-            (
-                "garbage_collection_threshold:0.5,per_process_memory_fraction:0.99",
-                None,
-            ),
-            ("expandable_segments:True", Some(false)),
-        ] {
-            let allocator =
-                AllocatorConfig::parse(conf, crate::simulator::RuleVersion::New).unwrap();
-            let (streamed, let_by) = runs(JobRef::Program(program), &caps, &allocator);
-            let (held, none) = runs(JobRef::Schedule(&whole), &caps, &allocator);
-            assert_eq!(none, 0);
-            assert!(streamed == held, "{conf:?}: the runs differ");
-            if let Some(lets_by) = lets_by {
-                assert_eq!(let_by > 0, lets_by, "{conf:?}: {let_by} events let go by");
-            }
-        }
-    }
-
-    /// Decode steps written by hand: temporaries of the small pool (one of
-    /// a whole segment's half, live while the large block is made), a small
-    /// block each step makes while the last step's still lives (two places
-    /// take turns: a cycle of two steps), and a large block that grows a
-    /// step, made before the last step's is freed, so that segments are
-    /// drawn inside the steps let go by, runs at capacity part there and
-    /// release the cache there.
-    /// Every figure of every run is the figure of the events simulated one
-    /// by one, and steps were let go by.
-    #[test]
-    fn steps_written_by_hand_let_go_by_give_the_figures_of_every_event_simulated() {
-        use crate::orchestrator::EventKind::{Alloc, Free};
-        let mib = 1i64 << 20;
-        // The first small segment half full, so that the temporary of a
-        // megabyte takes a segment of its own.
-        let prefix = [
-            (Alloc, mib),
-            (Alloc, 65536),
-            (Alloc, 1024),
-            (Alloc, 3 * mib),
-            (Alloc, 2048),
-            (Alloc, 4096),
-            (Alloc, 1536),
-            (Alloc, 700),
-            (Free, 1),
-            (Alloc, 300),
-            (Free, 1),
-        ];
-        // Each number of a free: how many events before its block was made
-        // (the last step's block: its place less twelve).
-        let body = [
-            (Alloc, 4096, 0),
-            (Alloc, 8192, 0),
-            (Free, 2, 0),
-            (Alloc, mib, 0),
-            (Alloc, 3 * mib, 256 << 10),
-            (Free, 13, 0),
-            (Free, 3, 0),
-            (Alloc, 1536, 0),
-            (Free, 13, 0),
-            (Free, 8, 0),
-            (Alloc, 512, 0),
-            (Free, 1, 0),
-        ];
-        let program =
-            crate::program::Program::of_events(&prefix, &body, 240, &[(Free, 8), (Free, 6)]);
-        let whole = program.schedule().unwrap();
-        let (unlimited, _) = runs(JobRef::Schedule(&whole), &[], &AllocatorConfig::default());
-        let peak = unlimited[0].max_reserved.get();
-        let mut caps: Vec<u64> = (8..16).map(|k| peak / 16 * k).collect();
-        caps.extend([peak - 1, peak + (2 << 20)]);
-        for conf in ["", "max_split_size_mb:20"] {
-            let allocator =
-                AllocatorConfig::parse(conf, crate::simulator::RuleVersion::New).unwrap();
-            let (streamed, let_by) = runs(JobRef::Program(&program), &caps, &allocator);
-            let (held, _) = runs(JobRef::Schedule(&whole), &caps, &allocator);
-            assert!(streamed == held, "{conf:?}: the runs differ");
-            assert!(let_by > 1000, "{conf:?}: {let_by} events let go by");
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,121 @@
+//! A run of decode steps read one event at a time, at any step: what a
+//! simulation that lets recorded steps go by in bulk reads
+//! (`pipeline/cycles.rs`): the events it simulates and the times of the
+//! few it records, without walking the rest.
+
+use super::{build, Dim, JobEvent, Leaf, Node, Program, StepRun, Terms, C_DEPTH, C_TOKENS};
+use crate::orchestrator::Category;
+
+/// The steps of one [`StepRun`]: every step the same list of leaves.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Steps<'p> {
+    program: &'p Program,
+    body: &'p [Node],
+}
+
+impl Program {
+    /// The steps of `run` (`None`: `run` is not a run of this program's).
+    pub(crate) fn steps(&self, run: &StepRun) -> Option<Steps<'_>> {
+        match self.nodes.get(run.node)? {
+            Node::Run {
+                dim: Dim::Tokens,
+                body,
+            } if body.iter().all(|n| matches!(n, Node::Leaf(_))) => Some(Steps {
+                program: self,
+                body,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl Steps<'_> {
+    /// The terms of the step numbered `copy` in its run.
+    pub(crate) fn terms(&self, copy: u64) -> Terms {
+        let copy = i64::try_from(copy).unwrap_or(i64::MAX);
+        Terms::of([0, self.program.extra[0], copy, self.program.extra[1]])
+    }
+
+    fn leaf(&self, q: u64) -> Option<(u32, &Leaf)> {
+        let Some(Node::Leaf(item)) = self.body.get(usize::try_from(q).ok()?) else {
+            return None;
+        };
+        Some((*item, self.program.leaves.get(*item as usize)?))
+    }
+
+    /// The `q`-th event of a step at `terms` ([`Steps::terms`]), the
+    /// `index`-th of the job: the event the job's stream makes there.
+    pub(crate) fn event(&self, q: u64, index: u64, terms: &Terms) -> Option<JobEvent> {
+        let (item, leaf) = self.leaf(q)?;
+        self.program.event(item, leaf, index, terms)
+    }
+
+    /// Whether the `q`-th event is the same on every step of the run but
+    /// for its time: its size, or how far back its block was made, does not
+    /// change from step to step, and its block is not a cuBLAS workspace
+    /// (a simulation issues only a few of those, [`Category::Workspace`]).
+    pub(crate) fn fixed(&self, q: u64) -> bool {
+        let Some((_, leaf)) = self.leaf(q) else {
+            return false;
+        };
+        let (Some(key), Some(second)) =
+            (self.program.key(leaf), leaf.attrs.get(build::SIZE_OR_BACK))
+        else {
+            return false;
+        };
+        // A term with the depth copy's variable is zero outside a block's
+        // copies, where the steps are.
+        let varies = second
+            .c
+            .iter()
+            .enumerate()
+            .any(|(mask, &c)| c != 0 && mask & C_TOKENS != 0 && mask & C_DEPTH == 0);
+        key.category != Category::Workspace && !varies
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::EventKind::{Alloc, Free};
+    use crate::program::JobRef;
+    use std::ops::ControlFlow;
+
+    /// Every event of every step read through [`Steps::event`] is the
+    /// event the stream makes there; a block that grows a step is not
+    /// fixed, one that does not is.
+    #[test]
+    fn a_steps_events_are_the_streams() {
+        let prefix = [(Alloc, 1 << 20), (Alloc, 4096)];
+        let body = [
+            (Alloc, 4096, 0),
+            (Alloc, 1 << 20, 4096),
+            (Free, 2, 0),
+            (Free, 2, 0),
+        ];
+        let program = Program::of_events(&prefix, &body, 12, &[(Free, 40)]);
+        let runs = JobRef::Program(&program).step_runs();
+        let [run] = runs.as_slice() else {
+            panic!("one run of steps: {runs:?}");
+        };
+        let steps = program.steps(run).expect("the run's steps");
+        let mut streamed = Vec::new();
+        JobRef::Program(&program).for_each(|e| {
+            streamed.push(*e);
+            ControlFlow::Continue(())
+        });
+        for copy in 0..run.copies {
+            let terms = steps.terms(copy);
+            for q in 0..run.events {
+                let index = run.start + copy * run.events + q;
+                assert_eq!(
+                    steps.event(q, index, &terms).as_ref(),
+                    streamed.get(index as usize),
+                    "step {copy}, event {q}"
+                );
+            }
+        }
+        let fixed: Vec<bool> = (0..run.events).map(|q| steps.fixed(q)).collect();
+        assert_eq!(fixed, [true, false, true, true]);
+    }
+}
