@@ -204,6 +204,7 @@ async function scaleBench() {
         }
         run = await timed(page, () => page.click(c.context ? "#whatif-context" : "#scale-apply"), null, limitMs);
       }
+      console.error(`${c.name}: ${run.status} in ${(run.ms / 1000).toFixed(2)} s`);
       // Cancel: the same request again, cancelled after a second.
       let cancel = "-";
       if (!c.atLoad && run.ms > 2000 && run.status !== "worker died") {
@@ -211,7 +212,9 @@ async function scaleBench() {
         await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
         await page.setInputFiles("#file-input", c.file);
         await page.locator("#trace-name", { hasText: path.basename(c.file) }).waitFor({ timeout: 120_000 });
-        await untilReady(page, 60_000);
+        // The page keeps its settings across the reload: the file may run
+        // at the case's size already.
+        await untilReady(page, limitMs);
         await page.fill("#layers", String(c.layers));
         if (c.tokens) await page.fill("#new-tokens", String(c.tokens));
         await page.click("#scale-apply");
