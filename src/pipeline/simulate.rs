@@ -327,7 +327,8 @@ struct Sim<'s, 'a> {
 }
 
 impl Sim<'_, '_> {
-    /// One more event.
+    /// `n` more events passed: the next event's index, and a progress tick
+    /// for each [`TICK`] events crossed.
     fn counted(&mut self, n: usize) {
         let before = self.index as u64 / TICK;
         self.index += n;
