@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::ops::ControlFlow;
 
-use super::cycles::{Cycles, Item};
+use super::cycles::{Cycles, Item, Span};
 use super::handoffs::{EndOnDrop, Slot};
 pub use super::handoffs::{Handed, Handoffs};
 use crate::orchestrator::{Category, EventKind, Schedule};
@@ -493,7 +493,7 @@ impl Sim<'_, '_> {
                             return Some(self.index as u64);
                         }
                     }
-                    Item::Stretch {
+                    Item::Stretch(Span {
                         q,
                         n,
                         at,
@@ -501,7 +501,7 @@ impl Sim<'_, '_> {
                         min_at,
                         total,
                         segment,
-                    } => {
+                    }) => {
                         let sample = self.runner.sample();
                         if self.lowest < u64::MAX
                             && sample.reserved.get().saturating_add(segment) > self.lowest

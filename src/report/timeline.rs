@@ -99,6 +99,11 @@ impl Bucket {
         let i = self.len;
         self.len += 1;
         self.last = (i, point);
+        self.see(i, point);
+    }
+
+    /// The extremes after the `i`-th point (the points seen in order).
+    fn see(&mut self, i: usize, point: TimelinePoint) {
         if point.allocated_bytes > self.max_allocated.1.allocated_bytes {
             self.max_allocated = (i, point);
         }
@@ -234,27 +239,21 @@ impl Downsampler {
         let Some(n) = usize::try_from(n).ok().filter(|&n| n > 0) else {
             return;
         };
-        let at = |i: u64| {
-            bucket
-                .len
-                .saturating_add(usize::try_from(i).unwrap_or(usize::MAX))
-        };
-        let (start, end) = (bucket.len, bucket.len.saturating_add(n - 1));
-        let (max_i, min_i) = (at(max_allocated.0), at(min_allocated.0));
-        bucket.len = bucket.len.saturating_add(n);
-        bucket.last = (end, last);
-        if max_allocated.1.allocated_bytes > bucket.max_allocated.1.allocated_bytes {
-            bucket.max_allocated = (max_i, max_allocated.1);
+        // The stretch's points that can change an extreme, in their order
+        // (its reserved bytes are all the first's).
+        let start = bucket.len;
+        let at = |i: u64| start.saturating_add(usize::try_from(i).unwrap_or(usize::MAX));
+        let mut seen = [
+            (start, first),
+            (at(max_allocated.0), max_allocated.1),
+            (at(min_allocated.0), min_allocated.1),
+        ];
+        seen.sort_by_key(|&(i, _)| i);
+        for (i, point) in seen {
+            bucket.see(i, point);
         }
-        if min_allocated.1.allocated_bytes < bucket.min_allocated.1.allocated_bytes {
-            bucket.min_allocated = (min_i, min_allocated.1);
-        }
-        if first.reserved_bytes > bucket.max_reserved.1.reserved_bytes {
-            bucket.max_reserved = (start, first);
-        }
-        if first.reserved_bytes < bucket.min_reserved.1.reserved_bytes {
-            bucket.min_reserved = (start, first);
-        }
+        bucket.len = start.saturating_add(n);
+        bucket.last = (bucket.len - 1, last);
     }
 
     /// The points kept.

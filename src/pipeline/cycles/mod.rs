@@ -82,6 +82,8 @@ struct Transcript {
     clean: bool,
     /// [`Runner::releases`] at its start.
     releases: (u64, u64),
+    /// How a simulation lets it go by in bulk, made when first asked for.
+    plan: Option<Arc<Plan>>,
 }
 
 #[derive(Debug)]
@@ -113,19 +115,23 @@ pub(super) struct Plan {
 pub(super) enum Item {
     /// The step's `q`-th event, made and simulated (or let go by) alone.
     One(u64),
-    /// `n` events from the step's `q`-th, small ones that are the same on
-    /// every step: their allocated bytes are `prefix[at..at + n]`, the
-    /// first highest at `max_at` and the first lowest at `min_at`, in all
-    /// `total`; a segment for any of them takes at most `segment` bytes.
-    Stretch {
-        q: u64,
-        n: u64,
-        at: usize,
-        max_at: u64,
-        min_at: u64,
-        total: i64,
-        segment: u64,
-    },
+    /// Events let go by at once.
+    Stretch(Span),
+}
+
+/// `n` events from the step's `q`-th, small ones that are the same on
+/// every step: their allocated bytes are [`Plan::prefix`]`[at..at + n]`,
+/// the first highest at `max_at` and the first lowest at `min_at`, in all
+/// `total`; a segment for any of them takes at most `segment` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Span {
+    pub(super) q: u64,
+    pub(super) n: u64,
+    pub(super) at: usize,
+    pub(super) max_at: u64,
+    pub(super) min_at: u64,
+    pub(super) total: i64,
+    pub(super) segment: u64,
 }
 
 /// A simulation's view of the job's runs of steps (see the module docs).
@@ -133,8 +139,6 @@ pub(super) enum Item {
 pub(super) struct Cycles<'a> {
     job: JobRef<'a>,
     target: &'a GpuTarget,
-    /// The plans of the recorded steps, made when first asked for.
-    plans: Option<Vec<Arc<Plan>>>,
     runs: Vec<StepRun>,
     /// The run of the next boundary.
     run: usize,
@@ -165,7 +169,6 @@ impl<'a> Cycles<'a> {
         let mut cycles = Cycles {
             job,
             target,
-            plans: None,
             runs,
             run: 0,
             next: u64::MAX,
@@ -218,14 +221,11 @@ impl<'a> Cycles<'a> {
         steps: &Steps<'_>,
         runner: &Runner,
     ) -> Option<Arc<Plan>> {
-        if self.plans.is_none() {
-            let plans = self
-                .recorded
-                .iter()
-                .map(|t| Arc::new(Plan::of(&t.did, steps, runner)));
-            self.plans = Some(plans.collect());
-        }
-        self.plans.as_ref()?.get(k).cloned()
+        let t = self.recorded.get_mut(k)?;
+        let plan = t
+            .plan
+            .get_or_insert_with(|| Arc::new(Plan::of(&t.did, steps, runner)));
+        Some(Arc::clone(plan))
     }
 
     /// The bytes the events let go by allocated since the first of their
@@ -308,7 +308,6 @@ impl<'a> Cycles<'a> {
         });
         if let Some(from) = unit {
             self.recorded.drain(..from);
-            self.plans = None;
             self.mode = Mode::Replaying {
                 k: 0,
                 from: index,
@@ -321,6 +320,7 @@ impl<'a> Cycles<'a> {
                 did: Vec::with_capacity(usize::try_from(run.events).unwrap_or(0)),
                 clean: true,
                 releases: runner.releases(),
+                plan: None,
             });
         }
     }
@@ -341,7 +341,6 @@ impl<'a> Cycles<'a> {
                     if self.recorded.len() > 2 {
                         self.recorded.remove(0);
                     }
-                    self.plans = None;
                 }
             }
             Mode::Replaying { k, from, allocated } => {
@@ -365,7 +364,6 @@ impl<'a> Cycles<'a> {
                 } else {
                     self.catch_up(runner, run, from, index);
                     self.recorded.clear();
-                    self.plans = None;
                 }
             }
             Mode::Idle => {}
@@ -437,7 +435,6 @@ impl<'a> Cycles<'a> {
             }
         }
         self.recorded.clear();
-        self.plans = None;
         false
     }
 
@@ -561,61 +558,47 @@ impl Plan {
     /// The plan of a step recorded as `did`, whose run's steps are `steps`.
     fn of(did: &[Did], steps: &Steps<'_>, runner: &Runner) -> Plan {
         let mut plan = Plan::default();
-        let mut open: Option<Item> = None;
+        let mut open: Option<Span> = None;
         for (q, &d) in (0u64..).zip(did) {
-            let (delta, segment) = match d {
-                Did::Small(r) if steps.fixed(q) => {
-                    let delta = i64::try_from(r).unwrap_or(i64::MAX);
-                    (Some(delta), runner.request(Bytes(r)).1)
-                }
+            // What the event allocates, and the segment it could draw.
+            let change = match d {
+                Did::Small(r) if steps.fixed(q) => Some((
+                    i64::try_from(r).unwrap_or(i64::MAX),
+                    runner.request(Bytes(r)).1,
+                )),
                 Did::SmallFree { size, .. } if steps.fixed(q) => {
-                    (Some(0i64.saturating_sub_unsigned(size)), 0)
+                    Some((0i64.saturating_sub_unsigned(size), 0))
                 }
-                _ => (None, 0),
+                _ => None,
             };
-            let Some(delta) = delta else {
-                plan.items.extend(open.take());
+            let Some((delta, segment)) = change else {
+                plan.items.extend(open.take().map(Item::Stretch));
                 plan.items.push(Item::One(q));
                 continue;
             };
-            let sum = match open {
-                Some(Item::Stretch { total, .. }) => total.saturating_add(delta),
-                _ => delta,
-            };
-            plan.prefix.push(sum);
-            let (at, prefix) = (plan.prefix.len() - 1, &plan.prefix);
-            let stretch = open.get_or_insert(Item::Stretch {
+            let span = open.get_or_insert(Span {
                 q,
                 n: 0,
-                at,
+                at: plan.prefix.len(),
                 max_at: 0,
                 min_at: 0,
                 total: 0,
                 segment: 0,
             });
-            if let Item::Stretch {
-                n,
-                at: first,
-                max_at,
-                min_at,
-                total,
-                segment: most,
-                ..
-            } = stretch
-            {
-                let value = |i: u64| prefix.get(*first + i as usize).copied().unwrap_or(0);
-                if *n == 0 || sum > value(*max_at) {
-                    *max_at = *n;
-                }
-                if *n == 0 || sum < value(*min_at) {
-                    *min_at = *n;
-                }
-                *n += 1;
-                *total = sum;
-                *most = (*most).max(segment);
+            let sum = span.total.saturating_add(delta);
+            let value = |i: u64| plan.prefix.get(span.at + i as usize).copied();
+            if value(span.max_at).is_none_or(|most| sum > most) {
+                span.max_at = span.n;
             }
+            if value(span.min_at).is_none_or(|least| sum < least) {
+                span.min_at = span.n;
+            }
+            plan.prefix.push(sum);
+            span.n += 1;
+            span.total = sum;
+            span.segment = span.segment.max(segment);
         }
-        plan.items.extend(open);
+        plan.items.extend(open.map(Item::Stretch));
         plan
     }
 }
