@@ -29,7 +29,7 @@ use crate::report::Report;
 use crate::trace::Trace;
 
 /// The version tag of [`ContextSweep`].
-pub const SCHEMA: &str = "memcast.context/1";
+pub const SCHEMA: &str = "memcast.context/2";
 
 /// New tokens simulated at most, by default: a few seconds of copying and
 /// simulating decode steps for a small model.
@@ -42,8 +42,11 @@ pub struct ContextPoint {
     /// Positions in the KV cache at the end (prompt + new tokens − 1).
     pub positions: Option<u64>,
     pub peak: PeakFigures,
-    /// Per GPU: capacity left at the peak (negative: what is missing).
-    pub margins: Vec<i64>,
+    /// Per GPU: capacity left at the peak (negative: what is missing);
+    /// `None` where this length was not simulated on that GPU, its answer
+    /// being known without it (it ran out of memory at a shorter length, or
+    /// the point was simulated for another GPU's bisection).
+    pub margins: Vec<Option<i64>>,
 }
 
 /// How a GPU's limit was found.
@@ -114,7 +117,7 @@ pub struct ContextSweep {
     pub warnings: Vec<Warning>,
 }
 
-/// The capacity left on each GPU (negative: the shortfall).
+/// The capacity left on each GPU of the report (negative: the shortfall).
 fn margins(report: &Report) -> Vec<i64> {
     report
         .gpus
@@ -149,11 +152,24 @@ struct Search<'a> {
 }
 
 impl Search<'_> {
-    /// Estimates the generation at `new_tokens` (`None`: as traced),
-    /// records the point and returns the generation it shows.
-    fn record(&mut self, new_tokens: Option<u32>) -> Result<Option<Generation>, WhatIfError> {
+    /// Estimates the generation at `new_tokens` (`None`: as traced) on the
+    /// GPUs `on` (indices into the config's; every one for `None`), records
+    /// their margins at the point and returns the generation it shows. A
+    /// GPU's margin is its own run's, whichever others run beside it: the
+    /// runs of one estimate never change each other's decisions.
+    fn record(
+        &mut self,
+        new_tokens: Option<u32>,
+        on: Option<&[usize]>,
+    ) -> Result<Option<Generation>, WhatIfError> {
         let mut cfg = self.config.clone();
         cfg.scale.new_tokens = new_tokens;
+        if let Some(on) = on {
+            cfg.gpus = on
+                .iter()
+                .filter_map(|&i| self.config.gpus.get(i).cloned())
+                .collect();
+        }
         let streamed = match new_tokens {
             Some(n) => self
                 .derived(&cfg)
@@ -174,15 +190,23 @@ impl Search<'_> {
         let n = new_tokens
             .or(generation.as_ref().map(|g| g.calls))
             .unwrap_or(0);
-        self.points.insert(
-            n,
-            ContextPoint {
-                new_tokens: n,
-                positions: generation.as_ref().and_then(|g| g.positions),
-                peak: PeakFigures::of(&report),
-                margins: margins(&report),
-            },
-        );
+        let found = margins(&report);
+        let every = self.config.gpus.len().max(self.presets.len());
+        let point = self.points.entry(n).or_insert_with(|| ContextPoint {
+            new_tokens: n,
+            positions: generation.as_ref().and_then(|g| g.positions),
+            peak: PeakFigures::of(&report),
+            margins: vec![None; every],
+        });
+        let indices: Vec<usize> = match on {
+            Some(on) => on.to_vec(),
+            None => (0..found.len()).collect(),
+        };
+        for (i, margin) in indices.into_iter().zip(found) {
+            if let Some(slot) = point.margins.get_mut(i) {
+                *slot = Some(margin);
+            }
+        }
         Ok(generation)
     }
 
@@ -197,21 +221,18 @@ impl Search<'_> {
         self.derived.as_ref().and_then(Option::as_ref)
     }
 
-    /// The margins of the generation extended to `n` new tokens.
-    fn margins_at(&mut self, n: u32) -> Result<Vec<i64>, WhatIfError> {
-        if !self.points.contains_key(&n) {
-            self.record((n != self.traced).then_some(n))?;
-        }
-        Ok(self
-            .points
-            .get(&n)
-            .map(|p| p.margins.clone())
-            .unwrap_or_default())
-    }
-
-    /// GPU `gpu`'s margin at `n` new tokens.
+    /// GPU `gpu`'s margin at `n` new tokens, simulated on it alone unless
+    /// the point already has it.
     fn margin(&mut self, n: u32, gpu: usize) -> Result<i64, WhatIfError> {
-        Ok(self.margins_at(n)?.get(gpu).copied().unwrap_or(-1))
+        let known = |s: &Self| {
+            s.points
+                .get(&n)
+                .and_then(|p| p.margins.get(gpu).copied().flatten())
+        };
+        if known(self).is_none() {
+            self.record((n != self.traced).then_some(n), Some(&[gpu]))?;
+        }
+        Ok(known(self).unwrap_or(-1))
     }
 }
 
@@ -273,7 +294,7 @@ pub fn longest(
         derived: None,
     };
     // The generation as traced: its point, and what it is.
-    let Some(generation) = search.record(None)? else {
+    let Some(generation) = search.record(None, None)? else {
         return Err(WhatIfError::Pipeline(
             crate::scale::ScaleError::NoGeneration.into(),
         ));
@@ -290,8 +311,21 @@ pub fn longest(
         None => budget,
     }
     .clamp(traced, crate::scale::MAX_NEW_TOKENS);
-    let fits = crate::scale::most_new_tokens(traces, &config.scale, config.work_budget())
-        .unwrap_or(traced);
+    // A generation that derives is streamed at every length, in the memory
+    // of its short rebuilds (made within the budget already): the budget
+    // bounds only a generation built whole at each length.
+    let streams = {
+        let mut cfg = config.clone();
+        cfg.scale.new_tokens = Some(wanted);
+        search
+            .derived(&cfg)
+            .is_some_and(|job| wanted < job.first_tokens() || job.prepared(wanted).is_some())
+    };
+    let fits = if streams {
+        wanted
+    } else {
+        crate::scale::most_new_tokens(traces, &config.scale, config.work_budget()).unwrap_or(traced)
+    };
     let budget = wanted.min(fits).max(traced);
     let memory_bound = budget < wanted;
     if memory_bound {
@@ -303,28 +337,42 @@ pub fn longest(
             crate::diag::Setting::MemoryBudget,
         ));
     }
-    // Doubling while some GPU fits, within the budget.
+    // Doubling while some GPU fits, within the budget; each length
+    // simulated on the GPUs that fit every shorter one (a GPU's first
+    // length that does not fit bounds its bisection; longer ones are not
+    // needed for it).
+    let every = search.presets.len();
+    let mut open: Vec<usize> = (0..every)
+        .filter(|&gi| search.margin(traced, gi).is_ok_and(|m| m >= 0))
+        .collect();
     let mut n = traced;
-    loop {
-        let m = search.margins_at(n)?;
-        if m.iter().all(|&x| x < 0) || n >= budget {
-            break;
-        }
-        n = n.saturating_mul(2).min(budget);
+    while !open.is_empty() && n < budget {
+        n = n.saturating_mul(2).max(n + 1).min(budget);
+        search.record(Some(n), Some(&open))?;
+        let fits_at_n = |gi: &usize| {
+            search
+                .points
+                .get(&n)
+                .and_then(|p| p.margins.get(*gi).copied().flatten())
+                .is_some_and(|m| m >= 0)
+        };
+        open.retain(fits_at_n);
     }
     let presets = search.presets.clone();
     let mut gpus = Vec::with_capacity(presets.len());
     for (gi, preset) in presets.into_iter().enumerate() {
-        let margin = |p: &ContextPoint| p.margins.get(gi).copied().unwrap_or(-1);
+        let margin = |p: &ContextPoint| p.margins.get(gi).copied().flatten();
         let first_fail = search
             .points
             .values()
-            .find(|p| margin(p) < 0)
+            .find(|p| margin(p).is_some_and(|m| m < 0))
             .map(|p| p.new_tokens);
         let last_fit = search
             .points
             .values()
-            .filter(|p| margin(p) >= 0 && first_fail.is_none_or(|f| p.new_tokens < f))
+            .filter(|p| {
+                margin(p).is_some_and(|m| m >= 0) && first_fail.is_none_or(|f| p.new_tokens < f)
+            })
             .map(|p| p.new_tokens)
             .max();
         let (max, found) = match (last_fit, first_fail) {

@@ -166,7 +166,10 @@ fn the_pipeline_refuses_before_it_rebuilds() {
 }
 
 /// The longest-generation search simulates no further than the budget
-/// allows, says so, and extrapolates past it.
+/// allows where each length is built whole, says so, and extrapolates
+/// past it; a generation streamed from its short rebuilds is not bounded by
+/// the budget (its memory is the rebuilds'), so the same budget lets it go
+/// as far as asked.
 #[test]
 fn the_longest_generation_search_stays_within_the_budget() {
     let trace = parse(GENERATE);
@@ -174,6 +177,7 @@ fn the_longest_generation_search_stays_within_the_budget() {
     let mut config =
         memcast::Config::for_gpus("a100-80gb", &["a100-80gb".to_owned(), "t4".to_owned()]).unwrap();
     config.memory_budget = Bytes(64 * Bytes::MIB);
+    config.materialize = true;
     let most = work::most_tokens(&counts, counts.layers, config.work_budget()).unwrap();
     assert!(most > 16 && most < 128, "{most}");
     let sweep =
@@ -193,6 +197,20 @@ fn the_longest_generation_search_stays_within_the_budget() {
         .iter()
         .all(|g| g.found != memcast::whatif::context::Found::Simulated
             || g.max_new_tokens <= Some(u64::from(most))));
+
+    config.materialize = false;
+    let streamed =
+        memcast::whatif::context::longest(std::slice::from_ref(&trace), &config, 1024).unwrap();
+    assert_eq!(streamed.budget_new_tokens, 1024);
+    assert!(streamed
+        .warnings
+        .iter()
+        .all(|w| w.code != "context_memory_budget"));
+    assert_eq!(streamed.points.last().map(|p| p.new_tokens), Some(1024));
+    assert!(streamed
+        .gpus
+        .iter()
+        .all(|g| g.found == memcast::whatif::context::Found::NoLimitInTrace));
 }
 
 // The fuzz target's case, run without a fuzzer: over the request space on

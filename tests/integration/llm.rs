@@ -482,6 +482,15 @@ fn the_longest_generation_each_gpu_fits() {
             .value;
         assert_eq!(report.gpus[0].fits, fits, "{n} new tokens");
     }
+    // A length is simulated on the GPUs whose answer it can change: the
+    // budget's not on the small GPU (it ran out at a shorter one), its
+    // bisection's on it alone.
+    let last = sweep.points.last().unwrap();
+    assert!(last.margins[0].is_none() && last.margins[1].is_some());
+    assert!(sweep
+        .points
+        .iter()
+        .any(|p| p.margins[0].is_some_and(|m| m < 0) && p.margins[1].is_none()));
     let big = &sweep.gpus[1];
     assert_eq!(sweep.position_limit, None);
     assert_eq!(big.found, Found::NoLimitInTrace);
