@@ -9,6 +9,9 @@
 //! search doubles the new tokens from the traced count while some GPU still
 //! fits, then bisects each GPU's limit between the last point that fits and
 //! the first that does not: every answer is simulated, none extrapolated.
+//! A length is simulated only on the GPUs whose answer it can change: while
+//! doubling, those that fit every shorter length; while bisecting, the GPU
+//! bisected.
 //!
 //! The search stops at the model's **position limit** when the trace shows
 //! one ([`position_limit`]: the capture helper's `max_positions`, or the rows
@@ -191,7 +194,7 @@ impl Search<'_> {
             .or(generation.as_ref().map(|g| g.calls))
             .unwrap_or(0);
         let found = margins(&report);
-        let every = self.config.gpus.len().max(self.presets.len());
+        let every = self.presets.len();
         let point = self.points.entry(n).or_insert_with(|| ContextPoint {
             new_tokens: n,
             positions: generation.as_ref().and_then(|g| g.positions),
@@ -221,18 +224,23 @@ impl Search<'_> {
         self.derived.as_ref().and_then(Option::as_ref)
     }
 
+    /// GPU `gpu`'s margin at `n` new tokens, where it was simulated.
+    fn known(&self, n: u32, gpu: usize) -> Option<i64> {
+        self.points.get(&n)?.margins.get(gpu).copied().flatten()
+    }
+
+    /// Whether GPU `gpu` was simulated at `n` new tokens and fits.
+    fn fits(&self, n: u32, gpu: usize) -> bool {
+        self.known(n, gpu).is_some_and(|m| m >= 0)
+    }
+
     /// GPU `gpu`'s margin at `n` new tokens, simulated on it alone unless
     /// the point already has it.
     fn margin(&mut self, n: u32, gpu: usize) -> Result<i64, WhatIfError> {
-        let known = |s: &Self| {
-            s.points
-                .get(&n)
-                .and_then(|p| p.margins.get(gpu).copied().flatten())
-        };
-        if known(self).is_none() {
+        if self.known(n, gpu).is_none() {
             self.record((n != self.traced).then_some(n), Some(&[gpu]))?;
         }
-        Ok(known(self).unwrap_or(-1))
+        Ok(self.known(n, gpu).unwrap_or(-1))
     }
 }
 
@@ -304,16 +312,17 @@ pub fn longest(
     let prompt = generation.prompt_tokens.unwrap_or(0);
     let limit = position_limit(traces, prompt + u64::from(traced));
     // With a limit the search goes to it (however far the budget); without
-    // one, to the budget; never past what the memory budget lets memcast
-    // rebuild and simulate (issue 33: a request is sized before it is built).
+    // one, to the budget.
     let wanted = match &limit {
         Some((positions, _)) => u32::try_from(positions.saturating_sub(prompt)).unwrap_or(u32::MAX),
         None => budget,
     }
     .clamp(traced, crate::scale::MAX_NEW_TOKENS);
     // A generation that derives is streamed at every length, in the memory
-    // of its short rebuilds (made within the budget already): the budget
-    // bounds only a generation built whole at each length.
+    // of its short rebuilds (made within the budget already). One built
+    // whole at each length goes no further than the memory budget lets
+    // memcast rebuild and simulate (issue 33: a request is sized before it
+    // is built).
     let streams = {
         let mut cfg = config.clone();
         cfg.scale.new_tokens = Some(wanted);
@@ -341,22 +350,14 @@ pub fn longest(
     // simulated on the GPUs that fit every shorter one (a GPU's first
     // length that does not fit bounds its bisection; longer ones are not
     // needed for it).
-    let every = search.presets.len();
-    let mut open: Vec<usize> = (0..every)
-        .filter(|&gi| search.margin(traced, gi).is_ok_and(|m| m >= 0))
+    let mut open: Vec<usize> = (0..search.presets.len())
+        .filter(|&gi| search.fits(traced, gi))
         .collect();
     let mut n = traced;
     while !open.is_empty() && n < budget {
         n = n.saturating_mul(2).max(n + 1).min(budget);
         search.record(Some(n), Some(&open))?;
-        let fits_at_n = |gi: &usize| {
-            search
-                .points
-                .get(&n)
-                .and_then(|p| p.margins.get(*gi).copied().flatten())
-                .is_some_and(|m| m >= 0)
-        };
-        open.retain(fits_at_n);
+        open.retain(|&gi| search.fits(n, gi));
     }
     let presets = search.presets.clone();
     let mut gpus = Vec::with_capacity(presets.len());
