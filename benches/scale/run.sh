@@ -37,6 +37,7 @@ cases=(
   "gen-L80-4096|estimate $gen --layers 80 --new-tokens 4096|-"
   "gen-L80-32768|estimate $gen --layers 80 --new-tokens 32768|< 10 s, < 1 GiB, KV cache 80 × 4,096 × 32,799 B"
   "context-L80|whatif context $gen --layers 80 --budget 131072|< 30 s"
+  "context-L80-a100|whatif context $gen --layers 80 --budget 131072 --gpu a100-80gb|(one GPU)"
   "train-L160|estimate $train --layers 160|< 1 s"
 )
 if [ $# -gt 0 ]; then
@@ -77,8 +78,9 @@ r = json.load(open(sys.argv[1]))
 peak = r.get("peak") or {}
 gen = (r.get("summary") or {}).get("generation") or {}
 pts = r.get("points")
-if pts:  # whatif context: the largest simulated point
-    peak = pts[-1]["peak"]
+if pts:  # whatif context: the first GPU at the longest length run on it (reserved + context)
+    runs = [p["runs"][0] for p in pts if p["runs"][0]]
+    peak = {"reserved_bytes": "total %d" % runs[-1]["peak_total_bytes"]} if runs else {}
 print(peak.get("reserved_bytes", "-"), gen.get("kv_bytes_at_end", "-"))' "$out/json") ;;
     124) status="timeout (${timeout_s} s)" ;;
     1)

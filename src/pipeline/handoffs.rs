@@ -19,6 +19,9 @@ pub struct Handoffs {
     decided: Condvar,
     /// What the runs set aside and not yet taken may hold.
     keep: u64,
+    /// The unlimited run is wanted only for what it hands on: it stops once
+    /// it has decided every slot ([`Handoffs::sharing_only`]).
+    sharing_only: bool,
 }
 
 /// One device's slot in [`Handoffs`].
@@ -54,7 +57,23 @@ impl Handoffs {
             slots: Mutex::new((0..devices).map(|_| Slot::Open).collect()),
             decided: Condvar::new(),
             keep: keep.get(),
+            sharing_only: false,
         }
+    }
+
+    /// The same slots, for an unlimited run wanted only for the runs at
+    /// capacity it hands on (their verdicts, without a report): it stops
+    /// as soon as it has decided every slot, since nothing reads the rest.
+    pub fn sharing_only(self) -> Handoffs {
+        Handoffs {
+            sharing_only: true,
+            ..self
+        }
+    }
+
+    /// Whether the run stops once every slot is decided.
+    pub(super) fn stops_when_decided(&self) -> bool {
+        self.sharing_only
     }
 
     /// No device shares the run.

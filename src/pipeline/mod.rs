@@ -544,6 +544,26 @@ pub fn estimate_with(
     })
 }
 
+/// Each GPU of `config` at its capacity, without a report: whether the job
+/// fits and its peak there, the figures of the verdicts [`estimate`] gives
+/// (the same runs), for a search that asks only that of many sizes
+/// (`whatif context`). The unlimited runs, which a report needs whole, go
+/// only as far as some GPU still shares them.
+pub fn at_capacity(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<report::AtCapacity>, Error> {
+    let allocator = config.allocator()?;
+    let runs = runs::simulate_at_capacity(prepared, config, &allocator, progress, &InTurn)?;
+    Ok(config
+        .gpus
+        .iter()
+        .zip(&runs)
+        .map(|(target, run)| report::AtCapacity::of(run, target))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,7 +620,9 @@ mod tests {
     }
 
     /// A GPU the unlimited run fits takes it as its run at capacity; the
-    /// verdicts are those of a run at each capacity.
+    /// verdicts are those of a run at each capacity, and of the runs at
+    /// capacity without a report (the unlimited runs stopped once every GPU
+    /// has parted, [`at_capacity`]).
     #[test]
     fn verdicts_are_those_of_a_run_at_each_capacity() {
         let sizes = ["1MiB", "3MiB", "8MiB", "40MiB", "t4"];
@@ -615,6 +637,17 @@ mod tests {
             };
             let prepared = prepare(TINY, &config, &mut |_| {}).unwrap();
             let report = estimate(&prepared, &config, &mut |_| {}).unwrap().value;
+            let alone = at_capacity(&prepared, &config, &mut |_| {}).unwrap();
+            let verdicts: Vec<report::AtCapacity> = report
+                .gpus
+                .iter()
+                .map(|g| report::AtCapacity {
+                    fits: g.fits,
+                    peak_total_bytes: g.peak_total_bytes,
+                })
+                .collect();
+            assert!(verdicts.iter().any(|v| v.fits) && verdicts.iter().any(|v| !v.fits));
+            assert_eq!(alone, verdicts, "{alloc_conf}");
             let allocator = config.allocator().unwrap();
             for (target, verdict) in config.gpus.iter().zip(&report.gpus) {
                 let device =

@@ -129,12 +129,76 @@ pub(super) fn simulate_all<'c>(
     parallel: &dyn Parallel,
 ) -> Result<Runs<'c>, Error> {
     let job = prepared.job();
+    let variants = job.size_variants();
+    let key = |target: &GpuTarget| run_key(target, &variants);
+    let (unlimited, mut at_capacity) = simulate_runs(
+        prepared,
+        Some(summary),
+        config,
+        allocator,
+        progress,
+        parallel,
+    );
+    let missing = || Error::Report(ReportError::MissingSimulation);
+    let unlimited_for =
+        |target: &GpuTarget| unlimited.get(&key(target)).cloned().ok_or_else(missing);
+    let mut out = Vec::with_capacity(config.gpus.len());
+    for (i, target) in config.gpus.iter().enumerate() {
+        let run = at_capacity.remove(&i).ok_or_else(missing)?;
+        out.push((target, run, unlimited_for(target)?));
+    }
+    Ok(Runs {
+        reference: unlimited_for(&config.reference)?,
+        gpus: out,
+    })
+}
+
+/// Each compared GPU's run at capacity alone, in the config's order, for
+/// its verdict without a report: the unlimited runs are simulated only as
+/// far as a GPU still shares them ([`Handoffs::sharing_only`]), and the
+/// reference GPU's only where a compared GPU shares it. Each run is the
+/// one [`simulate_all`] gives that GPU.
+pub(super) fn simulate_at_capacity(
+    prepared: &Prepared,
+    config: &Config,
+    allocator: &AllocatorConfig,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Vec<SimulatedRun>, Error> {
+    let (_, mut at_capacity) = simulate_runs(prepared, None, config, allocator, progress, parallel);
+    (0..config.gpus.len())
+        .map(|i| {
+            at_capacity
+                .remove(&i)
+                .ok_or(Error::Report(ReportError::MissingSimulation))
+        })
+        .collect()
+}
+
+/// The unlimited runs (by key) and each compared GPU's run at capacity (by
+/// its index in the config) of an estimate: for its report where `summary`
+/// is given (the reference GPU's unlimited run records what the report
+/// shows), else only for the compared GPUs' verdicts (the unlimited runs
+/// stop once every GPU sharing them has parted; they are not whole).
+fn simulate_runs(
+    prepared: &Prepared,
+    summary: Option<&RunSummary>,
+    config: &Config,
+    allocator: &AllocatorConfig,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> (
+    BTreeMap<RunKey, SimulatedRun>,
+    BTreeMap<usize, SimulatedRun>,
+) {
+    let job = prepared.job();
     let n = job.n_events();
     let n_hint = usize::try_from(n).unwrap_or(usize::MAX);
     let variants = job.size_variants();
     let key = |target: &GpuTarget| run_key(target, &variants);
     let mut unlimited_targets: BTreeMap<RunKey, &GpuTarget> = BTreeMap::new();
-    for target in std::iter::once(&config.reference).chain(&config.gpus) {
+    let reference = summary.map(|_| &config.reference);
+    for target in reference.into_iter().chain(&config.gpus) {
         unlimited_targets.entry(key(target)).or_insert(target);
     }
     let reference_key = key(&config.reference);
@@ -169,7 +233,13 @@ pub(super) fn simulate_all<'c>(
     let keep = Bytes(config.memory_budget.get() / 16 / (unlimited_targets.len().max(1) as u64));
     let handoffs: Vec<Handoffs> = sharers
         .iter()
-        .map(|sharers| Handoffs::new(sharers.len(), keep))
+        .map(|sharers| {
+            let handoffs = Handoffs::new(sharers.len(), keep);
+            match summary {
+                Some(_) => handoffs,
+                None => handoffs.sharing_only(),
+            }
+        })
         .collect();
     let fresh = || Runner::new(allocator, &GpuMemory::unlimited(), n_hint);
     // The unlimited runs first, then one job per compared GPU, which takes
@@ -179,11 +249,12 @@ pub(super) fn simulate_all<'c>(
     for ((run_key, &target), (sharers, handoffs)) in
         unlimited_targets.iter().zip(sharers.iter().zip(&handoffs))
     {
-        let recorder = if *run_key == reference_key {
-            report::recorder(job, summary, config.max_timeline_points)
-        } else {
-            Recorder::maxima()
+        let headline = summary.filter(|_| *run_key == reference_key);
+        let recorder = match headline {
+            Some(summary) => report::recorder(job, summary, config.max_timeline_points),
+            None => Recorder::maxima(),
         };
+        let headline = headline.is_some();
         let devices: Vec<GpuMemory> = sharers.iter().map(|(_, d)| *d).collect();
         let start = Start {
             runner: fresh(),
@@ -191,7 +262,6 @@ pub(super) fn simulate_all<'c>(
             at: 0,
             walked: None,
         };
-        let headline = *run_key == reference_key;
         jobs.push(Box::new(move |tick| {
             let mut run = simulate_from(job, target, start, &devices, handoffs, tick);
             // The report's blocks at the peak, found here: beside the runs
@@ -255,20 +325,9 @@ pub(super) fn simulate_all<'c>(
         .keys()
         .filter_map(|k| results.next().map(|run| (k.clone(), run)))
         .collect();
-    let mut at_capacity: BTreeMap<usize, SimulatedRun> = order.into_iter().zip(results).collect();
-    let missing = || Error::Report(ReportError::MissingSimulation);
-    let unlimited_for =
-        |target: &GpuTarget| unlimited.get(&key(target)).cloned().ok_or_else(missing);
-    let mut out = Vec::with_capacity(config.gpus.len());
-    for (i, target) in config.gpus.iter().enumerate() {
-        let run = at_capacity.remove(&i).ok_or_else(missing)?;
-        out.push((target, run, unlimited_for(target)?));
-    }
+    let at_capacity: BTreeMap<usize, SimulatedRun> = order.into_iter().zip(results).collect();
     report(total);
-    Ok(Runs {
-        reference: unlimited_for(&config.reference)?,
-        gpus: out,
-    })
+    (unlimited, at_capacity)
 }
 
 /// The device a GPU's run at capacity has: its capacity, less its context.

@@ -339,6 +339,9 @@ impl Sim<'_, '_> {
 
     /// Simulates event `e` (the `index`-th), or lets it go by.
     fn event(&mut self, e: &JobEvent) -> Next {
+        if self.shared_out() {
+            return Next::Stop;
+        }
         let index = self.index;
         if index >= self.at {
             // A decode step the small pool has seen: its small events go by,
@@ -452,6 +455,12 @@ impl Sim<'_, '_> {
         Next::Event
     }
 
+    /// Whether the run is wanted only for what it hands on and has
+    /// decided every device sharing it: nothing reads its events past here.
+    fn shared_out(&self) -> bool {
+        self.lowest == u64::MAX && self.handoffs.stops_when_decided()
+    }
+
     /// From the first event of a step let go by ([`Next::Bulk`]), step
     /// after step while they are let go by: each stretch of small events
     /// that are the same on every step at once ([`Item::Stretch`]), every
@@ -502,6 +511,9 @@ impl Sim<'_, '_> {
                         total,
                         segment,
                     }) => {
+                        if self.shared_out() {
+                            return None;
+                        }
                         let sample = self.runner.sample();
                         if self.lowest < u64::MAX
                             && sample.reserved.get().saturating_add(segment) > self.lowest
@@ -718,6 +730,43 @@ mod tests {
                 .sum()
         };
         let keep = footprint(&all) - 1;
+        // An unlimited run wanted only for what it hands on stops at the
+        // last capacity it passes, having handed the same runs on; with a
+        // capacity it never comes near, it goes to the end.
+        let sharing = |caps: &[u64]| {
+            let target = parse_gpu("a100-80gb").unwrap();
+            let devices: Vec<GpuMemory> = caps
+                .iter()
+                .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
+                .collect();
+            let start = Start {
+                runner: Runner::new(&AllocatorConfig::default(), &GpuMemory::unlimited(), 0),
+                recorder: Recorder::maxima(),
+                at: 0,
+                walked: None,
+            };
+            let handoffs = Handoffs::new(devices.len(), Bytes(u64::MAX)).sharing_only();
+            let run = simulate_from(
+                JobRef::Schedule(&s),
+                &target,
+                start,
+                &devices,
+                &handoffs,
+                &mut |_| {},
+            );
+            (run, handoffs.into_parts())
+        };
+        let passed = &caps[..4];
+        let (stopped, parts) = sharing(passed);
+        let last = parts.iter().flatten().map(|p| p.at).max().unwrap();
+        assert_eq!(stopped.events, last as u64 + 1);
+        assert!(stopped.events < unlimited.events);
+        let at = |parts: &[Option<Parted>]| -> Vec<Option<usize>> {
+            parts.iter().map(|p| p.as_ref().map(|p| p.at)).collect()
+        };
+        assert_eq!(at(&parts), at(&all[..4]));
+        let (whole, _) = sharing(&[top / 8, top * 2]);
+        assert_eq!(whole, unlimited);
         let (_, some, _) = runs_keeping(&s, &caps, Bytes(keep));
         assert!(footprint(&some) <= keep);
         let kept: Vec<usize> = some.iter().flatten().map(|p| p.at).collect();

@@ -338,11 +338,19 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                         ]
                     })
                     .collect(),
-                bars: s
-                    .points
-                    .iter()
-                    .map(|p| (format!("{} new tokens", thousands(u64::from(p.new_tokens))), p.peak.total_bytes, false))
-                    .collect(),
+                bars: {
+                    // The target's run at its capacity, at each length it
+                    // was simulated at (the first GPU where it is not one).
+                    let target = s.gpus.iter().position(|g| g.preset == s.reference_gpu).unwrap_or(0);
+                    s.points
+                        .iter()
+                        .filter_map(|p| {
+                            let run = p.runs.get(target).copied().flatten()?;
+                            let fits = if run.fits { "" } else { ", does not fit" };
+                            Some((format!("{} new tokens{fits}", thousands(u64::from(p.new_tokens))), run.peak_total_bytes, run.fits))
+                        })
+                        .collect()
+                },
                 batch: None,
                 notes: s
                     .warnings
@@ -351,6 +359,7 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                     .map(|w| w.message.clone())
                     .chain([
                     "Each length is the whole generation simulated: the decode steps copied, the KV cache grown a position a step, every block through the caching allocator; no limit is extrapolated.".to_owned(),
+                    format!("The page's chart: {}'s peak at its capacity (reserved plus CUDA context; up to where it runs out of memory) at each length simulated on it, green where it fits.", s.gpus.iter().find(|g| g.preset == s.reference_gpu).or(s.gpus.first()).map_or("the first GPU", |g| g.preset.as_str())),
                     "With a position limit the search goes up to it; without one it stops at the simulation budget (new tokens simulated at most), and a GPU that still fits there fits at least that many new tokens.".to_owned(),
                     ])
                     .collect(),

@@ -24,7 +24,7 @@ pub use accuracy::{ErrorBand, JobKind, Margin};
 pub use recorder::{LiveAtPeak, Recorder, RunDetail, SimulatedRun, Stretch};
 pub use timeline::{downsample, Downsampler, TimelinePoint, DEFAULT_MAX_POINTS};
 use verdict::verdict;
-pub use verdict::{kernels_on, GpuVerdict};
+pub use verdict::{kernels_on, AtCapacity, GpuVerdict};
 
 use crate::diag::Warning;
 use crate::orchestrator::{Category, IterationSpan, Phase, PhaseWindow};

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{GpuRuns, Margin};
+use super::{GpuRuns, Margin, SimulatedRun};
 use crate::kernels::KernelNote;
 use crate::presets::GpuTarget;
 use crate::units::Bytes;
@@ -38,11 +38,35 @@ pub struct GpuVerdict {
     pub margin: Margin,
 }
 
+/// What a GPU's run at its capacity says: whether the job fits, and its
+/// peak (what a verdict reads of it, and all a search over sizes needs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AtCapacity {
+    /// Whether the run completes at this capacity (the simulated allocator
+    /// releases its cache and retries before it gives up).
+    pub fits: bool,
+    /// Peak reserved plus context (up to the failure when it does not fit).
+    pub peak_total_bytes: Bytes,
+}
+
+impl AtCapacity {
+    /// The run at capacity `run` of `target`.
+    pub fn of(run: &SimulatedRun, target: &GpuTarget) -> AtCapacity {
+        let peak_total = run.max_reserved + target.overheads.context_bytes;
+        AtCapacity {
+            fits: run.oom_at.is_none() && peak_total <= target.capacity,
+            peak_total_bytes: peak_total,
+        }
+    }
+}
+
 pub(super) fn verdict(runs: &GpuRuns<'_>, kernels: &[KernelNote]) -> GpuVerdict {
     let overheads = runs.target.overheads;
     let capacity = runs.target.capacity;
-    let peak_total = runs.at_capacity.max_reserved + overheads.context_bytes;
-    let fits = runs.at_capacity.oom_at.is_none() && peak_total <= capacity;
+    let AtCapacity {
+        fits,
+        peak_total_bytes: peak_total,
+    } = AtCapacity::of(runs.at_capacity, runs.target);
     let needed = runs.unlimited.max_reserved + overheads.context_bytes;
     GpuVerdict {
         preset: runs.target.name.clone(),

@@ -11,7 +11,10 @@
 //! the first that does not: every answer is simulated, none extrapolated.
 //! A length is simulated only on the GPUs whose answer it can change: while
 //! doubling, those that fit every shorter length; while bisecting, the GPU
-//! bisected.
+//! bisected. Past the traced length a point is each GPU's run at its
+//! capacity alone ([`crate::pipeline::at_capacity`]: its verdict's figures,
+//! without the report's unlimited run, whose reserved bytes a long dynamic
+//! cache grows far past any GPU).
 //!
 //! The search stops at the model's **position limit** when the trace shows
 //! one ([`position_limit`]: the capture helper's `max_positions`, or the rows
@@ -27,12 +30,12 @@ use serde::{Deserialize, Serialize};
 use super::{PeakFigures, WhatIfError};
 use crate::analyzer::generation::Generation;
 use crate::diag::Warning;
-use crate::pipeline::{estimate, prepare_parsed, Config, GenerationJob};
-use crate::report::Report;
+use crate::pipeline::{at_capacity, estimate, prepare_parsed, Config, GenerationJob};
+use crate::report::AtCapacity;
 use crate::trace::Trace;
 
 /// The version tag of [`ContextSweep`].
-pub const SCHEMA: &str = "memcast.context/2";
+pub const SCHEMA: &str = "memcast.context/3";
 
 /// New tokens simulated at most, by default: a few seconds of copying and
 /// simulating decode steps for a small model.
@@ -44,12 +47,12 @@ pub struct ContextPoint {
     pub new_tokens: u32,
     /// Positions in the KV cache at the end (prompt + new tokens − 1).
     pub positions: Option<u64>,
-    pub peak: PeakFigures,
-    /// Per GPU: capacity left at the peak (negative: what is missing);
+    /// Per GPU: its run at its capacity — whether it fits, and its peak
+    /// (reserved plus context; up to the failure where it does not fit);
     /// `None` where this length was not simulated on that GPU, its answer
     /// being known without it (it ran out of memory at a shorter length, or
     /// the point was simulated for another GPU's bisection).
-    pub margins: Vec<Option<i64>>,
+    pub runs: Vec<Option<AtCapacity>>,
 }
 
 /// How a GPU's limit was found.
@@ -106,6 +109,9 @@ pub struct ContextSweep {
     pub reference_gpu: String,
     pub prompt_tokens: Option<u64>,
     pub traced_new_tokens: u32,
+    /// The traced generation's peak on the reference GPU, without a
+    /// capacity limit (the estimate's headline).
+    pub traced_peak: PeakFigures,
     /// The most new tokens simulated (the budget asked for, or less).
     pub budget_new_tokens: u32,
     /// The model's position limit (prompt + new tokens), when the trace
@@ -120,25 +126,6 @@ pub struct ContextSweep {
     pub warnings: Vec<Warning>,
 }
 
-/// The capacity left on each GPU of the report (negative: the shortfall).
-fn margins(report: &Report) -> Vec<i64> {
-    report
-        .gpus
-        .iter()
-        .map(|g| match (g.headroom_bytes, g.shortfall_bytes) {
-            (Some(h), _) => i64::try_from(h.get()).unwrap_or(i64::MAX),
-            (None, Some(s)) => -i64::try_from(s.get()).unwrap_or(i64::MAX),
-            (None, None) => {
-                if g.fits {
-                    0
-                } else {
-                    -1
-                }
-            }
-        })
-        .collect()
-}
-
 /// The simulated points, by new tokens, and what the first one showed.
 struct Search<'a> {
     traces: &'a [Trace],
@@ -148,6 +135,8 @@ struct Search<'a> {
     reference_gpu: String,
     presets: Vec<String>,
     warnings: Vec<Warning>,
+    /// The first point's peak on the reference GPU (its report's).
+    traced_peak: Option<PeakFigures>,
     /// The generation derived once for every length past the traced one
     /// (`None` inside: it does not derive, each length is built whole),
     /// made on the first length asked for.
@@ -155,10 +144,12 @@ struct Search<'a> {
 }
 
 impl Search<'_> {
-    /// Estimates the generation at `new_tokens` (`None`: as traced) on the
+    /// Simulates the generation at `new_tokens` (`None`: as traced) on the
     /// GPUs `on` (indices into the config's; every one for `None`), records
-    /// their margins at the point and returns the generation it shows. A
-    /// GPU's margin is its own run's, whichever others run beside it: the
+    /// their runs at capacity at the point and returns the generation it
+    /// shows. The first point is a whole estimate (its report names the
+    /// GPUs and the traced peak); the others are the runs at capacity
+    /// alone. A GPU's run is its own, whichever others run beside it: the
     /// runs of one estimate never change each other's decisions.
     fn record(
         &mut self,
@@ -183,31 +174,40 @@ impl Search<'_> {
             Some(prepared) => prepared,
             None => prepare_parsed(self.traces, Vec::new(), &cfg, &mut |_| {})?,
         };
-        let report = estimate(&prepared, &cfg, &mut |_| {})?.value;
-        if self.points.is_empty() {
+        let found: Vec<AtCapacity> = if self.points.is_empty() {
+            let report = estimate(&prepared, &cfg, &mut |_| {})?.value;
             self.reference_gpu = report.reference_gpu.clone();
             self.presets = report.gpus.iter().map(|g| g.preset.clone()).collect();
             self.warnings = report.warnings.clone();
-        }
-        let generation = report.summary.generation.clone();
+            self.traced_peak = Some(PeakFigures::of(&report));
+            report
+                .gpus
+                .iter()
+                .map(|g| AtCapacity {
+                    fits: g.fits,
+                    peak_total_bytes: g.peak_total_bytes,
+                })
+                .collect()
+        } else {
+            at_capacity(&prepared, &cfg, &mut |_| {})?
+        };
+        let generation = prepared.generation.clone();
         let n = new_tokens
             .or(generation.as_ref().map(|g| g.calls))
             .unwrap_or(0);
-        let found = margins(&report);
         let every = self.presets.len();
         let point = self.points.entry(n).or_insert_with(|| ContextPoint {
             new_tokens: n,
             positions: generation.as_ref().and_then(|g| g.positions),
-            peak: PeakFigures::of(&report),
-            margins: vec![None; every],
+            runs: vec![None; every],
         });
         let indices: Vec<usize> = match on {
             Some(on) => on.to_vec(),
             None => (0..found.len()).collect(),
         };
-        for (i, margin) in indices.into_iter().zip(found) {
-            if let Some(slot) = point.margins.get_mut(i) {
-                *slot = Some(margin);
+        for (i, run) in indices.into_iter().zip(found) {
+            if let Some(slot) = point.runs.get_mut(i) {
+                *slot = Some(run);
             }
         }
         Ok(generation)
@@ -224,23 +224,23 @@ impl Search<'_> {
         self.derived.as_ref().and_then(Option::as_ref)
     }
 
-    /// GPU `gpu`'s margin at `n` new tokens, where it was simulated.
-    fn known(&self, n: u32, gpu: usize) -> Option<i64> {
-        self.points.get(&n)?.margins.get(gpu).copied().flatten()
+    /// GPU `gpu`'s run at capacity at `n` new tokens, where it was simulated.
+    fn known(&self, n: u32, gpu: usize) -> Option<AtCapacity> {
+        self.points.get(&n)?.runs.get(gpu).copied().flatten()
     }
 
     /// Whether GPU `gpu` was simulated at `n` new tokens and fits.
     fn fits(&self, n: u32, gpu: usize) -> bool {
-        self.known(n, gpu).is_some_and(|m| m >= 0)
+        self.known(n, gpu).is_some_and(|r| r.fits)
     }
 
-    /// GPU `gpu`'s margin at `n` new tokens, simulated on it alone unless
-    /// the point already has it.
-    fn margin(&mut self, n: u32, gpu: usize) -> Result<i64, WhatIfError> {
+    /// Whether GPU `gpu` fits at `n` new tokens, simulated on it alone
+    /// unless the point already has it.
+    fn fits_at(&mut self, n: u32, gpu: usize) -> Result<bool, WhatIfError> {
         if self.known(n, gpu).is_none() {
             self.record((n != self.traced).then_some(n), Some(&[gpu]))?;
         }
-        Ok(self.known(n, gpu).unwrap_or(-1))
+        Ok(self.fits(n, gpu))
     }
 }
 
@@ -299,6 +299,7 @@ pub fn longest(
         reference_gpu: String::new(),
         presets: Vec::new(),
         warnings: Vec::new(),
+        traced_peak: None,
         derived: None,
     };
     // The generation as traced: its point, and what it is.
@@ -308,6 +309,11 @@ pub fn longest(
         ));
     };
     let traced = generation.calls;
+    let Some(traced_peak) = search.traced_peak else {
+        return Err(WhatIfError::Pipeline(
+            crate::scale::ScaleError::NoGeneration.into(),
+        ));
+    };
     search.traced = traced;
     let prompt = generation.prompt_tokens.unwrap_or(0);
     let limit = position_limit(traces, prompt + u64::from(traced));
@@ -362,18 +368,16 @@ pub fn longest(
     let presets = search.presets.clone();
     let mut gpus = Vec::with_capacity(presets.len());
     for (gi, preset) in presets.into_iter().enumerate() {
-        let margin = |p: &ContextPoint| p.margins.get(gi).copied().flatten();
+        let fits = |p: &ContextPoint| p.runs.get(gi).copied().flatten().map(|r| r.fits);
         let first_fail = search
             .points
             .values()
-            .find(|p| margin(p).is_some_and(|m| m < 0))
+            .find(|p| fits(p) == Some(false))
             .map(|p| p.new_tokens);
         let last_fit = search
             .points
             .values()
-            .filter(|p| {
-                margin(p).is_some_and(|m| m >= 0) && first_fail.is_none_or(|f| p.new_tokens < f)
-            })
+            .filter(|p| fits(p) == Some(true) && first_fail.is_none_or(|f| p.new_tokens < f))
             .map(|p| p.new_tokens)
             .max();
         let (max, found) = match (last_fit, first_fail) {
@@ -382,7 +386,7 @@ pub fn longest(
                 let (mut lo, mut hi) = (lo, hi);
                 while hi - lo > 1 {
                     let mid = lo + (hi - lo) / 2;
-                    if search.margin(mid, gi)? >= 0 {
+                    if search.fits_at(mid, gi)? {
                         lo = mid;
                     } else {
                         hi = mid;
@@ -406,6 +410,7 @@ pub fn longest(
         reference_gpu: search.reference_gpu,
         prompt_tokens: generation.prompt_tokens,
         traced_new_tokens: traced,
+        traced_peak,
         budget_new_tokens: budget,
         position_limit: limit.as_ref().map(|(n, _)| *n),
         position_limit_from: limit.map(|(_, from)| from),

@@ -481,16 +481,25 @@ fn the_longest_generation_each_gpu_fits() {
             .unwrap()
             .value;
         assert_eq!(report.gpus[0].fits, fits, "{n} new tokens");
+        // The search's run at capacity (without the unlimited run) is the
+        // estimate's verdict there, its peak too.
+        let point = sweep.points.iter().find(|p| p.new_tokens == n).unwrap();
+        let run = point.runs[0].unwrap();
+        assert_eq!(
+            (run.fits, run.peak_total_bytes),
+            (fits, report.gpus[0].peak_total_bytes),
+            "{n} new tokens"
+        );
     }
     // A length is simulated on the GPUs whose answer it can change: the
     // budget's not on the small GPU (it ran out at a shorter one), its
     // bisection's on it alone.
     let last = sweep.points.last().unwrap();
-    assert!(last.margins[0].is_none() && last.margins[1].is_some());
+    assert!(last.runs[0].is_none() && last.runs[1].is_some());
     assert!(sweep
         .points
         .iter()
-        .any(|p| p.margins[0].is_some_and(|m| m < 0) && p.margins[1].is_none()));
+        .any(|p| p.runs[0].is_some_and(|r| !r.fits) && p.runs[1].is_none()));
     let big = &sweep.gpus[1];
     assert_eq!(sweep.position_limit, None);
     assert_eq!(big.found, Found::NoLimitInTrace);
