@@ -634,27 +634,51 @@ mod tests {
         caps: &[u64],
         keep: Bytes,
     ) -> (SimulatedRun, Vec<Option<Parted>>, Vec<SimulatedRun>) {
-        let target = parse_gpu("a100-80gb").unwrap();
-        let allocator = AllocatorConfig::default();
+        let (unlimited, parted) = shared(schedule, caps, keep, false);
+        let (target, conf) = (parse_gpu("a100-80gb").unwrap(), AllocatorConfig::default());
         let job = JobRef::Schedule(schedule);
+        let alone = caps
+            .iter()
+            .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
+            .map(|d| simulate_job(job, &target, &conf, &d, Recorder::maxima(), &mut |_| {}))
+            .collect();
+        (unlimited, parted, alone)
+    }
+
+    /// Where each run set aside parted.
+    fn parted_at(parts: &[Option<Parted>]) -> Vec<Option<usize>> {
+        parts.iter().map(|p| p.as_ref().map(|p| p.at)).collect()
+    }
+
+    /// The unlimited run with `caps` (allocator bytes) sharing it, the
+    /// runs set aside holding at most `keep` bytes (only for what it hands
+    /// on: `sharing_only`), and the runs it set aside.
+    fn shared(
+        schedule: &Schedule,
+        caps: &[u64],
+        keep: Bytes,
+        sharing_only: bool,
+    ) -> (SimulatedRun, Vec<Option<Parted>>) {
+        let handoffs = Handoffs::new(caps.len(), keep);
+        let handoffs = if sharing_only {
+            handoffs.sharing_only()
+        } else {
+            handoffs
+        };
+        let target = parse_gpu("a100-80gb").unwrap();
         let devices: Vec<GpuMemory> = caps
             .iter()
             .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
             .collect();
         let start = Start {
-            runner: Runner::new(&allocator, &GpuMemory::unlimited(), 0),
+            runner: Runner::new(&AllocatorConfig::default(), &GpuMemory::unlimited(), 0),
             recorder: Recorder::maxima(),
             at: 0,
             walked: None,
         };
-        let handoffs = Handoffs::new(devices.len(), keep);
+        let job = JobRef::Schedule(schedule);
         let unlimited = simulate_from(job, &target, start, &devices, &handoffs, &mut |_| {});
-        let parted = handoffs.into_parts();
-        let alone = devices
-            .iter()
-            .map(|d| simulate_job(job, &target, &allocator, d, Recorder::maxima(), &mut |_| {}))
-            .collect();
-        (unlimited, parted, alone)
+        (unlimited, handoffs.into_parts())
     }
 
     /// A run at capacity that goes on from where it parted from the
@@ -664,6 +688,10 @@ mod tests {
         let target = parse_gpu("a100-80gb").unwrap();
         let job = JobRef::Schedule(schedule);
         let (unlimited, parted, alone) = runs(schedule, caps);
+        // Wanted only for what it hands on, the run sets the same runs
+        // aside at the same events.
+        let (_, only) = shared(schedule, caps, Bytes(u64::MAX), true);
+        prop_assert_eq!(parted_at(&only), parted_at(&parted));
         let mut n = 0;
         for ((cap, part), alone) in caps.iter().zip(parted).zip(alone) {
             match part {
@@ -733,39 +761,11 @@ mod tests {
         // An unlimited run wanted only for what it hands on stops at the
         // last capacity it passes, having handed the same runs on; with a
         // capacity it never comes near, it goes to the end.
-        let sharing = |caps: &[u64]| {
-            let target = parse_gpu("a100-80gb").unwrap();
-            let devices: Vec<GpuMemory> = caps
-                .iter()
-                .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
-                .collect();
-            let start = Start {
-                runner: Runner::new(&AllocatorConfig::default(), &GpuMemory::unlimited(), 0),
-                recorder: Recorder::maxima(),
-                at: 0,
-                walked: None,
-            };
-            let handoffs = Handoffs::new(devices.len(), Bytes(u64::MAX)).sharing_only();
-            let run = simulate_from(
-                JobRef::Schedule(&s),
-                &target,
-                start,
-                &devices,
-                &handoffs,
-                &mut |_| {},
-            );
-            (run, handoffs.into_parts())
-        };
-        let passed = &caps[..4];
-        let (stopped, parts) = sharing(passed);
+        let (stopped, parts) = shared(&s, &caps[..4], Bytes(u64::MAX), true);
         let last = parts.iter().flatten().map(|p| p.at).max().unwrap();
         assert_eq!(stopped.events, last as u64 + 1);
         assert!(stopped.events < unlimited.events);
-        let at = |parts: &[Option<Parted>]| -> Vec<Option<usize>> {
-            parts.iter().map(|p| p.as_ref().map(|p| p.at)).collect()
-        };
-        assert_eq!(at(&parts), at(&all[..4]));
-        let (whole, _) = sharing(&[top / 8, top * 2]);
+        let (whole, _) = shared(&s, &[top / 8, top * 2], Bytes(u64::MAX), true);
         assert_eq!(whole, unlimited);
         let (_, some, _) = runs_keeping(&s, &caps, Bytes(keep));
         assert!(footprint(&some) <= keep);
