@@ -641,10 +641,7 @@ mod tests {
             let verdicts: Vec<report::AtCapacity> = report
                 .gpus
                 .iter()
-                .map(|g| report::AtCapacity {
-                    fits: g.fits,
-                    peak_total_bytes: g.peak_total_bytes,
-                })
+                .map(report::GpuVerdict::at_capacity)
                 .collect();
             assert!(verdicts.iter().any(|v| v.fits) && verdicts.iter().any(|v| !v.fits));
             assert_eq!(alone, verdicts, "{alloc_conf}");

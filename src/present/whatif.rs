@@ -305,6 +305,17 @@ pub fn figure(result: &WhatIfResult) -> Figure {
             notes: s.notes.clone(),
         },
         WhatIfResult::Context(s) => {
+            // The target's runs at capacity make the chart (the first GPU
+            // where it is not one).
+            let target = s
+                .gpus
+                .iter()
+                .position(|g| g.preset == s.reference_gpu)
+                .unwrap_or(0);
+            let target_name = s
+                .gpus
+                .get(target)
+                .map_or("the first GPU", |g| g.preset.as_str());
             let num = |x: Option<u64>| x.map_or_else(|| "–".to_owned(), thousands);
             let limit = match (s.position_limit, &s.position_limit_from) {
                 (Some(n), Some(from)) => {
@@ -339,9 +350,6 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                     })
                     .collect(),
                 bars: {
-                    // The target's run at its capacity, at each length it
-                    // was simulated at (the first GPU where it is not one).
-                    let target = s.gpus.iter().position(|g| g.preset == s.reference_gpu).unwrap_or(0);
                     s.points
                         .iter()
                         .filter_map(|p| {
@@ -359,7 +367,7 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                     .map(|w| w.message.clone())
                     .chain([
                     "Each length is the whole generation simulated: the decode steps copied, the KV cache grown a position a step, every block through the caching allocator; no limit is extrapolated.".to_owned(),
-                    format!("The page's chart: {}'s peak at its capacity (reserved plus CUDA context; up to where it runs out of memory) at each length simulated on it, green where it fits.", s.gpus.iter().find(|g| g.preset == s.reference_gpu).or(s.gpus.first()).map_or("the first GPU", |g| g.preset.as_str())),
+                    format!("The page's chart: {target_name}'s peak at its capacity (reserved plus CUDA context; up to where it runs out of memory) at each length simulated on it, green where it fits."),
                     "With a position limit the search goes up to it; without one it stops at the simulation budget (new tokens simulated at most), and a GPU that still fits there fits at least that many new tokens.".to_owned(),
                     ])
                     .collect(),

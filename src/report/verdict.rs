@@ -60,6 +60,16 @@ impl AtCapacity {
     }
 }
 
+impl GpuVerdict {
+    /// What its run at capacity said (the figures [`AtCapacity::of`] gives).
+    pub fn at_capacity(&self) -> AtCapacity {
+        AtCapacity {
+            fits: self.fits,
+            peak_total_bytes: self.peak_total_bytes,
+        }
+    }
+}
+
 pub(super) fn verdict(runs: &GpuRuns<'_>, kernels: &[KernelNote]) -> GpuVerdict {
     let overheads = runs.target.overheads;
     let capacity = runs.target.capacity;

@@ -31,7 +31,7 @@ use super::{PeakFigures, WhatIfError};
 use crate::analyzer::generation::Generation;
 use crate::diag::Warning;
 use crate::pipeline::{at_capacity, estimate, prepare_parsed, Config, GenerationJob};
-use crate::report::AtCapacity;
+use crate::report::{AtCapacity, GpuVerdict};
 use crate::trace::Trace;
 
 /// The version tag of [`ContextSweep`].
@@ -180,14 +180,7 @@ impl Search<'_> {
             self.presets = report.gpus.iter().map(|g| g.preset.clone()).collect();
             self.warnings = report.warnings.clone();
             self.traced_peak = Some(PeakFigures::of(&report));
-            report
-                .gpus
-                .iter()
-                .map(|g| AtCapacity {
-                    fits: g.fits,
-                    peak_total_bytes: g.peak_total_bytes,
-                })
-                .collect()
+            report.gpus.iter().map(GpuVerdict::at_capacity).collect()
         } else {
             at_capacity(&prepared, &cfg, &mut |_| {})?
         };
