@@ -387,6 +387,7 @@ impl GenerationJob {
     pub fn derive(
         traces: &[trace::Trace],
         config: &Config,
+        parallel: &dyn Parallel,
     ) -> Result<Option<GenerationJob>, Error> {
         let capture = traces.first().and_then(|t| t.header.capture.clone());
         let config = &capture::apply(config, capture.as_deref());
@@ -394,7 +395,7 @@ impl GenerationJob {
             return Ok(None);
         }
         crate::scale::validate(&config.scale)?;
-        let derivation = stream::Derivation::of(traces, &[], config, &mut |_| {})?;
+        let derivation = stream::Derivation::of(traces, &[], config, &mut |_| {}, parallel)?;
         Ok(derivation.map(|derivation| GenerationJob {
             derivation,
             traced: traces
@@ -544,23 +545,37 @@ pub fn estimate_with(
     })
 }
 
+/// A GPU's run at its capacity, as a search over sizes reads it: its
+/// verdict's figures, and the job's event at which it ran out of memory
+/// (after releasing its cache and retrying), if it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityRun {
+    pub at: report::AtCapacity,
+    pub ran_out_at: Option<u64>,
+}
+
 /// Each GPU of `config` at its capacity, without a report: whether the job
 /// fits and its peak there, the figures of the verdicts [`estimate`] gives
 /// (the same runs), for a search that asks only that of many sizes
-/// (`whatif context`). The unlimited runs, which a report needs whole, go
-/// only as far as some GPU still shares them.
+/// (`whatif context`); the runs go through `parallel`. The unlimited runs,
+/// which a report needs whole, go only as far as some GPU still shares
+/// them.
 pub fn at_capacity(
     prepared: &Prepared,
     config: &Config,
     progress: &mut dyn FnMut(Progress),
-) -> Result<Vec<report::AtCapacity>, Error> {
+    parallel: &dyn Parallel,
+) -> Result<Vec<CapacityRun>, Error> {
     let allocator = config.allocator()?;
-    let runs = runs::simulate_at_capacity(prepared, config, &allocator, progress, &InTurn)?;
+    let runs = runs::simulate_at_capacity(prepared, config, &allocator, progress, parallel)?;
     Ok(config
         .gpus
         .iter()
         .zip(&runs)
-        .map(|(target, run)| report::AtCapacity::of(run, target))
+        .map(|(target, run)| CapacityRun {
+            at: report::AtCapacity::of(run, target),
+            ran_out_at: run.oom_at,
+        })
         .collect())
 }
 
@@ -637,16 +652,17 @@ mod tests {
             };
             let prepared = prepare(TINY, &config, &mut |_| {}).unwrap();
             let report = estimate(&prepared, &config, &mut |_| {}).unwrap().value;
-            let alone = at_capacity(&prepared, &config, &mut |_| {}).unwrap();
+            let alone = at_capacity(&prepared, &config, &mut |_| {}, &InTurn).unwrap();
+            let figures: Vec<report::AtCapacity> = alone.iter().map(|r| r.at).collect();
             let verdicts: Vec<report::AtCapacity> = report
                 .gpus
                 .iter()
                 .map(report::GpuVerdict::at_capacity)
                 .collect();
             assert!(verdicts.iter().any(|v| v.fits) && verdicts.iter().any(|v| !v.fits));
-            assert_eq!(alone, verdicts, "{alloc_conf}");
+            assert_eq!(figures, verdicts, "{alloc_conf}");
             let allocator = config.allocator().unwrap();
-            for (target, verdict) in config.gpus.iter().zip(&report.gpus) {
+            for ((target, verdict), alone) in config.gpus.iter().zip(&report.gpus).zip(&alone) {
                 let device =
                     simulator::GpuMemory::new(target.capacity, target.overheads.context_bytes);
                 let run = simulate_job(
@@ -669,6 +685,7 @@ mod tests {
                     "{alloc_conf} {}",
                     target.name
                 );
+                assert_eq!(alone.ran_out_at, run.oom_at, "{alloc_conf} {}", target.name);
             }
             assert!(report.gpus.iter().any(|g| !g.fits) && report.gpus.iter().any(|g| g.fits));
         }

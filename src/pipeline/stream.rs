@@ -22,7 +22,7 @@
 //! before; so is one with few copies (nothing to gain), and the autocast
 //! what-if's job of a streamed generation.
 
-use super::{prepare_trace, Config, Error, InTurn, Parallel, Prepared, Progress, Stage};
+use super::{prepare_trace, Config, Error, Parallel, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::orchestrator::{ScheduleEvent, ScheduledBlock};
 use crate::program::{grown_text, Dim, Grid, Program};
@@ -162,6 +162,7 @@ impl Derivation {
         warnings: &[Warning],
         config: &Config,
         progress: &mut dyn FnMut(Progress),
+        parallel: &dyn Parallel,
     ) -> Result<Option<Derivation>, Error> {
         if traces.is_empty() {
             return Ok(None);
@@ -174,7 +175,7 @@ impl Derivation {
             &counts,
             Dim::Tokens,
             progress,
-            &InTurn,
+            parallel,
         )
     }
 

@@ -341,11 +341,21 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                         } else {
                             ""
                         };
+                        let how = match (g.runs_out_at, g.shown_by) {
+                            (Some(n), Some(by)) => format!(
+                                "{}; {} runs out (the {}-token run's first call ran out there)",
+                                g.found.label(),
+                                thousands(n),
+                                thousands(u64::from(by))
+                            ),
+                            (Some(n), None) => format!("{}; {} runs out", g.found.label(), thousands(n)),
+                            _ => g.found.label().to_owned(),
+                        };
                         vec![
                             g.preset.clone(),
                             format!("{at_least}{}", num(g.max_new_tokens)),
                             format!("{at_least}{}", num(g.max_context_tokens)),
-                            g.found.label().to_owned(),
+                            how,
                         ]
                     })
                     .collect(),
@@ -367,6 +377,7 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                     .map(|w| w.message.clone())
                     .chain([
                     "Each length is the whole generation simulated: the decode steps copied, the KV cache grown a position a step, every block through the caching allocator; no limit is extrapolated.".to_owned(),
+                    "A run that runs out of memory in its first generate() call's decode steps shows that every longer generation runs out there too: up to that step it makes the same allocations (a cache grown a step at a time), so the allocator decides the same.".to_owned(),
                     format!("The page's chart: {target_name}'s peak at its capacity (reserved plus CUDA context; up to where it runs out of memory) at each length simulated on it, green where it fits."),
                     "With a position limit the search goes up to it; without one it stops at the simulation budget (new tokens simulated at most), and a GPU that still fits there fits at least that many new tokens.".to_owned(),
                     ])

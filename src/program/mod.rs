@@ -213,6 +213,14 @@ impl<'a> JobRef<'a> {
         }
     }
 
+    /// [`Program::first_steps_fixed`] (none for a schedule).
+    pub fn first_steps_fixed(&self) -> Option<StepRun> {
+        match self {
+            JobRef::Schedule(_) => None,
+            JobRef::Program(p) => p.first_steps_fixed(),
+        }
+    }
+
     /// The blocks live right after event `index`, as the events that
     /// allocated them, in allocation order; and that event itself.
     pub fn live_after(&self, index: u64) -> (Vec<JobEvent>, Option<JobEvent>) {

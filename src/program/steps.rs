@@ -3,7 +3,9 @@
 //! (`pipeline/cycles.rs`): the events it simulates and the times of the
 //! few it records, without walking the rest.
 
-use super::{build, Dim, JobEvent, Leaf, Node, Program, StepRun, Terms, C_DEPTH, C_TOKENS};
+use super::{
+    build, Dim, JobEvent, Leaf, Node, Program, StepRun, Terms, C_DEPTH, C_TOKENS, J_TOKENS,
+};
 use crate::orchestrator::Category;
 
 /// The steps of one [`StepRun`]: every step the same list of leaves.
@@ -26,6 +28,52 @@ impl Program {
             }),
             _ => None,
         }
+    }
+
+    /// The first run of decode steps ([`Program::step_runs`]'s first),
+    /// where no event before its end, but for its time, depends on the
+    /// number of decode steps the job adds: no run of steps comes before
+    /// it, and no size (or how far back a freed block was made) before it
+    /// or in its steps has a term in that number. Then the same job with
+    /// more steps makes the same events up to the end of any step of this
+    /// run that it has, and a simulation of it decides the same up to there
+    /// (a generation whose first `generate()` call runs out of memory at
+    /// its `k`-th step runs out there at every length that has that step).
+    /// `None` where something before depends on it: a cache sized for the
+    /// whole generation (a static one), or an earlier run of steps.
+    pub fn first_steps_fixed(&self) -> Option<StepRun> {
+        let first = self.step_runs().into_iter().next()?;
+        let before = self.nodes.get(..first.node)?;
+        let Some(Node::Run { body, .. }) = self.nodes.get(first.node) else {
+            return None;
+        };
+        (self.fixed_in_count(before) && self.fixed_in_count(body)).then_some(first)
+    }
+
+    /// Whether no event of `nodes` is repeated per decode step added, and
+    /// none's size (or how far back its block was made) has a term in the
+    /// number of steps added.
+    fn fixed_in_count(&self, nodes: &[Node]) -> bool {
+        nodes.iter().all(|node| match node {
+            Node::Leaf(i) => self
+                .leaves
+                .get(*i as usize)
+                .and_then(|leaf| leaf.attrs.get(build::SIZE_OR_BACK))
+                .is_some_and(|second| {
+                    !second
+                        .c
+                        .iter()
+                        .enumerate()
+                        .any(|(mask, &c)| c != 0 && mask & J_TOKENS != 0)
+                }),
+            Node::Run {
+                dim: Dim::Tokens, ..
+            } => false,
+            Node::Run {
+                dim: Dim::Depth,
+                body,
+            } => self.fixed_in_count(body),
+        })
     }
 }
 
@@ -117,5 +165,31 @@ mod tests {
         }
         let fixed: Vec<bool> = (0..run.events).map(|q| steps.fixed(q)).collect();
         assert_eq!(fixed, [true, false, true, true]);
+    }
+
+    /// The first steps are fixed in the number of steps where nothing
+    /// before their end depends on it (times aside): sizes that grow per
+    /// step do not count, a size in the total count does, before the steps
+    /// or in them; what comes after the steps does not.
+    #[test]
+    fn the_first_steps_are_fixed_unless_something_before_their_end_grows_with_the_count() {
+        let prefix = [(Alloc, 1 << 20), (Alloc, 4096)];
+        let body = [(Alloc, 4096, 512), (Free, 1, 0)];
+        let program = Program::of_events(&prefix, &body, 12, &[(Free, 30)]);
+        let run = program.first_steps_fixed().expect("fixed steps");
+        assert_eq!((run.start, run.events, run.copies), (2, 2, 12));
+        // A block after the steps sized by the whole generation changes
+        // nothing before their end.
+        let mut after = program.clone();
+        let last = after.leaves.len() - 1;
+        after.leaves[last].attrs[build::SIZE_OR_BACK].add(J_TOKENS, 2);
+        assert!(after.first_steps_fixed().is_some());
+        // A cache allocated before the steps for the whole generation (a
+        // static one), or a step's block sized so, does.
+        for leaf in [1, 2] {
+            let mut sized = program.clone();
+            sized.leaves[leaf].attrs[build::SIZE_OR_BACK].add(J_TOKENS, 4096);
+            assert_eq!(sized.first_steps_fixed(), None, "leaf {leaf}");
+        }
     }
 }

@@ -737,7 +737,7 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
                         .map_err(|err| err.to_string())?;
                 loaded.what_if = true;
             }
-            crate::whatif::run_on_traces(&loaded.prepared, traces, what, config)
+            crate::whatif::run_on_traces(&loaded.prepared, traces, what, config, &pipeline::InTurn)
                 .map_err(|err| err.to_string())
         };
         Some(answer())

@@ -5,16 +5,28 @@
 //! Each point is a full estimate of the generation extended to that many
 //! new tokens (`--new-tokens`: the decode steps copied, the KV cache grown
 //! a position a step, every block through the caching allocator), so the
-//! fragmentation that growing caches cause is simulated, not assumed. The
-//! search doubles the new tokens from the traced count while some GPU still
-//! fits, then bisects each GPU's limit between the last point that fits and
-//! the first that does not: every answer is simulated, none extrapolated.
-//! A length is simulated only on the GPUs whose answer it can change: while
-//! doubling, those that fit every shorter length; while bisecting, the GPU
-//! bisected. Past the traced length a point is each GPU's run at its
-//! capacity alone ([`crate::pipeline::at_capacity`]: its verdict's figures,
-//! without the report's unlimited run, whose reserved bytes a long dynamic
-//! cache grows far past any GPU).
+//! fragmentation that growing caches cause is simulated, not assumed. Past
+//! the traced length a point is each GPU's run at its capacity alone
+//! ([`crate::pipeline::at_capacity`]: its verdict's figures, without the
+//! report's unlimited run, whose reserved bytes a long dynamic cache grows
+//! far past any GPU).
+//!
+//! The search ([`Bounds::next`]) tries every GPU that fits the traced
+//! length at the longest length first: a GPU that fits there needs nothing
+//! else, and a run at capacity that runs out stops where it does, so a
+//! small GPU's try costs its own limit's length, not the budget's. A run
+//! that runs out in the first `generate()` call's decode steps shows where
+//! every longer generation runs out: up to that step they make the same
+//! events (where nothing before depends on the length, as a cache grown a
+//! step at a time: [`crate::program::Program::first_steps_fixed`]), so the
+//! allocator decides the same, and the length one token shorter is tried
+//! next. Where a run runs out in a later call, the length whose call would
+//! end just before that step is tried; hints and bisection take turns, so
+//! the search is never longer than twice a bisection. Every answer is a
+//! length simulated to fit with one token more known not to: simulated, or
+//! shown so; none is extrapolated. The GPUs that try the same length share
+//! its simulation, and the lengths of a round run side by side where the
+//! shell has cores.
 //!
 //! The search stops at the model's **position limit** when the trace shows
 //! one ([`position_limit`]: the capture helper's `max_positions`, or the rows
@@ -30,12 +42,15 @@ use serde::{Deserialize, Serialize};
 use super::{PeakFigures, WhatIfError};
 use crate::analyzer::generation::Generation;
 use crate::diag::Warning;
-use crate::pipeline::{at_capacity, estimate, prepare_parsed, Config, GenerationJob};
-use crate::report::{AtCapacity, GpuVerdict};
+use crate::pipeline::{
+    at_capacity, estimate_with, prepare_parsed, Config, GenerationJob, InTurn, Parallel, Task,
+};
+use crate::program::{JobRef, StepRun};
+use crate::report::AtCapacity;
 use crate::trace::Trace;
 
 /// The version tag of [`ContextSweep`].
-pub const SCHEMA: &str = "memcast.context/3";
+pub const SCHEMA: &str = "memcast.context/4";
 
 /// New tokens simulated at most, by default: a few seconds of copying and
 /// simulating decode steps for a small model.
@@ -100,6 +115,17 @@ pub struct GpuContext {
     /// Prompt + those new tokens.
     pub max_context_tokens: Option<u64>,
     pub found: Found,
+    /// The fewest new tokens known not to fit (`None`: it fits at the most
+    /// simulated, or not even the traced generation does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_out_at: Option<u64>,
+    /// Where `runs_out_at` was not simulated itself: the longer length
+    /// simulated whose first `generate()` call ran out of memory at that
+    /// many new tokens. Every generation at least that long makes the same
+    /// events up to there (a cache grown a step at a time), so it runs out
+    /// there too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shown_by: Option<u32>,
 }
 
 /// The longest-context sweep.
@@ -130,110 +156,278 @@ pub struct ContextSweep {
 struct Search<'a> {
     traces: &'a [Trace],
     config: &'a Config,
-    traced: u32,
     points: BTreeMap<u32, ContextPoint>,
     reference_gpu: String,
     presets: Vec<String>,
     warnings: Vec<Warning>,
-    /// The first point's peak on the reference GPU (its report's).
-    traced_peak: Option<PeakFigures>,
     /// The generation derived once for every length past the traced one
     /// (`None` inside: it does not derive, each length is built whole),
     /// made on the first length asked for.
     derived: Option<Option<GenerationJob>>,
 }
 
-impl Search<'_> {
-    /// Simulates the generation at `new_tokens` (`None`: as traced) on the
-    /// GPUs `on` (indices into the config's; every one for `None`), records
-    /// their runs at capacity at the point and returns the generation it
-    /// shows. The first point is a whole estimate (its report names the
-    /// GPUs and the traced peak); the others are the runs at capacity
-    /// alone. A GPU's run is its own, whichever others run beside it: the
-    /// runs of one estimate never change each other's decisions.
-    fn record(
-        &mut self,
-        new_tokens: Option<u32>,
-        on: Option<&[usize]>,
-    ) -> Result<Option<Generation>, WhatIfError> {
-        let mut cfg = self.config.clone();
-        cfg.scale.new_tokens = new_tokens;
-        if let Some(on) = on {
-            cfg.gpus = on
-                .iter()
-                .filter_map(|&i| self.config.gpus.get(i).cloned())
-                .collect();
-        }
-        let streamed = match new_tokens {
-            Some(n) => self
-                .derived(&cfg)
-                .and_then(|job| (n >= job.first_tokens()).then(|| job.prepared(n)).flatten()),
-            None => None,
+/// The traced generation's point: its estimate's report, whose verdicts
+/// are its runs at capacity.
+struct Traced {
+    generation: Option<Generation>,
+    peak: PeakFigures,
+}
+
+/// A length simulated on some GPUs.
+struct Simulated {
+    new_tokens: u32,
+    positions: Option<u64>,
+    /// Per GPU simulated (its index in the config's): its run at capacity
+    /// and what its running out shows.
+    runs: Vec<(usize, AtCapacity, RanOut)>,
+}
+
+/// What a run that ran out of memory shows of other lengths.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct RanOut {
+    /// Every length of at least this many new tokens runs out too: the run
+    /// ran out in the first `generate()` call's decode steps, before
+    /// anything that depends on the length (`first_steps_fixed`).
+    bound: Option<u32>,
+    /// The length whose call it ran out in would end just before the step
+    /// it ran out at: a length to try.
+    hint: Option<u32>,
+}
+
+impl RanOut {
+    /// What running out at event `at` of `job` (the generation at
+    /// `new_tokens`) shows; nothing where it was not in a decode step.
+    fn of(job: JobRef<'_>, new_tokens: u32, at: u64) -> RanOut {
+        // The step of a run of steps the event is in, and the new tokens of
+        // the length whose run of steps has just that many.
+        let step = |run: &StepRun| -> Option<(u64, u64)> {
+            let past = at.checked_sub(run.start)?;
+            let step = past.checked_div(run.events)?;
+            let before = u64::from(new_tokens).checked_sub(run.copies)?;
+            (step < run.copies).then_some((step, before))
         };
+        let hint = job
+            .step_runs()
+            .iter()
+            .find_map(step)
+            .and_then(|(step, before)| u32::try_from(step.saturating_add(before)).ok());
+        let bound = job.first_steps_fixed().and_then(|run| {
+            let before = u64::from(new_tokens).checked_sub(run.copies)?;
+            let first = match step(&run) {
+                Some((step, before)) => step.saturating_add(1).saturating_add(before),
+                // Before the steps: every length runs out there.
+                None if at < run.start => before,
+                None => return None,
+            };
+            u32::try_from(first).ok()
+        });
+        RanOut { bound, hint }
+    }
+}
+
+/// What a GPU's search knows of its limit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Bounds {
+    /// The most new tokens simulated to fit (`None`: not even the traced
+    /// generation).
+    fits: Option<u32>,
+    /// The fewest new tokens known not to fit, and the length simulated
+    /// that showed it (that length itself, or a longer one that ran out in
+    /// the first call's steps: [`RanOut::bound`]).
+    runs_out: Option<(u32, u32)>,
+    /// A length to try next ([`RanOut::hint`]).
+    hint: Option<u32>,
+    /// The last length tried was the hint.
+    hinted: bool,
+}
+
+impl Bounds {
+    /// The next length to simulate, and whether it is the hint; `None`
+    /// when the limit is found or the GPU fits at `top`. The first try is
+    /// `top`: a GPU that fits there needs no other, one that runs out
+    /// does so at its limit's length (a run at capacity stops there), and
+    /// shows where to look. Then a hint, where one falls between the
+    /// bounds, and the middle in turn: at most twice the bisection's
+    /// tries, however poor the hints.
+    fn next(&self, top: u32) -> Option<(u32, bool)> {
+        let lo = self.fits?;
+        match self.runs_out {
+            None => (lo < top).then_some((top, false)),
+            Some((hi, _)) if hi <= lo.saturating_add(1) => None,
+            Some((hi, _)) => match self.hint.filter(|&h| h > lo && h < hi && !self.hinted) {
+                Some(h) => Some((h, true)),
+                None => Some((lo + (hi - lo) / 2, false)),
+            },
+        }
+    }
+
+    /// Learns the run at capacity at `n` new tokens.
+    fn learn(&mut self, n: u32, run: AtCapacity, ran_out: RanOut) {
+        if run.fits {
+            self.fits = self.fits.max(Some(n));
+            return;
+        }
+        let lo = self.fits.unwrap_or(0);
+        let mut hi = self.runs_out.map_or((n, n), |h| h.min((n, n)));
+        // Shown by a longer run: only where it says more (and agrees with
+        // what fits).
+        if let Some(b) = ran_out.bound.filter(|&b| b > lo && b < hi.0) {
+            hi = (b, n);
+        }
+        self.runs_out = Some(hi);
+        self.hint = ran_out.hint;
+    }
+}
+
+impl Search<'_> {
+    /// The generation as traced, on every GPU: a whole estimate, whose
+    /// report names the GPUs, gives the warnings and the traced peak.
+    fn traced(&mut self, parallel: &dyn Parallel) -> Result<Traced, WhatIfError> {
+        let prepared = prepare_parsed(self.traces, Vec::new(), self.config, &mut |_| {})?;
+        let report = estimate_with(&prepared, self.config, &mut |_| {}, parallel)?.value;
+        self.reference_gpu = report.reference_gpu.clone();
+        self.presets = report.gpus.iter().map(|g| g.preset.clone()).collect();
+        self.warnings = report.warnings.clone();
+        let generation = prepared.generation.clone();
+        let n = generation.as_ref().map_or(0, |g| g.calls);
+        self.keep(Simulated {
+            new_tokens: n,
+            positions: generation.as_ref().and_then(|g| g.positions),
+            runs: report
+                .gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| (i, g.at_capacity(), RanOut::default()))
+                .collect(),
+        });
+        Ok(Traced {
+            generation,
+            peak: PeakFigures::of(&report),
+        })
+    }
+
+    /// Each GPU's run at capacity at `new_tokens` on the GPUs `on`
+    /// (indices into the config's), through `parallel`. A GPU's run is its
+    /// own, whichever others run beside it: the runs of one estimate never
+    /// change each other's decisions.
+    fn simulate(
+        &self,
+        new_tokens: u32,
+        on: &[usize],
+        parallel: &dyn Parallel,
+    ) -> Result<Simulated, WhatIfError> {
+        let mut cfg = self.config.clone();
+        cfg.scale.new_tokens = Some(new_tokens);
+        cfg.gpus = on
+            .iter()
+            .filter_map(|&i| self.config.gpus.get(i).cloned())
+            .collect();
+        let streamed = self
+            .derived
+            .as_ref()
+            .and_then(Option::as_ref)
+            .filter(|job| new_tokens >= job.first_tokens())
+            .and_then(|job| job.prepared(new_tokens));
         let prepared = match streamed {
             Some(prepared) => prepared,
             None => prepare_parsed(self.traces, Vec::new(), &cfg, &mut |_| {})?,
         };
-        let found: Vec<AtCapacity> = if self.points.is_empty() {
-            let report = estimate(&prepared, &cfg, &mut |_| {})?.value;
-            self.reference_gpu = report.reference_gpu.clone();
-            self.presets = report.gpus.iter().map(|g| g.preset.clone()).collect();
-            self.warnings = report.warnings.clone();
-            self.traced_peak = Some(PeakFigures::of(&report));
-            report.gpus.iter().map(GpuVerdict::at_capacity).collect()
-        } else {
-            at_capacity(&prepared, &cfg, &mut |_| {})?
-        };
-        let generation = prepared.generation.clone();
-        let n = new_tokens
-            .or(generation.as_ref().map(|g| g.calls))
-            .unwrap_or(0);
-        let every = self.presets.len();
-        let point = self.points.entry(n).or_insert_with(|| ContextPoint {
-            new_tokens: n,
-            positions: generation.as_ref().and_then(|g| g.positions),
-            runs: vec![None; every],
-        });
-        let indices: Vec<usize> = match on {
-            Some(on) => on.to_vec(),
-            None => (0..found.len()).collect(),
-        };
-        for (i, run) in indices.into_iter().zip(found) {
-            if let Some(slot) = point.runs.get_mut(i) {
-                *slot = Some(run);
-            }
-        }
-        Ok(generation)
+        let found = at_capacity(&prepared, &cfg, &mut |_| {}, parallel)?;
+        let job = prepared.job();
+        let runs = on
+            .iter()
+            .zip(found)
+            .map(|(&i, run)| {
+                let ran_out = run
+                    .ran_out_at
+                    .map(|at| RanOut::of(job, new_tokens, at))
+                    .unwrap_or_default();
+                (i, run.at, ran_out)
+            })
+            .collect();
+        Ok(Simulated {
+            new_tokens,
+            positions: prepared.generation.as_ref().and_then(|g| g.positions),
+            runs,
+        })
     }
 
-    /// The generation derived for every length (the same job as
-    /// `prepare_parsed` streams), derived on the first call; `None` where
-    /// it does not derive (or its rebuilds fail: each length then says why).
-    fn derived(&mut self, config: &Config) -> Option<&GenerationJob> {
-        if self.derived.is_none() {
-            let job = GenerationJob::derive(self.traces, config).ok().flatten();
-            self.derived = Some(job);
+    /// Simulates each length of `probes` on its GPUs: one length with
+    /// `parallel` across its GPUs' runs, several side by side where the
+    /// job streams (a job built whole at each length holds the memory
+    /// budget: one at a time).
+    fn simulate_each(
+        &self,
+        probes: &BTreeMap<u32, Vec<usize>>,
+        streams: bool,
+        parallel: &dyn Parallel,
+    ) -> Result<Vec<Simulated>, WhatIfError> {
+        if probes.len() < 2 || !streams {
+            return probes
+                .iter()
+                .map(|(&n, on)| self.simulate(n, on, parallel))
+                .collect();
         }
-        self.derived.as_ref().and_then(Option::as_ref)
-    }
-
-    /// GPU `gpu`'s run at capacity at `n` new tokens, where it was simulated.
-    fn known(&self, n: u32, gpu: usize) -> Option<AtCapacity> {
-        self.points.get(&n)?.runs.get(gpu).copied().flatten()
+        let mut done: Vec<Option<Result<Simulated, WhatIfError>>> =
+            probes.iter().map(|_| None).collect();
+        let tasks: Vec<Task<'_>> = probes
+            .iter()
+            .zip(done.iter_mut())
+            .map(|((&n, on), slot)| {
+                let task: Task<'_> = Box::new(move || *slot = Some(self.simulate(n, on, &InTurn)));
+                task
+            })
+            .collect();
+        parallel.run_tasks(tasks, &mut |_| {});
+        done.into_iter()
+            .map(|d| {
+                d.unwrap_or_else(|| {
+                    Err(WhatIfError::Inconsistent(
+                        "a length was not simulated".into(),
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// Whether GPU `gpu` was simulated at `n` new tokens and fits.
     fn fits(&self, n: u32, gpu: usize) -> bool {
-        self.known(n, gpu).is_some_and(|r| r.fits)
+        self.points
+            .get(&n)
+            .and_then(|p| p.runs.get(gpu).copied().flatten())
+            .is_some_and(|r| r.fits)
     }
 
-    /// Whether GPU `gpu` fits at `n` new tokens, simulated on it alone
-    /// unless the point already has it.
-    fn fits_at(&mut self, n: u32, gpu: usize) -> Result<bool, WhatIfError> {
-        if self.known(n, gpu).is_none() {
-            self.record((n != self.traced).then_some(n), Some(&[gpu]))?;
+    /// Records a simulated length's runs at capacity.
+    fn keep(&mut self, simulated: Simulated) {
+        let every = self.presets.len();
+        let point = self
+            .points
+            .entry(simulated.new_tokens)
+            .or_insert_with(|| ContextPoint {
+                new_tokens: simulated.new_tokens,
+                positions: simulated.positions,
+                runs: vec![None; every],
+            });
+        for (i, run, _) in simulated.runs {
+            if let Some(slot) = point.runs.get_mut(i) {
+                *slot = Some(run);
+            }
         }
-        Ok(self.fits(n, gpu))
+    }
+
+    /// The generation derived for every length (the same job as
+    /// `prepare_parsed` streams), derived on the first call with
+    /// `parallel`; `None` where it does not derive (or its rebuilds fail:
+    /// each length then says why).
+    fn derived(&mut self, config: &Config, parallel: &dyn Parallel) -> Option<&GenerationJob> {
+        if self.derived.is_none() {
+            let job = GenerationJob::derive(self.traces, config, parallel)
+                .ok()
+                .flatten();
+            self.derived = Some(job);
+        }
+        self.derived.as_ref().and_then(Option::as_ref)
     }
 }
 
@@ -283,31 +477,25 @@ pub fn longest(
     traces: &[Trace],
     config: &Config,
     budget: u32,
+    parallel: &dyn Parallel,
 ) -> Result<ContextSweep, WhatIfError> {
     let mut search = Search {
         traces,
         config,
-        traced: 0,
         points: BTreeMap::new(),
         reference_gpu: String::new(),
         presets: Vec::new(),
         warnings: Vec::new(),
-        traced_peak: None,
         derived: None,
     };
     // The generation as traced: its point, and what it is.
-    let Some(generation) = search.record(None, None)? else {
+    let traced_point = search.traced(parallel)?;
+    let Some(generation) = traced_point.generation else {
         return Err(WhatIfError::Pipeline(
             crate::scale::ScaleError::NoGeneration.into(),
         ));
     };
     let traced = generation.calls;
-    let Some(traced_peak) = search.traced_peak else {
-        return Err(WhatIfError::Pipeline(
-            crate::scale::ScaleError::NoGeneration.into(),
-        ));
-    };
-    search.traced = traced;
     let prompt = generation.prompt_tokens.unwrap_or(0);
     let limit = position_limit(traces, prompt + u64::from(traced));
     // With a limit the search goes to it (however far the budget); without
@@ -326,7 +514,7 @@ pub fn longest(
         let mut cfg = config.clone();
         cfg.scale.new_tokens = Some(wanted);
         search
-            .derived(&cfg)
+            .derived(&cfg, parallel)
             .is_some_and(|job| wanted < job.first_tokens() || job.prepared(wanted).is_some())
     };
     let fits = if streams {
@@ -334,81 +522,193 @@ pub fn longest(
     } else {
         crate::scale::most_new_tokens(traces, &config.scale, config.work_budget()).unwrap_or(traced)
     };
-    let budget = wanted.min(fits).max(traced);
-    let memory_bound = budget < wanted;
+    let top = wanted.min(fits).max(traced);
+    let memory_bound = top < wanted;
     if memory_bound {
         search.warnings.push(Warning::asking(
             "context_memory_budget",
             &format!(
-                "{wanted} new tokens were to be simulated, and at most {budget} fit the memory budget: a GPU that still fits at {budget} fits at least that many; to simulate further, "
+                "{wanted} new tokens were to be simulated, and at most {top} fit the memory budget: a GPU that still fits at {top} fits at least that many; to simulate further, "
             ),
             crate::diag::Setting::MemoryBudget,
         ));
     }
-    // Doubling while some GPU fits, within the budget; each length
-    // simulated on the GPUs that fit every shorter one (a GPU's first
-    // length that does not fit bounds its bisection; longer ones are not
-    // needed for it).
-    let mut open: Vec<usize> = (0..search.presets.len())
-        .filter(|&gi| search.fits(traced, gi))
+    // Each GPU from what the traced length showed; then, round by round,
+    // each GPU still searching tries its next length ([`Bounds::next`]),
+    // the GPUs that try the same length in one simulation of it.
+    let mut bounds: Vec<Bounds> = (0..search.presets.len())
+        .map(|gi| Bounds {
+            fits: search.fits(traced, gi).then_some(traced),
+            ..Bounds::default()
+        })
         .collect();
-    let mut n = traced;
-    while !open.is_empty() && n < budget {
-        n = n.saturating_mul(2).max(n + 1).min(budget);
-        search.record(Some(n), Some(&open))?;
-        open.retain(|&gi| search.fits(n, gi));
-    }
-    let presets = search.presets.clone();
-    let mut gpus = Vec::with_capacity(presets.len());
-    for (gi, preset) in presets.into_iter().enumerate() {
-        let fits = |p: &ContextPoint| p.runs.get(gi).copied().flatten().map(|r| r.fits);
-        let first_fail = search
-            .points
-            .values()
-            .find(|p| fits(p) == Some(false))
-            .map(|p| p.new_tokens);
-        let last_fit = search
-            .points
-            .values()
-            .filter(|p| fits(p) == Some(true) && first_fail.is_none_or(|f| p.new_tokens < f))
-            .map(|p| p.new_tokens)
-            .max();
-        let (max, found) = match (last_fit, first_fail) {
-            (None, _) => (None, Found::DoesNotFit),
-            (Some(lo), Some(hi)) => {
-                let (mut lo, mut hi) = (lo, hi);
-                while hi - lo > 1 {
-                    let mid = lo + (hi - lo) / 2;
-                    if search.fits_at(mid, gi)? {
-                        lo = mid;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                (Some(u64::from(lo)), Found::Simulated)
+    loop {
+        let mut probes: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (gi, b) in bounds.iter_mut().enumerate() {
+            if let Some((n, hinted)) = b.next(top) {
+                b.hinted = hinted;
+                probes.entry(n).or_default().push(gi);
             }
-            (Some(lo), None) if memory_bound => (Some(u64::from(lo)), Found::MemoryBudget),
-            (Some(lo), None) if limit.is_some() => (Some(u64::from(lo)), Found::PositionLimit),
-            (Some(lo), None) => (Some(u64::from(lo)), Found::NoLimitInTrace),
-        };
-        gpus.push(GpuContext {
-            preset,
-            max_new_tokens: max,
-            max_context_tokens: max.and_then(|m| generation.prompt_tokens.map(|p| p + m)),
-            found,
-        });
+        }
+        if probes.is_empty() {
+            break;
+        }
+        for simulated in search.simulate_each(&probes, streams, parallel)? {
+            for &(gi, run, ran_out) in &simulated.runs {
+                if let Some(b) = bounds.get_mut(gi) {
+                    b.learn(simulated.new_tokens, run, ran_out);
+                }
+            }
+            search.keep(simulated);
+        }
     }
+    let gpus = search
+        .presets
+        .iter()
+        .zip(&bounds)
+        .map(|(preset, b)| {
+            let found = match (b.fits, b.runs_out) {
+                (None, _) => Found::DoesNotFit,
+                (Some(_), Some(_)) => Found::Simulated,
+                (Some(_), None) if memory_bound => Found::MemoryBudget,
+                (Some(_), None) if limit.is_some() => Found::PositionLimit,
+                (Some(_), None) => Found::NoLimitInTrace,
+            };
+            let max = b.fits.map(u64::from);
+            GpuContext {
+                preset: preset.clone(),
+                max_new_tokens: max,
+                max_context_tokens: max.and_then(|m| generation.prompt_tokens.map(|p| p + m)),
+                found,
+                runs_out_at: b.runs_out.map(|(hi, _)| u64::from(hi)),
+                shown_by: b.runs_out.and_then(|(hi, by)| (by != hi).then_some(by)),
+            }
+        })
+        .collect();
     Ok(ContextSweep {
         schema: SCHEMA.to_owned(),
         reference_gpu: search.reference_gpu,
         prompt_tokens: generation.prompt_tokens,
         traced_new_tokens: traced,
-        traced_peak,
-        budget_new_tokens: budget,
+        traced_peak: traced_point.peak,
+        budget_new_tokens: top,
         position_limit: limit.as_ref().map(|(n, _)| *n),
         position_limit_from: limit.map(|(_, from)| from),
         points: search.points.into_values().collect(),
         gpus,
         warnings: search.warnings,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::EventKind::{Alloc, Free};
+    use crate::program::Program;
+    use crate::units::Bytes;
+
+    fn run(fits: bool) -> AtCapacity {
+        AtCapacity {
+            fits,
+            peak_total_bytes: Bytes(1),
+        }
+    }
+
+    /// Running out in the first run of steps bounds every longer length
+    /// (before the steps: every length); in a later run it only hints;
+    /// after the steps it says nothing.
+    #[test]
+    fn running_out_in_the_first_steps_bounds_every_longer_length() {
+        let prefix = [(Alloc, 1 << 20), (Alloc, 4096)];
+        let body = [(Alloc, 4096, 512), (Free, 1, 0)];
+        // 20 new tokens, 12 of them the run's steps: 8 before it.
+        let program = Program::of_events(&prefix, &body, 12, &[(Free, 30)]);
+        let job = JobRef::Program(&program);
+        let step_5 = 2 + 5 * 2 + 1;
+        assert_eq!(
+            RanOut::of(job, 20, step_5),
+            RanOut {
+                bound: Some(8 + 5 + 1),
+                hint: Some(8 + 5)
+            }
+        );
+        assert_eq!(
+            RanOut::of(job, 20, 1),
+            RanOut {
+                bound: Some(8),
+                hint: None
+            }
+        );
+        assert_eq!(RanOut::of(job, 20, 2 + 24), RanOut::default());
+    }
+
+    /// The budget first; a bound from the first call closes the search in
+    /// one more try; hints and the middle take turns; an inconsistent
+    /// bound (below a length that fits) is not believed.
+    #[test]
+    fn a_search_tries_the_top_then_hints_and_halves_in_turn() {
+        let mut b = Bounds {
+            fits: Some(16),
+            ..Bounds::default()
+        };
+        assert_eq!(b.next(512), Some((512, false)));
+        b.learn(
+            512,
+            run(false),
+            RanOut {
+                bound: Some(300),
+                hint: Some(299),
+            },
+        );
+        assert_eq!(b.runs_out, Some((300, 512)));
+        assert_eq!(b.next(512), Some((299, true)));
+        b.hinted = true;
+        b.learn(299, run(true), RanOut::default());
+        assert_eq!(b.next(512), None);
+
+        let mut b = Bounds {
+            fits: Some(16),
+            ..Bounds::default()
+        };
+        b.learn(
+            512,
+            run(false),
+            RanOut {
+                bound: None,
+                hint: Some(400),
+            },
+        );
+        assert_eq!(b.next(512), Some((400, true)));
+        b.hinted = true;
+        b.learn(
+            400,
+            run(false),
+            RanOut {
+                bound: None,
+                hint: Some(390),
+            },
+        );
+        // A hint that did not close it: the middle next, then the hint.
+        assert_eq!(b.next(512), Some((208, false)));
+        b.hinted = false;
+        b.learn(208, run(true), RanOut::default());
+        assert_eq!(b.next(512), Some((390, true)));
+        // A bound below what fits says nothing.
+        b.learn(
+            390,
+            run(false),
+            RanOut {
+                bound: Some(100),
+                hint: None,
+            },
+        );
+        assert_eq!(b.runs_out, Some((390, 390)));
+
+        let fits_top = Bounds {
+            fits: Some(512),
+            ..Bounds::default()
+        };
+        assert_eq!(fits_top.next(512), None);
+        assert_eq!(Bounds::default().next(512), None);
+    }
 }

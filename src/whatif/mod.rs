@@ -370,17 +370,18 @@ pub fn run(
 }
 
 /// Runs one what-if: [`WhatIfKind::Context`] on the job's traces (parsed
-/// again: it estimates the job at other lengths), every other one on the
-/// prepared trace ([`run`]).
+/// again: it estimates the job at other lengths; its simulations go
+/// through `parallel`), every other one on the prepared trace ([`run`]).
 pub fn run_on_traces(
     prepared: &Prepared,
     traces: &[crate::trace::Trace],
     what: WhatIfKind,
     config: &Config,
+    parallel: &dyn crate::pipeline::Parallel,
 ) -> Result<WhatIfResult, WhatIfError> {
     match what {
         WhatIfKind::Context { budget } => Ok(WhatIfResult::Context(context::longest(
-            traces, config, budget,
+            traces, config, budget, parallel,
         )?)),
         other => run(prepared, other, config),
     }

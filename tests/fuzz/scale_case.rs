@@ -107,7 +107,7 @@ pub fn run(case: &Case) {
         Err(_) => {}
     }
     if case.longest {
-        let _ = memcast::whatif::context::longest(&parsed, &config, 64);
+        let _ = memcast::whatif::context::longest(&parsed, &config, 64, &memcast::InTurn);
         return;
     }
     if let Ok(prepared) = memcast::prepare_parsed(&parsed, Vec::new(), &config, &mut |_| {}) {

@@ -180,8 +180,13 @@ fn the_longest_generation_search_stays_within_the_budget() {
     config.materialize = true;
     let most = work::most_tokens(&counts, counts.layers, config.work_budget()).unwrap();
     assert!(most > 16 && most < 128, "{most}");
-    let sweep =
-        memcast::whatif::context::longest(std::slice::from_ref(&trace), &config, 1024).unwrap();
+    let sweep = memcast::whatif::context::longest(
+        std::slice::from_ref(&trace),
+        &config,
+        1024,
+        &memcast::InTurn,
+    )
+    .unwrap();
     assert_eq!(sweep.budget_new_tokens, most);
     assert!(sweep.points.iter().all(|p| p.new_tokens <= most));
     let warning = sweep
@@ -199,8 +204,13 @@ fn the_longest_generation_search_stays_within_the_budget() {
             || g.max_new_tokens <= Some(u64::from(most))));
 
     config.materialize = false;
-    let streamed =
-        memcast::whatif::context::longest(std::slice::from_ref(&trace), &config, 1024).unwrap();
+    let streamed = memcast::whatif::context::longest(
+        std::slice::from_ref(&trace),
+        &config,
+        1024,
+        &memcast::InTurn,
+    )
+    .unwrap();
     assert_eq!(streamed.budget_new_tokens, 1024);
     assert!(streamed
         .warnings

@@ -448,11 +448,13 @@ fn facts_total(meta: &serde_json::Value) -> u64 {
 }
 
 /// The longest generation per GPU: each length a full `--new-tokens`
-/// estimate; a limit inside the budget is bisected to the token (the
-/// estimate at it fits and one token more does not); a GPU that still fits
-/// at the budget of a model without a position limit in its trace (Llama's
-/// rotary positions) fits at least the budget, never an extrapolation; a
-/// trace that does not generate is refused.
+/// estimate; a limit inside the budget is found to the token (the estimate
+/// at it fits and one token more does not: simulated, or shown by a longer
+/// run whose first call ran out at that token, and then an estimate there
+/// runs out too); a GPU that still fits at the budget of a model without a
+/// position limit in its trace (Llama's rotary positions) fits at least
+/// the budget, never an extrapolation; a trace that does not generate is
+/// refused.
 #[test]
 fn the_longest_generation_each_gpu_fits() {
     use memcast::whatif::context::{longest, Found};
@@ -463,7 +465,7 @@ fn the_longest_generation_each_gpu_fits() {
         ..memcast::Settings::default()
     };
     let config = settings.config().unwrap();
-    let sweep = longest(std::slice::from_ref(&trace), &config, 512).unwrap();
+    let sweep = longest(std::slice::from_ref(&trace), &config, 512, &memcast::InTurn).unwrap();
     assert_eq!(sweep.traced_new_tokens, 16);
     assert_eq!(sweep.prompt_tokens, Some(32));
     let small = &sweep.gpus[0];
@@ -471,6 +473,7 @@ fn the_longest_generation_each_gpu_fits() {
     let max = u32::try_from(small.max_new_tokens.unwrap()).unwrap();
     assert!(max > 16 && max < 512, "{max}");
     assert_eq!(small.max_context_tokens, Some(32 + u64::from(max)));
+    assert_eq!(small.runs_out_at, Some(u64::from(max) + 1));
     for (n, fits) in [(max, true), (max + 1, false)] {
         let settings = memcast::Settings {
             gpus: vec!["533MiB".to_owned()],
@@ -482,28 +485,44 @@ fn the_longest_generation_each_gpu_fits() {
             .value;
         assert_eq!(report.gpus[0].fits, fits, "{n} new tokens");
         // The search's run at capacity (without the unlimited run) is the
-        // estimate's verdict there, its peak too.
-        let point = sweep.points.iter().find(|p| p.new_tokens == n).unwrap();
-        let run = point.runs[0].unwrap();
-        assert_eq!(
-            (run.fits, run.peak_total_bytes),
-            (fits, report.gpus[0].peak_total_bytes),
-            "{n} new tokens"
-        );
+        // estimate's verdict there, its peak too; a length it did not
+        // simulate was shown by a longer run that did not fit.
+        let simulated = sweep.points.iter().find(|p| p.new_tokens == n);
+        match (simulated, small.shown_by) {
+            (Some(point), _) => {
+                let run = point.runs[0].unwrap();
+                assert_eq!(
+                    (run.fits, run.peak_total_bytes),
+                    (fits, report.gpus[0].peak_total_bytes),
+                    "{n} new tokens"
+                );
+            }
+            (None, Some(by)) => {
+                assert!(!fits && by > n, "{n} new tokens shown by {by}");
+                let longer = sweep.points.iter().find(|p| p.new_tokens == by).unwrap();
+                assert!(!longer.runs[0].unwrap().fits);
+            }
+            (None, None) => panic!("{n} new tokens: neither simulated nor shown"),
+        }
     }
     // A length is simulated on the GPUs whose answer it can change: the
-    // budget's not on the small GPU (it ran out at a shorter one), its
-    // bisection's on it alone.
+    // budget's on both, the small GPU's search on it alone, in a few tries
+    // (its run at the budget ran out in the first call's steps, which
+    // shows where every longer length runs out).
     let last = sweep.points.last().unwrap();
-    assert!(last.runs[0].is_none() && last.runs[1].is_some());
-    assert!(sweep
+    assert!(last.runs.iter().all(Option::is_some));
+    let alone: Vec<u32> = sweep
         .points
         .iter()
-        .any(|p| p.runs[0].is_some_and(|r| !r.fits) && p.runs[1].is_none()));
+        .filter(|p| p.runs[0].is_some() && p.runs[1].is_none())
+        .map(|p| p.new_tokens)
+        .collect();
+    assert!(!alone.is_empty() && alone.len() <= 3, "{alone:?}");
     let big = &sweep.gpus[1];
     assert_eq!(sweep.position_limit, None);
     assert_eq!(big.found, Found::NoLimitInTrace);
     assert_eq!(big.max_new_tokens, Some(512));
+    assert_eq!((big.runs_out_at, big.shown_by), (None, None));
     assert_eq!(sweep.points.last().map(|p| p.new_tokens), Some(512));
 
     let dense = memcast::trace::parse(&common::read_shared(
@@ -511,7 +530,9 @@ fn the_longest_generation_each_gpu_fits() {
     ))
     .unwrap()
     .value;
-    let err = longest(&[dense], &config, 64).unwrap_err().to_string();
+    let err = longest(&[dense], &config, 64, &memcast::InTurn)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("no generate() run"), "{err}");
 }
 
@@ -565,6 +586,7 @@ fn the_sweep_stops_at_the_position_limit() {
         std::slice::from_ref(&trace),
         &settings.config().unwrap(),
         64,
+        &memcast::InTurn,
     )
     .unwrap();
     assert_eq!(sweep.position_limit, Some(512));

@@ -83,9 +83,13 @@ fn a_generation_derived_once_is_the_job_at_every_length() {
     }
     .config()
     .unwrap();
-    let job = memcast::pipeline::GenerationJob::derive(std::slice::from_ref(&trace), &config)
-        .unwrap()
-        .expect("the generation derives");
+    let job = memcast::pipeline::GenerationJob::derive(
+        std::slice::from_ref(&trace),
+        &config,
+        &memcast::InTurn,
+    )
+    .unwrap()
+    .expect("the generation derives");
     for n in [job.first_tokens(), 40, 97] {
         let mut at = config.clone();
         at.scale.new_tokens = Some(n);

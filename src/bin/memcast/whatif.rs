@@ -170,13 +170,19 @@ pub fn run(whatif: &WhatIf) -> anyhow::Result<()> {
             let prepared = memcast::prepare_parsed(&traces, parsed.warnings, &config, &mut |_| {})
                 .with_context(|| format!("failed to prepare {:?}", common.trace))?;
             let what = memcast::whatif::WhatIfKind::Context { budget: *budget };
-            let result = memcast::whatif::run_on_traces(&prepared, &traces, what, &config)
-                .with_context(|| {
-                    format!(
-                        "failed to find the longest generation of {:?}",
-                        common.trace
-                    )
-                })?;
+            let result = memcast::whatif::run_on_traces(
+                &prepared,
+                &traces,
+                what,
+                &config,
+                &crate::source::Threads,
+            )
+            .with_context(|| {
+                format!(
+                    "failed to find the longest generation of {:?}",
+                    common.trace
+                )
+            })?;
             common.print(&mut out, &prepared, &config, result)?;
         }
         WhatIf::Precision { common } => {
