@@ -379,14 +379,10 @@ impl Search<'_> {
             })
             .collect();
         parallel.run_tasks(tasks, &mut |_| {});
+        // A length the shell did not simulate is simulated here.
         done.into_iter()
-            .map(|d| {
-                d.unwrap_or_else(|| {
-                    Err(WhatIfError::Inconsistent(
-                        "a length was not simulated".into(),
-                    ))
-                })
-            })
+            .zip(probes)
+            .map(|(d, (&n, on))| d.unwrap_or_else(|| self.simulate(n, on, &InTurn)))
             .collect()
     }
 

@@ -536,6 +536,81 @@ fn the_longest_generation_each_gpu_fits() {
     assert!(err.contains("no generate() run"), "{err}");
 }
 
+/// The lengths of a round are simulated side by side where the shell can
+/// (`Parallel::run_tasks`): the sweep is the same whatever order the shell
+/// runs them in, and where it runs none the core simulates them. Three
+/// GPUs whose first calls ran out at the budget's length each find their
+/// limit in one more run, the three in one round.
+#[test]
+fn the_longest_generation_is_the_same_however_the_shell_runs_its_lengths() {
+    use memcast::whatif::context::longest;
+    use memcast::{InTurn, Parallel, SimulationJob, Task};
+    /// Runs the tasks last first.
+    struct Reversed;
+    impl Parallel for Reversed {
+        fn run_all<'a>(
+            &self,
+            jobs: Vec<SimulationJob<'a>>,
+            simulated: &mut dyn FnMut(u64),
+        ) -> Vec<memcast::report::SimulatedRun> {
+            InTurn.run_all(jobs, simulated)
+        }
+        fn run_tasks<'a>(&self, tasks: Vec<Task<'a>>, done: &mut dyn FnMut(usize)) {
+            let n = tasks.len();
+            for task in tasks.into_iter().rev() {
+                task();
+            }
+            done(n);
+        }
+    }
+    /// Runs no task.
+    struct Idle;
+    impl Parallel for Idle {
+        fn run_all<'a>(
+            &self,
+            jobs: Vec<SimulationJob<'a>>,
+            simulated: &mut dyn FnMut(u64),
+        ) -> Vec<memcast::report::SimulatedRun> {
+            InTurn.run_all(jobs, simulated)
+        }
+        fn run_tasks<'a>(&self, _tasks: Vec<Task<'a>>, _done: &mut dyn FnMut(usize)) {}
+    }
+    let bytes = common::read_shared("fixtures/traces-llm/llama_gen16_dynamic.json.gz");
+    let trace = memcast::trace::parse(&bytes).unwrap().value;
+    let settings = memcast::Settings {
+        gpus: ["530MiB", "533MiB", "535MiB", "a100-80gb"]
+            .map(str::to_owned)
+            .to_vec(),
+        ..memcast::Settings::default()
+    };
+    let config = settings.config().unwrap();
+    let traces = std::slice::from_ref(&trace);
+    let sweep = longest(traces, &config, 512, &InTurn).unwrap();
+    assert_eq!(sweep, longest(traces, &config, 512, &Reversed).unwrap());
+    assert_eq!(sweep, longest(traces, &config, 512, &Idle).unwrap());
+    let limits: Vec<Option<u64>> = sweep.gpus.iter().map(|g| g.max_new_tokens).collect();
+    let [Some(a), Some(b), Some(c), Some(512)] = limits[..] else {
+        panic!("{limits:?}");
+    };
+    assert!(16 < a && a < b && b < c && c < 512, "{limits:?}");
+    for (i, g) in sweep.gpus.iter().enumerate().take(3) {
+        assert_eq!(
+            (g.runs_out_at, g.shown_by),
+            (g.max_new_tokens.map(|m| m + 1), Some(512))
+        );
+        let tried: Vec<u32> = sweep
+            .points
+            .iter()
+            .filter(|p| p.runs[i].is_some())
+            .map(|p| p.new_tokens)
+            .collect();
+        assert_eq!(
+            tried,
+            [16, u32::try_from(g.max_new_tokens.unwrap()).unwrap(), 512]
+        );
+    }
+}
+
 /// A learned position table is the model's position limit (GPT-2's `wpe`,
 /// 1,024 rows; the token table and tables smaller than the positions used
 /// are not); a capture's `max_positions` says it outright.
