@@ -4,7 +4,7 @@
 //! few it records, without walking the rest.
 
 use super::{
-    build, Dim, JobEvent, Leaf, Node, Program, StepRun, Terms, C_DEPTH, C_TOKENS, J_TOKENS,
+    build, Dim, JobEvent, Leaf, Node, Poly, Program, StepRun, Terms, C_DEPTH, C_TOKENS, J_TOKENS,
 };
 use crate::orchestrator::Category;
 
@@ -59,13 +59,7 @@ impl Program {
                 .leaves
                 .get(*i as usize)
                 .and_then(|leaf| leaf.attrs.get(build::SIZE_OR_BACK))
-                .is_some_and(|second| {
-                    !second
-                        .c
-                        .iter()
-                        .enumerate()
-                        .any(|(mask, &c)| c != 0 && mask & J_TOKENS != 0)
-                }),
+                .is_some_and(|second| !second.has_term(|mask| mask & J_TOKENS != 0)),
             Node::Run {
                 dim: Dim::Tokens, ..
             } => false,
@@ -74,6 +68,17 @@ impl Program {
                 body,
             } => self.fixed_in_count(body),
         })
+    }
+}
+
+impl Poly {
+    /// Whether a term whose variables `mask` names (a set of [`C_DEPTH`]
+    /// … bits) is not zero where `of(mask)`.
+    fn has_term(&self, of: impl Fn(usize) -> bool) -> bool {
+        self.c
+            .iter()
+            .enumerate()
+            .any(|(mask, &c)| c != 0 && of(mask))
     }
 }
 
@@ -113,11 +118,7 @@ impl Steps<'_> {
         };
         // A term with the depth copy's variable is zero outside a block's
         // copies, where the steps are.
-        let varies = second
-            .c
-            .iter()
-            .enumerate()
-            .any(|(mask, &c)| c != 0 && mask & C_TOKENS != 0 && mask & C_DEPTH == 0);
+        let varies = second.has_term(|mask| mask & C_TOKENS != 0 && mask & C_DEPTH == 0);
         key.category != Category::Workspace && !varies
     }
 }

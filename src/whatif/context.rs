@@ -212,12 +212,12 @@ impl RanOut {
             .find_map(step)
             .and_then(|(step, before)| u32::try_from(step.saturating_add(before)).ok());
         let bound = job.first_steps_fixed().and_then(|run| {
-            let before = u64::from(new_tokens).checked_sub(run.copies)?;
-            let first = match step(&run) {
-                Some((step, before)) => step.saturating_add(1).saturating_add(before),
+            let first = if at < run.start {
                 // Before the steps: every length runs out there.
-                None if at < run.start => before,
-                None => return None,
+                u64::from(new_tokens).checked_sub(run.copies)?
+            } else {
+                let (step, before) = step(&run)?;
+                step.saturating_add(1).saturating_add(before)
             };
             u32::try_from(first).ok()
         });

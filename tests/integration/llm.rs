@@ -545,9 +545,9 @@ fn the_longest_generation_each_gpu_fits() {
 fn the_longest_generation_is_the_same_however_the_shell_runs_its_lengths() {
     use memcast::whatif::context::longest;
     use memcast::{InTurn, Parallel, SimulationJob, Task};
-    /// Runs the tasks last first.
-    struct Reversed;
-    impl Parallel for Reversed {
+    /// Runs the simulations in turn and a round's tasks its own way.
+    struct Shell(fn(Vec<Task<'_>>));
+    impl Parallel for Shell {
         fn run_all<'a>(
             &self,
             jobs: Vec<SimulationJob<'a>>,
@@ -555,26 +555,12 @@ fn the_longest_generation_is_the_same_however_the_shell_runs_its_lengths() {
         ) -> Vec<memcast::report::SimulatedRun> {
             InTurn.run_all(jobs, simulated)
         }
-        fn run_tasks<'a>(&self, tasks: Vec<Task<'a>>, done: &mut dyn FnMut(usize)) {
-            let n = tasks.len();
-            for task in tasks.into_iter().rev() {
-                task();
-            }
-            done(n);
+        fn run_tasks<'a>(&self, tasks: Vec<Task<'a>>, _done: &mut dyn FnMut(usize)) {
+            (self.0)(tasks);
         }
     }
-    /// Runs no task.
-    struct Idle;
-    impl Parallel for Idle {
-        fn run_all<'a>(
-            &self,
-            jobs: Vec<SimulationJob<'a>>,
-            simulated: &mut dyn FnMut(u64),
-        ) -> Vec<memcast::report::SimulatedRun> {
-            InTurn.run_all(jobs, simulated)
-        }
-        fn run_tasks<'a>(&self, _tasks: Vec<Task<'a>>, _done: &mut dyn FnMut(usize)) {}
-    }
+    let last_first = Shell(|tasks| tasks.into_iter().rev().for_each(|task| task()));
+    let idle = Shell(|_tasks| {});
     let bytes = common::read_shared("fixtures/traces-llm/llama_gen16_dynamic.json.gz");
     let trace = memcast::trace::parse(&bytes).unwrap().value;
     let settings = memcast::Settings {
@@ -586,8 +572,8 @@ fn the_longest_generation_is_the_same_however_the_shell_runs_its_lengths() {
     let config = settings.config().unwrap();
     let traces = std::slice::from_ref(&trace);
     let sweep = longest(traces, &config, 512, &InTurn).unwrap();
-    assert_eq!(sweep, longest(traces, &config, 512, &Reversed).unwrap());
-    assert_eq!(sweep, longest(traces, &config, 512, &Idle).unwrap());
+    assert_eq!(sweep, longest(traces, &config, 512, &last_first).unwrap());
+    assert_eq!(sweep, longest(traces, &config, 512, &idle).unwrap());
     let limits: Vec<Option<u64>> = sweep.gpus.iter().map(|g| g.max_new_tokens).collect();
     let [Some(a), Some(b), Some(c), Some(512)] = limits[..] else {
         panic!("{limits:?}");
