@@ -176,6 +176,43 @@ pub fn fit_all(canvases: &[&HtmlCanvasElement]) {
     }
 }
 
+/// Runs `draw` once the browser has painted what the current task changed:
+/// the verdict and the tables of a new estimate show first, and its charts
+/// (the slowest part of showing it, a few hundred ms the first time, while
+/// the browser compiles the drawing code) a frame later. A frame callback
+/// runs before the paint, so it sets a zero-delay timer, whose turn comes
+/// after it.
+pub fn after_paint(draw: impl FnOnce() + 'static) {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use wasm_bindgen::closure::Closure;
+    use wasm_bindgen::JsCast;
+    let Some(window) = web_sys::window() else {
+        return draw();
+    };
+    let pending = Rc::new(Cell::new(Some(draw)));
+    let timer_window = window.clone();
+    let in_frame = Rc::clone(&pending);
+    let frame = Closure::once_into_js(move || {
+        let timer = Closure::once_into_js(move || {
+            if let Some(draw) = in_frame.take() {
+                draw();
+            }
+        });
+        let _ = timer_window
+            .set_timeout_with_callback_and_timeout_and_arguments_0(timer.unchecked_ref(), 0);
+    });
+    if window
+        .request_animation_frame(frame.unchecked_ref())
+        .is_err()
+    {
+        // No frame to wait for: draw now.
+        if let Some(draw) = pending.take() {
+            draw();
+        }
+    }
+}
+
 /// The canvas as a white drawing area, at the size [`fit_all`] gave it.
 fn area(canvas: &HtmlCanvasElement) -> Result<DrawingArea<CanvasBackend, Shift>, String> {
     let backend = CanvasBackend::with_canvas_object(canvas.clone())

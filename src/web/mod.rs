@@ -14,6 +14,7 @@ mod controls;
 mod format;
 mod gpus;
 mod guide;
+mod hasher;
 mod params;
 mod results;
 mod scale;

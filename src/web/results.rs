@@ -200,15 +200,18 @@ pub(super) fn Results(
             ) else {
                 return;
             };
-            charts::fit_all(&[&timeline, &gpus, &breakdown]);
-            let drawn = [
-                charts::timeline(&timeline, &report, &bands),
-                charts::gpus(&gpus, &report),
-                charts::breakdown(&breakdown, &parts),
-            ];
-            for message in drawn.into_iter().filter_map(Result::err) {
-                web_sys::console::warn_1(&format!("chart not drawn: {message}").into());
-            }
+            let (report, parts, bands) = (report.clone(), parts.clone(), bands.clone());
+            charts::after_paint(move || {
+                charts::fit_all(&[&timeline, &gpus, &breakdown]);
+                let drawn = [
+                    charts::timeline(&timeline, &report, &bands),
+                    charts::gpus(&gpus, &report),
+                    charts::breakdown(&breakdown, &parts),
+                ];
+                for message in drawn.into_iter().filter_map(Result::err) {
+                    web_sys::console::warn_1(&format!("chart not drawn: {message}").into());
+                }
+            });
         });
     }
 

@@ -16,17 +16,16 @@
 use std::cell::RefCell;
 
 use js_sys::{Reflect, Uint8Array};
-use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{
-    Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent, Worker, WorkerOptions,
-};
+use web_sys::{Blob, DedicatedWorkerGlobalScope, FileReaderSync, MessageEvent};
 
 use crate::permalink::{Fingerprint, TraceIdentity};
 use crate::pipeline::{self, Config, Prepared, Progress};
 use crate::protocol::{Request, Response, WorkStage};
 use crate::trace::{TraceError, TraceSource};
+
+use super::hasher::{self, Fingerprinted};
 
 /// The trace the worker runs when it starts and nothing is asked of it (the
 /// demo shipped with the site, relative to the worker's own script), so that
@@ -55,24 +54,9 @@ fn within_heap(mut config: Config) -> Config {
     config
 }
 
-/// This worker's own loader, to start the hasher from (relative to the
-/// worker's script, so the site works from any sub-path).
-const WORKER_URL: &str = "./worker_loader.js";
-
-/// The name of the helper worker that fingerprints (SHA-256) each file on
-/// another core while this one runs the pipeline: hashing in turn took about
-/// a third of the time on a large plain JSON file.
-const HASHER_NAME: &str = "memcast-hasher";
-
-/// What the hasher posts once its handler is installed.
-const HASHER_READY: &str = "hasher-ready";
-
 thread_local! {
     /// The last trace prepared, with its identity and its files.
     static PREPARED: RefCell<Option<Kept>> = const { RefCell::new(None) };
-    /// The hasher, once it has said it is ready (a message sent to a worker
-    /// before its handler is installed is lost).
-    static HASHER: RefCell<Option<Worker>> = const { RefCell::new(None) };
     /// A result waiting for its file's fingerprint from the hasher.
     static WAITING: RefCell<Option<Waiting>> = const { RefCell::new(None) };
     /// Whether the page has asked anything yet: the warm-up stops then.
@@ -127,23 +111,14 @@ const KEEP_PARSED_EVENTS: u64 = MEMORY_BUDGET.get() / 8 / crate::scale::work::BY
 /// not kept parsed.
 const KEEP_PARSED_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
-/// What the hasher sends back for a job.
-#[derive(Debug, Serialize, Deserialize)]
-struct Fingerprinted {
-    job: u32,
-    /// The identity of each file in order (their names are filled in by the
-    /// receiver), or why not.
-    identities: Result<Vec<TraceIdentity>, String>,
-}
-
 /// Installs the message handler and tells the page the worker is ready; the
-/// hasher, started by this same script under [`HASHER_NAME`], only hashes.
+/// hasher, started by this same script under [`hasher::NAME`], only hashes.
 pub fn register() {
     let Ok(scope) = js_sys::global().dyn_into::<DedicatedWorkerGlobalScope>() else {
         return;
     };
-    if scope.name() == HASHER_NAME {
-        register_hasher(&scope);
+    if scope.name() == hasher::NAME {
+        hasher::register(&scope);
         return;
     }
     let post_scope = scope.clone();
@@ -153,84 +128,20 @@ pub fn register() {
     });
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
-    start_hasher(&scope);
+    hasher::start(&scope);
     post_to(&scope, Response::Ready);
     wasm_bindgen_futures::spawn_local(warm_up(scope));
 }
 
 /// Posts a response to the page. A failed post means the page is gone;
 /// there is nobody to tell.
-fn post_to(scope: &DedicatedWorkerGlobalScope, response: Response) {
+pub(super) fn post_to(scope: &DedicatedWorkerGlobalScope, response: Response) {
     let _ = scope.post_message(&response.to_json().into());
-}
-
-/// Starts the hasher and routes its answers. Until it has said it is ready,
-/// or without one (a browser without nested workers, a hasher that failed),
-/// this worker hashes each file itself.
-fn start_hasher(scope: &DedicatedWorkerGlobalScope) {
-    let options = WorkerOptions::new();
-    options.set_name(HASHER_NAME);
-    let Ok(hasher) = Worker::new_with_options(WORKER_URL, &options) else {
-        return;
-    };
-    let post_scope = scope.clone();
-    let hasher_handle = hasher.clone();
-    let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
-        let post = |response: Response| post_to(&post_scope, response);
-        let Some(text) = event.data().as_string() else {
-            return;
-        };
-        if text == HASHER_READY {
-            HASHER.with(|slot| *slot.borrow_mut() = Some(hasher_handle.clone()));
-        } else if let Ok(reply) = serde_json::from_str::<Fingerprinted>(&text) {
-            fingerprinted(reply, &post);
-        }
-    });
-    hasher.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-    on_message.forget();
-    // A hasher that fails is dropped: the waiting job and the next ones are
-    // hashed here.
-    let post_scope = scope.clone();
-    let on_error = Closure::<dyn Fn(JsValue)>::new(move |_| {
-        HASHER.with(|slot| *slot.borrow_mut() = None);
-        let post = |response: Response| post_to(&post_scope, response);
-        let job = WAITING.with(|slot| slot.borrow().as_ref().map(|w| w.job));
-        if let Some(job) = job {
-            let identities = Err("the hasher stopped".to_owned());
-            fingerprinted(Fingerprinted { job, identities }, &post);
-        }
-    });
-    hasher.set_onerror(Some(on_error.as_ref().unchecked_ref()));
-    on_error.forget();
-}
-
-/// The hasher: fingerprints the blobs of each job it is sent, in order.
-fn register_hasher(scope: &DedicatedWorkerGlobalScope) {
-    let post_scope = scope.clone();
-    let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
-        let data = event.data();
-        let job = Reflect::get(&data, &"job".into())
-            .ok()
-            .and_then(|v| v.as_f64())
-            .map_or(0, |v| v as u32);
-        let identities = attached_blobs(&data)
-            .ok_or_else(|| "no file to fingerprint".to_owned())
-            .and_then(fingerprint_all);
-        let reply = Fingerprinted { job, identities };
-        if let Ok(text) = serde_json::to_string(&reply) {
-            let _ = post_scope.post_message(&text.into());
-        }
-    });
-    scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-    on_message.forget();
-    // Get the hash function optimized before the first file.
-    let _ = TraceIdentity::of("", &vec![0_u8; 4 << 20]);
-    let _ = scope.post_message(&HASHER_READY.into());
 }
 
 /// The blobs under `files` in a message (a JS array of `Blob`s, in order);
 /// `None` when there is none or anything else is there.
-fn attached_blobs(data: &JsValue) -> Option<Vec<Blob>> {
+pub(super) fn attached_blobs(data: &JsValue) -> Option<Vec<Blob>> {
     let list = Reflect::get(data, &"files".into())
         .ok()?
         .dyn_into::<js_sys::Array>()
@@ -243,7 +154,7 @@ fn attached_blobs(data: &JsValue) -> Option<Vec<Blob>> {
 }
 
 /// Fingerprints each blob in turn (without names).
-fn fingerprint_all(blobs: Vec<Blob>) -> Result<Vec<TraceIdentity>, String> {
+pub(super) fn fingerprint_all(blobs: Vec<Blob>) -> Result<Vec<TraceIdentity>, String> {
     blobs.into_iter().map(fingerprint_blob).collect()
 }
 
@@ -267,8 +178,14 @@ fn fingerprint_blob(blob: Blob) -> Result<TraceIdentity, String> {
     Ok(source.fingerprint.take().unwrap_or_default().finish(""))
 }
 
+/// The job waiting for the hasher's answer, if any.
+pub(super) fn waiting_job() -> Option<u32> {
+    WAITING.with(|slot| slot.borrow().as_ref().map(|w| w.job))
+}
+
 /// The hasher's answer for a job: the waiting result goes out with it.
-fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
+pub(super) fn fingerprinted(reply: Fingerprinted, post: &dyn Fn(Response)) {
+    hasher::forget(reply.job);
     let waiting = WAITING.with(|slot| {
         let mut slot = slot.borrow_mut();
         match slot.as_ref() {
@@ -340,10 +257,18 @@ async fn warm_up(scope: DedicatedWorkerGlobalScope) {
         if !give_way(&scope).await {
             return;
         }
-        // The same path as a dropped file: its fingerprint, then the pipeline.
-        let _ = TraceIdentity::of(WARM_UP_URL, &bytes);
+        // The same path as a dropped small file (the hasher fingerprints
+        // it): read whole, prepared, estimated.
+        let Ok(trace) = crate::trace::parse(&bytes) else {
+            return;
+        };
+        if !give_way(&scope).await {
+            return;
+        }
         let config = Config::standard();
-        let Ok(prepared) = pipeline::prepare(&bytes, &config, &mut |_| {}) else {
+        let traces = [trace.value];
+        let Ok(prepared) = pipeline::prepare_parsed(&traces, trace.warnings, &config, &mut |_| {})
+        else {
             return;
         };
         if !give_way(&scope).await {
@@ -417,12 +342,9 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
                 });
                 return;
             };
-            // Hash on the hasher when there is one, here otherwise.
-            let hashed_elsewhere = HASHER.with(|slot| {
-                slot.borrow()
-                    .as_ref()
-                    .is_some_and(|hasher| post_to_hasher(hasher, job, &blobs))
-            });
+            // Hash on the hasher when there is one (once it is ready if it
+            // is starting), here otherwise.
+            let hashed_elsewhere = hasher::hand_over(job, &blobs);
             let sources = blobs
                 .into_iter()
                 .map(|blob| BlobSource::new(blob, !hashed_elsewhere))
@@ -435,15 +357,6 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
         Request::Resimulate { job, config } => resimulate(job, &within_heap(config), post),
         Request::WhatIf { job, what, config } => whatif(job, what, &within_heap(config), post),
     }
-}
-
-/// Asks the hasher to fingerprint `blobs` for `job`; whether it was asked.
-fn post_to_hasher(hasher: &Worker, job: u32, blobs: &[Blob]) -> bool {
-    let message = js_sys::Object::new();
-    let list: js_sys::Array = blobs.iter().collect();
-    Reflect::set(&message, &"job".into(), &JsValue::from(job)).is_ok()
-        && Reflect::set(&message, &"files".into(), &list).is_ok()
-        && hasher.post_message(&message).is_ok()
 }
 
 /// A blob read slice by slice, each slice fingerprinted as it passes unless
@@ -568,6 +481,8 @@ fn run(
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(err) => {
+            // Nothing waits for these files' fingerprints.
+            hasher::forget(job);
             post(Response::Failed {
                 job,
                 message: format!("{}: {err}", names.join(" + ")),
@@ -603,6 +518,13 @@ fn run(
                 result,
             };
             WAITING.with(|slot| *slot.borrow_mut() = Some(waiting));
+            // The hasher has not been sent the files (it is not ready yet,
+            // or it failed): hash them here now.
+            if !hasher::sent(job) {
+                hasher::forget(job);
+                let identities = Err("the hasher was not ready".to_owned());
+                fingerprinted(Fingerprinted { job, identities }, post);
+            }
         }
     }
 }
