@@ -28,13 +28,17 @@ pub(super) const NAME: &str = "memcast-hasher";
 const READY: &str = "hasher-ready";
 
 thread_local! {
-    /// The hasher, once it has said it is ready (a message sent to a worker
-    /// before its handler is installed is lost).
-    static HASHER: RefCell<Option<Worker>> = const { RefCell::new(None) };
-    /// The hasher while it starts (it has not said it is ready yet).
-    static HASHER_STARTING: RefCell<Option<Worker>> = const { RefCell::new(None) };
+    /// The hasher, from its start until it fails.
+    static HASHER: RefCell<Option<Hasher>> = const { RefCell::new(None) };
     /// The files of the job being run, when the hasher fingerprints them.
     static HASHING: RefCell<Option<Hashing>> = const { RefCell::new(None) };
+}
+
+/// The hasher and whether it has said it is ready: a message sent to a
+/// worker before its handler is installed is lost.
+struct Hasher {
+    worker: Worker,
+    ready: bool,
 }
 
 /// A job's files handed to the hasher, or kept for it until it is ready: a
@@ -61,13 +65,15 @@ pub(super) struct Fingerprinted {
 /// says so while it starts. Whether the hasher fingerprints them (not:
 /// there is none, the worker hashes them as it reads them).
 pub(super) fn hand_over(job: u32, blobs: &[Blob]) -> bool {
-    let posted = HASHER.with(|slot| {
-        slot.borrow()
-            .as_ref()
-            .is_some_and(|hasher| post_to_hasher(hasher, job, blobs))
+    let (posted, handed) = HASHER.with(|slot| match slot.borrow().as_ref() {
+        Some(hasher) if hasher.ready => {
+            let posted = post_to_hasher(&hasher.worker, job, blobs);
+            (posted, posted)
+        }
+        // Kept until it is ready.
+        Some(_) => (false, true),
+        None => (false, false),
     });
-    let starting = HASHER_STARTING.with(|slot| slot.borrow().is_some());
-    let handed = posted || starting;
     HASHING.with(|slot| {
         *slot.borrow_mut() = handed.then(|| Hashing {
             job,
@@ -114,8 +120,12 @@ pub(super) fn start(scope: &DedicatedWorkerGlobalScope) {
             return;
         };
         if text == READY {
-            HASHER_STARTING.with(|slot| *slot.borrow_mut() = None);
-            HASHER.with(|slot| *slot.borrow_mut() = Some(hasher_handle.clone()));
+            HASHER.with(|slot| {
+                *slot.borrow_mut() = Some(Hasher {
+                    worker: hasher_handle.clone(),
+                    ready: true,
+                });
+            });
             // The files of a job that came before the hasher was ready.
             HASHING.with(|slot| {
                 if let Some(hashing) = slot.borrow_mut().as_mut().filter(|h| !h.posted) {
@@ -133,7 +143,6 @@ pub(super) fn start(scope: &DedicatedWorkerGlobalScope) {
     let post_scope = scope.clone();
     let on_error = Closure::<dyn Fn(JsValue)>::new(move |_| {
         HASHER.with(|slot| *slot.borrow_mut() = None);
-        HASHER_STARTING.with(|slot| *slot.borrow_mut() = None);
         HASHING.with(|slot| *slot.borrow_mut() = None);
         let post = |response: Response| worker::post_to(&post_scope, response);
         if let Some(job) = worker::waiting_job() {
@@ -143,7 +152,12 @@ pub(super) fn start(scope: &DedicatedWorkerGlobalScope) {
     });
     hasher.set_onerror(Some(on_error.as_ref().unchecked_ref()));
     on_error.forget();
-    HASHER_STARTING.with(|slot| *slot.borrow_mut() = Some(hasher));
+    HASHER.with(|slot| {
+        *slot.borrow_mut() = Some(Hasher {
+            worker: hasher,
+            ready: false,
+        });
+    });
 }
 
 /// The hasher: fingerprints the blobs of each job it is sent, in order.

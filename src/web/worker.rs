@@ -521,7 +521,6 @@ fn run(
             // The hasher has not been sent the files (it is not ready yet,
             // or it failed): hash them here now.
             if !hasher::sent(job) {
-                hasher::forget(job);
                 let identities = Err("the hasher was not ready".to_owned());
                 fingerprinted(Fingerprinted { job, identities }, post);
             }
