@@ -20,5 +20,5 @@ pub use bytes::{
 pub use capture::captured;
 pub use command::{capture_command, install_command, CaptureAsk, HELPER};
 pub use settings::{changed, Changed};
-pub use summary::{model_line, run_line};
+pub use summary::{model_line, recipe_line, run_line};
 pub use verdict::{margin_note, target_verdict, verdict};

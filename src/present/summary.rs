@@ -32,6 +32,47 @@ pub fn run_line(report: &Report) -> String {
     )
 }
 
+/// The recipe the run was simulated with, as the trace shows it: "4
+/// micro-batch(es) per optimizer step, activation checkpointing
+/// (reentrant), gradient clipping, loop: a plain loop". Checkpointing names
+/// its form, which decides what backward recomputes and keeps (a reentrant
+/// `CheckpointFunction` re-runs its block's forward under grad inside its
+/// own backward node; the non-reentrant form recomputes through saved-tensor
+/// hooks).
+pub fn recipe_line(s: &RunSummary) -> String {
+    let recipe = &s.recipe;
+    let mut structure: Vec<String> = Vec::new();
+    if let Some(k) = recipe.micro_batches_per_step {
+        structure.push(format!("{k} micro-batch(es) per optimizer step"));
+    }
+    if let Some(c) = recipe.checkpointing {
+        structure.push(format!(
+            "activation checkpointing ({})",
+            if c.reentrant {
+                "reentrant"
+            } else {
+                "non-reentrant"
+            }
+        ));
+    }
+    if recipe.clip_calls > 0 {
+        structure.push("gradient clipping".to_owned());
+    }
+    if recipe.compiled {
+        structure.push("torch.compile".to_owned());
+    }
+    if let Some(d) = &recipe.distributed {
+        structure.push(format!(
+            "one rank of {} ({})",
+            d.world_size
+                .map_or_else(|| "several".to_owned(), |w| w.to_string()),
+            d.backend.as_deref().unwrap_or("unknown backend")
+        ));
+    }
+    structure.push(format!("loop: {}", recipe.training_loop.label()));
+    structure.join(", ")
+}
+
 /// "124 parameter tensors, 1.20 GiB (0.0 MiB trainable, 1.20 GiB frozen, of
 /// which 310.0 MiB stored in 4-bit NF4, plus 9,437,184 B of quantisation
 /// state), buffers 0.0 MiB".

@@ -255,6 +255,7 @@ pub(super) fn Results(
                 <dt>"CUDA context"</dt><dd>{format!("{} — {}", gib(peak.context_bytes), exact(peak.context_bytes))}</dd>
                 <dt>"Where"</dt><dd id="peak-where">{where_peak}</dd>
                 <dt>"Run"</dt><dd id="run-facts">{crate::present::run_line(&report)}</dd>
+                <dt>"Recipe"</dt><dd id="recipe-facts">{crate::present::recipe_line(&report.summary)}</dd>
                 <dt>"Model"</dt><dd id="model-facts">{crate::present::model_line(&report.summary)}</dd>
                 {report.summary.capture.clone().map(|c| view! {
                     <dt>"Captured"</dt><dd id="capture-facts">{crate::present::captured(&c, &report.summary.scaled)}</dd>

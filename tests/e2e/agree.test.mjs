@@ -203,7 +203,7 @@ test("an old #e=v1. permalink still opens with its numbers", async () => {
 });
 
 
-test("inference, forward-only, frozen and LoRA traces: the page's report is the CLI's, and shows the run kind and the parameter split", async () => {
+test("inference, forward-only, frozen and LoRA traces: the page's report is the CLI's, and shows the run kind, the recipe line and the parameter split", async () => {
   const { page, problems } = await openApp(browser, site.url);
   for (const file of allFixtures("traces-nograd").map((n) => fixture(n, "traces-nograd"))) {
     const name = path.basename(file);
@@ -218,6 +218,8 @@ test("inference, forward-only, frozen and LoRA traces: the page's report is the 
     assert.ok(run.startsWith(expected.summary.run_kind.replace(/_/g, " ")), `${name}: ${run}`);
     assert.ok(expected.summary.frozen_parameter_bytes > 0, `${name}: frozen parameters found`);
     assert.match(await page.textContent("#model-facts"), /trainable.*frozen/);
+    const recipe = cliRun(["estimate", file, ...gpus]).split("\n").find((line) => line.startsWith("run: "));
+    assert.equal(await page.textContent("#recipe-facts"), recipe.slice("run: ".length), `${name}: the recipe line is the CLI's`);
   }
   assert.deepEqual(problems, [], "the page threw");
   await page.close();

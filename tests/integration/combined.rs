@@ -274,3 +274,25 @@ fn a_gradient_every_block_adds_to_is_made_once_by_the_first_block_backward_runs(
         full.summary.parameter_bytes
     );
 }
+
+#[test]
+fn the_run_line_names_the_checkpointing_form_the_trace_ran() {
+    // Reentrant checkpointing re-runs a block's forward inside its own
+    // backward node; the non-reentrant form recomputes through saved-tensor
+    // hooks. What each keeps differs, so the line the page and the CLI show
+    // says which one the estimate simulated (issue 31).
+    for (name, form) in [
+        (
+            "llama-small_ckptre_perparam_clip_bs2_seq64_L2",
+            "activation checkpointing (reentrant)",
+        ),
+        (
+            "llama-small_ckpt_bf16_perparam_ga2_clip_bs2_seq128_L2",
+            "activation checkpointing (non-reentrant)",
+        ),
+    ] {
+        let line = memcast::present::recipe_line(&estimate(name, None, None).summary);
+        assert!(line.contains(form), "{name}: {line}");
+        assert!(line.contains("gradient clipping"), "{name}: {line}");
+    }
+}

@@ -72,30 +72,7 @@ fn print_table(out: &mut String, report: &Report) {
         "memcast estimate — {}",
         memcast::present::run_line(report)
     );
-    let recipe = &summary.recipe;
-    let mut structure: Vec<String> = Vec::new();
-    if let Some(k) = recipe.micro_batches_per_step {
-        structure.push(format!("{k} micro-batch(es) per optimizer step"));
-    }
-    if recipe.checkpointing.is_some() {
-        structure.push("activation checkpointing".to_owned());
-    }
-    if recipe.clip_calls > 0 {
-        structure.push("gradient clipping".to_owned());
-    }
-    if recipe.compiled {
-        structure.push("torch.compile".to_owned());
-    }
-    if let Some(d) = &recipe.distributed {
-        structure.push(format!(
-            "one rank of {} ({})",
-            d.world_size
-                .map_or_else(|| "several".to_owned(), |w| w.to_string()),
-            d.backend.as_deref().unwrap_or("unknown backend")
-        ));
-    }
-    structure.push(format!("loop: {}", recipe.training_loop.label()));
-    let _ = writeln!(out, "run: {}", structure.join(", "));
+    let _ = writeln!(out, "run: {}", memcast::present::recipe_line(summary));
     if let Some(capture) = &summary.capture {
         let _ = writeln!(
             out,
