@@ -33,8 +33,9 @@ use super::hasher::{self, Fingerprinted};
 /// user's first file arrives: V8 starts WebAssembly in a baseline compiler
 /// and optimizes a function only after it has run a while, which made a first
 /// drop about 2.5 times slower than the next one. The warm-up gives way to
-/// the user: it runs after the worker has said it is ready, one stage at a
-/// time, and stops at the first request (a file dropped while the page loads
+/// the user: it runs after the worker has said it is ready, a step at a
+/// time (the parse a [`WARM_UP_PIECE`] at a time), and stops at the first
+/// request (a file dropped while the page loads
 /// no longer waits for the whole warm-up; the request's own run warms the
 /// code it needs).
 const WARM_UP_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
@@ -252,8 +253,9 @@ fn post_result(
 }
 
 /// Runs the pipeline on the demo trace, twice (the second pass runs what the
-/// first one got optimized), and forgets the results; one stage at a time,
-/// each after the tasks already waiting (a request from the page among
+/// first one got optimized), and forgets the results; a step at a time (a
+/// piece of the parse, the prepare, the estimate), each after the tasks
+/// already waiting (a request from the page among
 /// them), and not at all once the page has asked something. Any failure (a
 /// site deployed without the demo) only ends the warm-up.
 async fn warm_up(scope: DedicatedWorkerGlobalScope) {
