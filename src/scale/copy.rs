@@ -227,10 +227,23 @@ impl Clock {
 pub(super) fn apply(trace: &Trace, copies: &Copies) -> Trace {
     let clock = Clock::new(copies);
     let k = copies.count;
-    let mut out = trace.clone();
-    out.memory = memory(trace, copies, &clock);
-    retotal(&mut out.memory, base_total(&trace.memory));
-    out.ops = ops(trace, copies, &clock);
+    // Every list of events is made anew (not cloned to be replaced): the
+    // memory events and ops here, the rest below.
+    let mut memory = memory(trace, copies, &clock);
+    retotal(&mut memory, base_total(&trace.memory));
+    let mut out = Trace {
+        header: trace.header.clone(),
+        names: trace.names.clone(),
+        memory,
+        ops: ops(trace, copies, &clock),
+        annotations: Vec::new(),
+        python: Vec::new(),
+        flows: Vec::new(),
+        tensor_args: trace.tensor_args.clone(),
+        op_args: trace.op_args.clone(),
+        n_gpu_events: trace.n_gpu_events,
+        n_events: trace.n_events,
+    };
 
     // Python frames: copies get new ids; module frames are renamed.
     let mut interner = Interner::new(trace);
