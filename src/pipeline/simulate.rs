@@ -155,7 +155,8 @@ impl Parted {
 }
 
 /// Copies a run may take (before an event that could take a device past
-/// its room and did not) before that device's run is left to start alone.
+/// its room and did not: expandable segments) before that device's run is
+/// left to start alone.
 const PARTING_TRIES: u32 = 16;
 
 /// A device whose run at capacity shares the simulation until it parts.
@@ -389,17 +390,18 @@ impl Sim<'_, '_> {
             return Next::Event;
         }
         let noted = cycles.before(op.as_ref(), runner);
-        // Before an allocation that could take a waiting device past its
-        // room: the run as it stands, and how far the event could take it.
+        // Before an allocation whose new segment (no cached block serves
+        // it) could take a waiting device past its room: the run as it
+        // stands, and how far the event could take it.
         let mut before: Option<(Suspended, u64)> = None;
         if self.lowest < u64::MAX {
-            if let Some(SimOp::Alloc { size, .. }) = op {
+            if let Some(SimOp::Alloc { size, stream, .. }) = op {
                 let reach = runner
                     .sample()
                     .reserved
                     .get()
                     .saturating_add(runner.segment_for(size).get());
-                if reach > self.lowest {
+                if reach > self.lowest && !runner.serves_from_cache(size, stream) {
                     before = Some((runner.suspend(), reach));
                 }
             }

@@ -109,6 +109,12 @@ impl Runner {
         self.alloc.can_grow(request)
     }
 
+    /// Whether a request would take a cached block now, without a new
+    /// segment ([`super::CachingAllocator::serves_from_cache`]).
+    pub fn serves_from_cache(&self, request: Bytes, stream: u32) -> bool {
+        self.alloc.serves_from_cache(request, stream)
+    }
+
     /// Segments given back and retries so far (a release shows in them).
     pub fn releases(&self) -> (u64, u64) {
         self.alloc.releases()

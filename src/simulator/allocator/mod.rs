@@ -598,18 +598,23 @@ impl CachingAllocator {
                 (cur, cur_id) = (next, next_id);
             }
         }
-        let size = cur.size;
-        if let Some(max_split) = self.config.max_split_size.map(Bytes::get) {
-            if s < max_split && size >= max_split {
-                return None;
-            }
-            if s >= max_split && size >= s.saturating_add(self.config.max_non_split_rounding.get())
-            {
-                return None;
-            }
+        if !self.may_take(s, cur.size) {
+            return None;
         }
         self.remove_free(cur_id);
         Some(cur_id)
+    }
+
+    /// Whether a request rounded to `s` may take a cached block of `size`
+    /// bytes: with `max_split_size`, an oversize block serves only an
+    /// oversize request, and one not much larger than it.
+    fn may_take(&self, s: u64, size: u64) -> bool {
+        let Some(max_split) = self.config.max_split_size.map(Bytes::get) else {
+            return true;
+        };
+        let rounding = self.config.max_non_split_rounding.get();
+        !(s < max_split && size >= max_split
+            || s >= max_split && size >= s.saturating_add(rounding))
     }
 
     fn alloc_block(&mut self, pool: PoolKind, stream: u32, s: u64, asize: u64) -> Option<u32> {

@@ -1,7 +1,9 @@
 //! What a simulation reads of the allocator to know that a decode step
 //! will take the decisions a step before it took (`crate::pipeline`'s
 //! cycles): the small pool's blocks, and whether an allocation can get a
-//! new segment without releasing the cache.
+//! new segment without releasing the cache. And whether an allocation
+//! takes a cached block at all (`crate::pipeline`'s runs at capacity copy
+//! the run they share only before one that takes a new segment).
 
 use super::arena::SmallIndex;
 use super::{round_up, Block, CachingAllocator, PoolKind, ADDRESS_LIMIT, NIL, SMALL_BUFFER};
@@ -31,6 +33,25 @@ impl Placed {
 }
 
 impl CachingAllocator {
+    /// Whether `malloc(request, stream)` would take a cached block now,
+    /// without a new segment: `get_free_block`'s search, without taking
+    /// the block (the first block found decides: with expandable segments
+    /// malloc may prefer a later one).
+    pub fn serves_from_cache(&self, request: Bytes, stream: u32) -> bool {
+        let Some(stream) = self.streams.iter().position(|&s| s == stream) else {
+            return false;
+        };
+        let stream = stream as u32;
+        let s = self.config.round_size(request.get());
+        let first = self
+            .pool(PoolKind::for_rounded(s))
+            .free
+            .first_from(super::free_key(stream, s, 0));
+        first
+            .and_then(|(_, id)| self.block(id))
+            .is_some_and(|b| b.stream == stream && self.may_take(s, b.size))
+    }
+
     /// Whether the small pool's decisions depend on nothing but its own
     /// blocks and the requests it serves from its cache: no garbage
     /// collection (which frees cached blocks of both pools by age) and no
