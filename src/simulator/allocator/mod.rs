@@ -496,10 +496,18 @@ impl CachingAllocator {
         }
     }
 
+    /// The dense internal index of an external stream id seen before.
+    fn known_stream(&self, stream: u32) -> Option<u32> {
+        self.streams
+            .iter()
+            .position(|&s| s == stream)
+            .map(|i| i as u32)
+    }
+
     /// The dense internal index of an external stream id.
     fn stream_index(&mut self, stream: u32) -> u32 {
-        if let Some(i) = self.streams.iter().position(|&s| s == stream) {
-            return i as u32;
+        if let Some(i) = self.known_stream(stream) {
+            return i;
         }
         self.streams.push(stream);
         (self.streams.len() - 1) as u32

@@ -38,10 +38,9 @@ impl CachingAllocator {
     /// the block (the first block found decides: with expandable segments
     /// malloc may prefer a later one).
     pub fn serves_from_cache(&self, request: Bytes, stream: u32) -> bool {
-        let Some(stream) = self.streams.iter().position(|&s| s == stream) else {
+        let Some(stream) = self.known_stream(stream) else {
             return false;
         };
-        let stream = stream as u32;
         let s = self.config.round_size(request.get());
         let first = self
             .pool(PoolKind::for_rounded(s))
