@@ -79,6 +79,22 @@ pub struct KernelCalls {
     pub reduce: Vec<ReduceCall>,
     #[serde(default)]
     pub conv: Vec<ConvCall>,
+    #[serde(default)]
+    pub softmax_backward: Vec<SoftmaxBackwardCall>,
+}
+
+/// One `aten::_softmax_backward_data`: its CUDA kernel multiplies the
+/// incoming gradient by the softmax's output into a temporary before the
+/// reduction ([`crate::kernels::softmax`]); the CPU's kernel makes none.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SoftmaxBackwardCall {
+    pub op: usize,
+    /// The gradient of the softmax's input the call makes (the largest
+    /// block it allocates that outlives it), when the trace shows one.
+    pub grad_input: Option<usize>,
+    /// Bytes of the incoming gradient at the traced dtype, where the trace
+    /// has shapes.
+    pub grad_bytes: Option<u64>,
 }
 
 /// One convolution pass as the CPU trace records it, for the orchestrator's
@@ -437,7 +453,67 @@ pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life)
         dropout: dropout(trace, index, names, life),
         reduce: reductions(trace, index, names),
         conv: convolutions(trace, index, names, life),
+        softmax_backward: softmax_backwards(trace, index, names, life),
     }
+}
+
+/// The blocks each op allocated (as the innermost op), by op index.
+fn blocks_by_op(life: &Life) -> BTreeMap<usize, Vec<usize>> {
+    let mut by_op: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for b in &life.blocks {
+        if let Some(op) = b.alloc_op {
+            by_op.entry(op).or_default().push(b.id);
+        }
+    }
+    by_op
+}
+
+/// Every `aten::_softmax_backward_data` with the gradient it makes
+/// ([`SoftmaxBackwardCall`]).
+fn softmax_backwards(
+    trace: &Trace,
+    index: &SpanIndex,
+    names: &Names,
+    life: &Life,
+) -> Vec<SoftmaxBackwardCall> {
+    let spans = &index.ops.spans;
+    let calls: Vec<usize> = spans
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| names.get(s.name) == "aten::_softmax_backward_data")
+        .map(|(op, _)| op)
+        .collect();
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    let by_op = blocks_by_op(life);
+    let mut out = Vec::new();
+    for op in calls {
+        let Some(span) = spans.get(op) else {
+            continue;
+        };
+        let grad_input = subtree(index, op)
+            .into_iter()
+            .filter_map(|i| by_op.get(&i))
+            .flatten()
+            .filter_map(|&b| life.blocks.get(b))
+            .filter(|b| b.free_ts.is_none_or(|f| f > span.end))
+            .max_by_key(|b| (b.size, std::cmp::Reverse(b.id)))
+            .map(|b| b.id);
+        let grad_bytes = dims_of(trace, index, op, 0).and_then(|dims| {
+            let elem = index
+                .tensor_arg(trace, op, 0)
+                .and_then(|a| a.dtype)
+                .and_then(|d| dtype_size(trace.name(d)))?;
+            dims.iter().try_fold(elem, |acc, &d| acc.checked_mul(d))
+        });
+        out.push(SoftmaxBackwardCall {
+            op,
+            grad_input,
+            grad_bytes,
+        });
+    }
+    out
 }
 
 /// Whether the weight argument at `weight` of `op` is a depthwise
@@ -499,12 +575,7 @@ fn conv_operands(
 /// with the blocks it writes ([`ConvCall`]).
 fn convolutions(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) -> Vec<ConvCall> {
     let spans = &index.ops.spans;
-    let mut by_op: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for b in &life.blocks {
-        if let Some(op) = b.alloc_op {
-            by_op.entry(op).or_default().push(b.id);
-        }
-    }
+    let by_op = blocks_by_op(life);
     let written = |op: usize| -> Vec<usize> {
         let Some(span) = spans.get(op) else {
             return Vec::new();

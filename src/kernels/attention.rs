@@ -226,9 +226,10 @@ fn product(factors: &[u64]) -> u64 {
 ///   attention; query and key scaled by √scale (saved); the scores
 ///   `[B, H, Lq, Lk]`; `_safe_softmax`'s probabilities (saved) with its bool
 ///   masks; with dropout `native_dropout`'s bool mask and output (saved).
-///   The backward makes three `[B, H, Lq, Lk]` gradients (of the dropped
-///   probabilities, the probabilities and the scores), then those of the
-///   scaled query and key (and of the repeated heads).
+///   The backward makes three `[B, H, Lq, Lk]` blocks (the probabilities'
+///   gradient, the scores' from the softmax backward, and that backward's
+///   temporary `grad * output`, [`super::softmax`]), then the gradients of
+///   the scaled query and key (and of the repeated heads).
 pub fn allocations(backend: Backend, c: &Call) -> Allocations {
     let (b, h, lq, lk, d, dv, e) = (
         c.batch,

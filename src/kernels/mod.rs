@@ -16,11 +16,14 @@
 //! - [`conv`]: cuDNN convolution workspaces under the default heuristics
 //!   (an assumption: PyTorch cannot say which plan cuDNN picks);
 //! - [`reduce`]: the global buffer a CUDA reduction (`sum`, `mean`) splits
-//!   across thread blocks through, sized by the GPU's multiprocessors.
+//!   across thread blocks through, sized by the GPU's multiprocessors;
+//! - [`softmax`]: the temporary a CUDA softmax backward multiplies the
+//!   gradient by the output into.
 
 pub mod attention;
 pub mod conv;
 pub mod reduce;
+pub mod softmax;
 
 use serde::{Deserialize, Serialize};
 

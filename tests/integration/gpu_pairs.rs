@@ -40,6 +40,17 @@ fn settings(args: &[String]) -> Settings {
     s
 }
 
+/// The settings of a pair in `pairs.json` (its `args`).
+fn pair_settings(pair: &serde_json::Value) -> Settings {
+    let args: Vec<String> = pair["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    settings(&args)
+}
+
 fn estimate(trace: &str, settings: &Settings) -> Report {
     crate::common::estimate_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join(trace), settings)
 }
@@ -54,13 +65,7 @@ fn held_pairs_are_within_their_tolerance_of_the_real_gpu() {
             continue;
         };
         let name = pair["name"].as_str().unwrap();
-        let args: Vec<String> = pair["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_owned())
-            .collect();
-        let report = estimate(pair["trace"].as_str().unwrap(), &settings(&args));
+        let report = estimate(pair["trace"].as_str().unwrap(), &pair_settings(pair));
         let got = report.peak.reserved_bytes.get() as f64;
         let real = pair["real_peak_reserved"].as_f64().unwrap();
         let off = 100.0 * (got - real) / real;
@@ -223,4 +228,112 @@ fn conv_workspace_rule_stands_on_the_measured_workspaces() {
             "backward {backward}: rule {rule} B vs measured {measured} B ({ratio:.3})"
         );
     }
+}
+
+/// Rule `cuda_softmax_backward` against the CUDA recordings: every
+/// `aten::_softmax_backward_data` the H200 ran makes its gradient, then a
+/// temporary of the same bytes inside a nested `aten::mul` (`tmp = grad *
+/// output`), freed before it returns; where the job's CPU trace ran the
+/// same softmax backwards, memcast's estimate of it plans one such
+/// temporary per call. (Where the CPU ran a fused attention kernel and the
+/// H200 the math composite, as llama-small's fp32 SDPA, the attention
+/// rule's math backend lays out those temporaries itself.)
+#[test]
+fn cuda_softmax_backward_temporaries_are_the_recorded_ones() {
+    let dir = data_dir();
+    let data = pairs();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(name) = file.strip_suffix(".cuda.json.gz") else {
+            continue;
+        };
+        let trace = read_gz_json(&path);
+        let events = trace["traceEvents"].as_array().unwrap();
+        let span = |e: &serde_json::Value| {
+            let ts = e["ts"].as_f64().unwrap();
+            (ts, ts + e["dur"].as_f64().unwrap())
+        };
+        let ops: Vec<(&str, (f64, f64))> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "cpu_op")
+            .map(|e| (e["name"].as_str().unwrap(), span(e)))
+            .collect();
+        // CUDA allocations and frees: (time, signed bytes).
+        let cuda: Vec<(f64, i64)> = events
+            .iter()
+            .filter(|e| e["name"] == "[memory]" && e["args"]["Device Type"] == 1)
+            .map(|e| {
+                (
+                    e["ts"].as_f64().unwrap(),
+                    e["args"]["Bytes"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        let calls: Vec<(f64, f64)> = ops
+            .iter()
+            .filter(|(n, _)| *n == "aten::_softmax_backward_data")
+            .map(|&(_, s)| s)
+            .collect();
+        if calls.is_empty() {
+            continue;
+        }
+        for &(start, end) in &calls {
+            let inside: Vec<i64> = cuda
+                .iter()
+                .filter(|&&(t, _)| t >= start && t <= end)
+                .map(|&(_, b)| b)
+                .collect();
+            let mul = ops
+                .iter()
+                .any(|&(n, (s, e))| n == "aten::mul" && s >= start && e <= end);
+            // gradient, temporary, the temporary freed
+            assert!(
+                mul && inside.len() == 3 && inside[0] == inside[1] && inside[2] == -inside[1],
+                "{name}: a softmax backward made {inside:?} (nested mul: {mul})"
+            );
+        }
+        // The job's CPU trace: the pair of this recording's name.
+        let pair = data["pairs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: no pair in pairs.json"));
+        let cpu_trace = pair["trace"].as_str().unwrap();
+        let cpu = read_gz_json(&Path::new(env!("CARGO_MANIFEST_DIR")).join(cpu_trace));
+        let cpu_calls = cpu["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "aten::_softmax_backward_data")
+            .count();
+        if cpu_calls == 0 {
+            continue;
+        }
+        assert_eq!(cpu_calls, calls.len(), "{name}: the CPU trace's calls");
+        let report = estimate(cpu_trace, &pair_settings(pair));
+        let planned = report
+            .summary
+            .rules
+            .iter()
+            .find(|r| r.rule.name() == "cuda_softmax_backward")
+            .map_or(0, |r| r.blocks);
+        assert_eq!(
+            planned as usize,
+            calls.len(),
+            "{name}: temporaries planned against the recording's calls"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 2, "{checked} recordings with a softmax backward");
+}
+
+/// A gzipped JSON file, parsed.
+fn read_gz_json(path: &Path) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut plain).unwrap();
+    serde_json::from_slice(&plain).unwrap()
 }

@@ -67,6 +67,7 @@ fn drops(rule: RuleId, analysis: &Analysis, block: &Block) -> bool {
         | RuleId::DropoutCudaMask
         | RuleId::CudaReduceBuffers
         | RuleId::CudnnConvWorkspaces
+        | RuleId::CudaSoftmaxBackward
         | RuleId::GradScalerState
         | RuleId::Gradients
         | RuleId::BatchHandover

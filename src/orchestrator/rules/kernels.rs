@@ -20,6 +20,8 @@
 //! - `cudnn_conv_workspaces`: each convolution pass cuDNN runs allocates
 //!   its plan's workspace for the pass ([`crate::kernels::conv`]: an
 //!   assumed size, the largest tensor the pass writes or reads).
+//! - `cuda_softmax_backward`: a softmax backward makes a temporary of the
+//!   incoming gradient's size ([`crate::kernels::softmax`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -59,9 +61,9 @@ fn blocks_by_op(analysis: &Analysis) -> BTreeMap<usize, Vec<usize>> {
     out
 }
 
-/// Adds both rules' changes to `plan` (nothing for a trace recorded on
-/// CUDA) and returns what the report says each architecture's attention
-/// kernels are. `fp16` says the CUDA run's 16-bit type is fp16.
+/// Adds the kernel rules' changes to `plan` (nothing for a trace recorded
+/// on CUDA) and returns what the report says each architecture's
+/// convolution and attention kernels are. `fp16` says the CUDA run's 16-bit type is fp16.
 pub(super) fn apply(
     analysis: &Analysis,
     rules: Rules,
@@ -77,6 +79,21 @@ pub(super) fn apply(
     }
     reduce_buffers(analysis, plan);
     conv_workspaces(analysis, plan);
+    let notes = attention_calls(analysis, rules, fp16, plan);
+    // After the attention rules: a softmax backward inside an attention
+    // call's math composite goes where its gradient goes.
+    softmax_backward(analysis, plan);
+    notes
+}
+
+/// Rule `sdpa_cuda_kernels`' changes to `plan`, and the notes naming the
+/// convolution and attention kernels.
+fn attention_calls(
+    analysis: &Analysis,
+    rules: Rules,
+    fp16: bool,
+    plan: &mut Plan,
+) -> Vec<KernelNote> {
     // Convolutions: one choice on every GPU, named so the report says it.
     let mut notes: Vec<KernelNote> = Vec::new();
     let cudnn = analysis
@@ -161,6 +178,39 @@ fn reduce_buffers(analysis: &Analysis, plan: &mut Plan) {
                 per_gpu: Some(per_gpu),
             });
         }
+    }
+}
+
+/// Rule `cuda_softmax_backward`: each softmax backward's temporary, from
+/// the gradient it makes (at the CUDA run's size: autocast may have resized
+/// it) to the call's end, on the GPUs that make that gradient (inside an
+/// attention call's math composite, those that run it: the attention rule
+/// dropped or kept the gradient).
+fn softmax_backward(analysis: &Analysis, plan: &mut Plan) {
+    for call in &analysis.kernel_calls.softmax_backward {
+        let Some(op) = analysis.ops.get(call.op) else {
+            continue;
+        };
+        let on = match call.grad_input {
+            Some(b) if plan.dropped.contains_key(&b) => continue,
+            Some(b) => plan.kept_on.get(&b).map_or(ArchSet::ALL, |&(on, _)| on),
+            None => ArchSet::ALL,
+        };
+        let made = call.grad_input.and_then(|b| analysis.blocks.get(b));
+        let cuda = made.map(|b| plan.resized.get(&b.id).map_or(b.size, |&(s, _)| s).get());
+        let size = crate::kernels::softmax::backward_temporary(cuda, call.grad_bytes);
+        if size == 0 {
+            continue;
+        }
+        plan.added.push(AddedBlock {
+            size: Bytes(size),
+            alloc: made.map_or(op.start, |b| b.alloc_ts),
+            free: Some(op.end),
+            op: call.op,
+            rule: RuleId::CudaSoftmaxBackward,
+            on,
+            per_gpu: None,
+        });
     }
 }
 

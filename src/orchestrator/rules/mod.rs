@@ -18,8 +18,9 @@
 //! - [`foreach`] — `foreach_optimizer`;
 //! - [`workspaces`] — `cublas_workspaces`;
 //! - [`kernels`] — `sdpa_cuda_kernels`, `dropout_cuda_mask`,
-//!   `cuda_reduce_buffers`, `cudnn_conv_workspaces` (CUDA kernels that
-//!   allocate otherwise than the CPU's, per GPU architecture).
+//!   `cuda_reduce_buffers`, `cudnn_conv_workspaces`, `cuda_softmax_backward`
+//!   (CUDA kernels that allocate otherwise than the CPU's, per GPU
+//!   architecture).
 //!
 //! [`apply_all`] runs them in [`RuleId::ALL`] order. To add a rule: add its
 //! [`RuleId`] variant (the compiler then asks for its name, summary and
@@ -91,6 +92,7 @@ pub enum RuleId {
     DropoutCudaMask,
     CudaReduceBuffers,
     CudnnConvWorkspaces,
+    CudaSoftmaxBackward,
     Gradients,
     BatchHandover,
     ForeachOptimizer,
@@ -101,7 +103,7 @@ pub enum RuleId {
 
 impl RuleId {
     /// Every rule, in the order they apply (and the report lists them).
-    pub const ALL: [RuleId; 32] = [
+    pub const ALL: [RuleId; 33] = [
         RuleId::Parameters,
         RuleId::BatchnormBuffers,
         RuleId::ModelBuffers,
@@ -128,6 +130,7 @@ impl RuleId {
         RuleId::DropoutCudaMask,
         RuleId::CudaReduceBuffers,
         RuleId::CudnnConvWorkspaces,
+        RuleId::CudaSoftmaxBackward,
         RuleId::Gradients,
         RuleId::BatchHandover,
         RuleId::ForeachOptimizer,
@@ -177,6 +180,7 @@ impl RuleId {
             RuleId::DropoutCudaMask => "dropout_cuda_mask",
             RuleId::CudaReduceBuffers => "cuda_reduce_buffers",
             RuleId::CudnnConvWorkspaces => "cudnn_conv_workspaces",
+            RuleId::CudaSoftmaxBackward => "cuda_softmax_backward",
             RuleId::Gradients => "gradients",
             RuleId::BatchHandover => "batch_handover",
             RuleId::ForeachOptimizer => "foreach_optimizer",
@@ -215,6 +219,7 @@ impl RuleId {
             RuleId::DropoutCudaMask => "dropout's mask is a bool tensor on CUDA (native_dropout), one byte an element, where the CPU makes it in the input's dtype",
             RuleId::CudaReduceBuffers => "a CUDA sum or mean that splits its rows across thread blocks (a bias gradient over many tokens) allocates a global buffer for their partial results while it runs, sized by the GPU's multiprocessors (Reduce.cuh's setReduceConfig)",
             RuleId::CudnnConvWorkspaces => "each convolution pass cuDNN runs (forward, backward-data, backward-filter; not an fp32 or bf16 depthwise one, which PyTorch runs itself) allocates its plan's workspace through the caching allocator and frees it when the pass returns (Conv_v8.cpp run_conv_plan, Conv_v7.cpp allocate_workspace); under the default heuristics the workspace measured on an H200 is a copy of the input, the weight (none of a 1x1 one) and the output, none where cuDNN reads them in place (a 1x1 window at stride 1; an input of fewer than 8 channels under a window of at most 3, forward and fp32 backward), and a backward holds the data pass's, then the filter pass's (kernels/conv.rs)",
+            RuleId::CudaSoftmaxBackward => "a CUDA softmax backward first multiplies the incoming gradient by the softmax's output into a temporary of the gradient's size, freed when it returns (SoftMax.cu's softmax_backward_cuda_out: tmp = grad * output); the CPU kernel makes none",
             RuleId::Gradients => "a gradient lives until the zero_grad that frees it: a captured free outside zero_grad is moved to the next zero_grad; with set_to_none=False gradients are never freed",
             RuleId::BatchHandover => "a batch lives until just after the next batch is loaded, so both are briefly alive, and never past the next iteration's data loading",
             RuleId::ForeachOptimizer => "torch.optim optimizers left at their default run the foreach path on CUDA: the captured per-tensor step temporaries are replaced by whole lists of parameter-sized temporaries alive until the step ends",

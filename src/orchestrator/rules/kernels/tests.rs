@@ -232,3 +232,81 @@ fn a_backward_with_unmatched_gradients_keeps_one_workspace() {
     assert_eq!(ws[0].free, Some(a.ops[ws[0].op].end));
     assert!(ws[0].size.get() > 0);
 }
+
+/// A CPU trace of one softmax backward over [2, 4, 8, 8] fp32 (2,048
+/// bytes), its gradient made inside it, and one log-softmax backward.
+fn softmax_trace(with_gradient: bool) -> Analysis {
+    let f = r#"["float", "float", "Scalar", "Scalar"]"#;
+    let mut ev = vec![
+        op(
+            "aten::_softmax_backward_data",
+            100,
+            20,
+            "[[2,4,8,8],[2,4,8,8],[],[]]",
+            f,
+            None,
+        ),
+        op(
+            "aten::_log_softmax_backward_data",
+            200,
+            20,
+            "[[2,4,8,8],[2,4,8,8],[],[]]",
+            f,
+            None,
+        ),
+    ];
+    if with_gradient {
+        ev.extend(block(1 << 20, 102, 2048, 300)); // grad_input
+    }
+    ev.extend(block(2 << 20, 202, 2048, 300)); // the log-softmax's grad_input
+    analysis_of(&ev)
+}
+
+#[test]
+fn cuda_softmax_backward_makes_a_temporary_of_the_gradient() {
+    let a = softmax_trace(true);
+    let plan = planned(&a);
+    let added: Vec<&AddedBlock> = plan
+        .added
+        .iter()
+        .filter(|b| b.rule == RuleId::CudaSoftmaxBackward)
+        .collect();
+    // One, for the softmax's backward (none for the log-softmax's): the
+    // gradient's bytes, from its allocation to the call's end.
+    assert_eq!(added.len(), 1, "{added:?}");
+    let t = added[0];
+    assert_eq!(t.size, Bytes(2048));
+    assert_eq!((t.alloc, t.free), (Nanos(2_000), Some(Nanos(20_000))));
+    assert_eq!(a.name(a.ops[t.op].name), "aten::_softmax_backward_data");
+    // Resized by autocast (bf16 traced, fp32 on CUDA): the CUDA size.
+    let mut plan = Plan::default();
+    let grad = a.kernel_calls.softmax_backward[0].grad_input.unwrap();
+    plan.resized
+        .insert(grad, (Bytes(4096), RuleId::AutocastBackward));
+    apply(
+        &a,
+        Rules {
+            efficient_gqa: true,
+        },
+        false,
+        &mut plan,
+    );
+    let sizes: Vec<Bytes> = plan
+        .added
+        .iter()
+        .filter(|b| b.rule == RuleId::CudaSoftmaxBackward)
+        .map(|b| b.size)
+        .collect();
+    assert_eq!(sizes, [Bytes(4096)]);
+    // No gradient in the trace: the incoming gradient's bytes from its
+    // shape, from the call's start.
+    let a = softmax_trace(false);
+    let plan = planned(&a);
+    let t: Vec<(Bytes, Nanos)> = plan
+        .added
+        .iter()
+        .filter(|b| b.rule == RuleId::CudaSoftmaxBackward)
+        .map(|b| (b.size, b.alloc))
+        .collect();
+    assert_eq!(t, [(Bytes(2048), Nanos(0))]);
+}
