@@ -223,8 +223,10 @@ fn product(factors: &[u64]) -> u64 {
 ///   composite), in the order the H200 made them: the causal mask (bool
 ///   `[Lq, Lk]`, its `tril`, then an additive mask in the query's dtype);
 ///   key and value repeated to the query's heads under grouped-query
-///   attention; query and key scaled by √scale (saved); the scores
-///   `[B, H, Lq, Lk]`; `_safe_softmax`'s probabilities (saved) with its bool
+///   attention; query and key scaled by √scale (saved by autograd; without
+///   it freed once the scores' product returns, as the H200 freed them
+///   before the probabilities, `llama-small_nograd_seq2048_L2.cuda.json.gz`);
+///   the scores `[B, H, Lq, Lk]`; `_safe_softmax`'s probabilities (saved) with its bool
 ///   masks; with dropout `native_dropout`'s bool mask and output (saved).
 ///   The backward makes three `[B, H, Lq, Lk]` blocks (the probabilities'
 ///   gradient, the scores' from the softmax backward, and that backward's
@@ -307,6 +309,11 @@ pub fn allocations(backend: Backend, c: &Call) -> Allocations {
             let expanded = c.gqa().then(|| (fwd.alloc(k), fwd.alloc(v)));
             let mut saved = vec![fwd.alloc(q), fwd.alloc(k)];
             let s = fwd.alloc(scores);
+            if !c.grad {
+                // Nothing keeps the scaled query and key past the scores'
+                // product without autograd.
+                saved.drain(..).for_each(|x| fwd.free(x));
+            }
             saved.push(fwd.alloc(scores));
             let masks = [
                 fwd.alloc(product(&[b, h, lq, lk])),
@@ -428,6 +435,20 @@ mod tests {
             .collect()
     }
 
+    /// The most bytes a step list holds at once.
+    fn peak(steps: &[Step]) -> u64 {
+        let sizes = allocs(steps);
+        let (mut now, mut most) = (0_u64, 0_u64);
+        for s in steps {
+            match s {
+                Step::Alloc(n) => now += n,
+                Step::Free(i) => now -= sizes[*i],
+            }
+            most = most.max(now);
+        }
+        most
+    }
+
     /// The blocks a step list allocates and does not free.
     fn kept(steps: &[Step]) -> Vec<u64> {
         let sizes = allocs(steps);
@@ -470,6 +491,12 @@ mod tests {
         // blocks, 4·B·H·S²
         let a = allocations(Backend::Math, &llama(4, false));
         assert!(kept(&a.forward).is_empty() && a.backward.is_empty());
+        // ... and the scaled query and key gone before the probabilities
+        // (the H200's order): at most the scores, probabilities, the
+        // softmax's masks, the repeated key and value and the causal mask.
+        let masks = 2 * 12 * 1024 * 1024 + 2 * 12 * 1024;
+        let most = 2 * 100_663_296 + masks + 2 * 6_291_456 + 4 * 1024 * 1024;
+        assert_eq!(peak(&a.forward), most);
         assert_eq!(
             allocs(&a.forward)
                 .iter()
