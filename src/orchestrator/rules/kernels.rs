@@ -11,7 +11,10 @@
 //!   masks). Each GPU architecture gets the blocks of the backend PyTorch
 //!   selects there, marked with the architectures that select it; where the
 //!   CPU ran the math composite and a GPU does too, the CPU's blocks stay for
-//!   that GPU.
+//!   that GPU. Query, key and value live as long as the CUDA kernel keeps
+//!   them: until the call's backward for a fused kernel, and where the CPU's
+//!   flash kernel kept them but the GPU runs the math composite (which
+//!   keeps copies), only until the backward pass starts.
 //! - `dropout_cuda_mask`: the CPU's dropout mask (the input's dtype) is a
 //!   bool tensor on CUDA.
 //! - `cuda_reduce_buffers`: a CUDA `sum` or `mean` over many rows
@@ -387,6 +390,43 @@ fn keep_inputs(
     if fused_on.is_empty() {
         return;
     }
+    let inputs = call_inputs(analysis, call, since, |f| f > op.end && f < backward_start);
+    for b in inputs {
+        let Some(block) = analysis.blocks.get(b) else {
+            continue;
+        };
+        if math_on.is_empty() {
+            plan.dropped.insert(b, RuleId::SdpaCudaKernels);
+        } else {
+            plan.kept_on.insert(b, (math_on, RuleId::SdpaCudaKernels));
+        }
+        plan.added.push(AddedBlock {
+            size: block.size,
+            alloc: block.alloc_ts,
+            free: Some(backward_end),
+            op: block.alloc_op.unwrap_or(call.op),
+            rule: RuleId::SdpaCudaKernels,
+            on: fused_on,
+            per_gpu: None,
+        });
+    }
+}
+
+/// The query, key and value blocks of an attention call, found without
+/// module frames: the latest blocks allocated before the call and after the
+/// previous call on its thread ended (`since`), of the query's, key's or
+/// value's size or of the three together (one fused projection whose
+/// output they are views of: GPT-2's `c_attn(x).split(...)`), at most
+/// three, whose free time passes `freed`.
+fn call_inputs(
+    analysis: &Analysis,
+    call: &AttentionCall,
+    since: Nanos,
+    freed: impl Fn(Nanos) -> bool,
+) -> Vec<usize> {
+    let Some(op) = analysis.ops.get(call.op) else {
+        return Vec::new();
+    };
     let elems = |heads: u64, len: u64, dim: u64| {
         call.shape
             .batch
@@ -404,37 +444,77 @@ fn keep_inputs(
             call.shape.v_head_dim,
         ),
     ];
-    // A fused projection (GPT-2's `c_attn(x).split(...)`) makes one block
-    // that query, key and value are views of: the kernel keeping any of
-    // them keeps it whole.
     let fused = sizes.iter().fold(0_u64, |sum, &s| sum.saturating_add(s));
     let before = analysis.blocks.partition_point(|b| b.alloc_ts < op.start);
-    let inputs: Vec<usize> = analysis.blocks[..before]
+    analysis.blocks[..before]
         .iter()
         .rev()
         .take(256)
         .filter(|b| sizes.contains(&b.size.get()) || b.size.get() == fused)
         .take_while(|b| b.alloc_ts >= since)
-        .filter(|b| b.free_ts.is_some_and(|f| f > op.end && f < backward_start))
+        .filter(|b| b.free_ts.is_some_and(&freed))
         .take(3)
         .map(|b| b.id)
-        .collect();
+        .collect()
+}
+
+/// Where the CPU ran its flash kernel, which keeps query, key and value
+/// for its backward, and a GPU runs the math composite, which keeps copies
+/// of its own instead (the scaled query and key, the repeated value): on
+/// those architectures (`math_on`) the CPU's blocks are no longer kept by
+/// autograd, and live only as long as the model's code holds them. The
+/// H200 freed llama-small's (fp32, grouped-query attention) before the
+/// backward (`llama-small_adamw_seq1024_L4.cuda.json.gz`: the query when its
+/// attention module returned, key and value with the cache at the forward's
+/// end); memcast frees them when the backward pass after the call starts,
+/// a bound from above where the trace cannot tell. A block that lives past
+/// the call's backward (the CPU's kernel did not keep it) is left alone.
+fn release_inputs(
+    analysis: &Analysis,
+    call: &AttentionCall,
+    since: Nanos,
+    window: Option<(Nanos, Nanos)>,
+    math_on: ArchSet,
+    others: ArchSet,
+    plan: &mut Plan,
+) {
+    let (Some((backward_start, backward_end)), Some(op)) = (window, analysis.ops.get(call.op))
+    else {
+        return;
+    };
+    if math_on.is_empty() {
+        return;
+    }
+    let Some(backward_pass) = analysis
+        .iterations
+        .iter()
+        .flat_map(|it| &it.phases)
+        .filter(|p| p.phase == crate::analyzer::Phase::Backward && p.start > op.end)
+        .map(|p| p.start)
+        .min()
+        .filter(|&start| start <= backward_start)
+    else {
+        return;
+    };
+    let inputs = call_inputs(analysis, call, since, |f| {
+        f >= backward_start && f <= backward_end
+    });
     for b in inputs {
         let Some(block) = analysis.blocks.get(b) else {
             continue;
         };
-        if math_on.is_empty() {
+        if others.is_empty() {
             plan.dropped.insert(b, RuleId::SdpaCudaKernels);
         } else {
-            plan.kept_on.insert(b, (math_on, RuleId::SdpaCudaKernels));
+            plan.kept_on.insert(b, (others, RuleId::SdpaCudaKernels));
         }
         plan.added.push(AddedBlock {
             size: block.size,
             alloc: block.alloc_ts,
-            free: Some(backward_end),
+            free: Some(backward_pass),
             op: block.alloc_op.unwrap_or(call.op),
             rule: RuleId::SdpaCudaKernels,
-            on: fused_on,
+            on: math_on,
             per_gpu: None,
         });
     }
@@ -590,16 +670,11 @@ fn attention_call(
             plan.dropped.insert(b, RuleId::SdpaCudaKernels);
         }
     }
+    let others = by_backend_union(&by_backend, math_on);
     if cpu_math {
-        keep_inputs(
-            analysis,
-            call,
-            since,
-            window,
-            math_on,
-            by_backend_union(&by_backend, math_on),
-            plan,
-        );
+        keep_inputs(analysis, call, since, window, math_on, others, plan);
+    } else {
+        release_inputs(analysis, call, since, window, math_on, others, plan);
     }
     let first_backward = call.backward.first().copied().unwrap_or(call.kernel);
     let saved_until = window.map_or(kernel.end, |(_, end)| end);

@@ -310,3 +310,91 @@ fn cuda_softmax_backward_makes_a_temporary_of_the_gradient() {
         .collect();
     assert_eq!(t, [(Bytes(2048), Nanos(0))]);
 }
+
+/// An fp32 grouped-query attention the CPU ran through its flash kernel,
+/// which kept query, key and value until its backward. Before PyTorch 2.12
+/// every architecture runs it through the math composite, which keeps
+/// copies of its own: the CPU's blocks die when the backward pass starts.
+/// From 2.12 the memory-efficient kernel takes it and keeps them, as the
+/// CPU's did.
+#[test]
+fn the_math_composite_lets_go_of_what_the_cpu_flash_kernel_kept() {
+    let f = r#"["float", "float", "float"]"#;
+    let qkv = "[[1,2,8,8],[1,1,8,8],[1,1,8,8]]";
+    let mm = r#"["float", "float"]"#;
+    let mut ev = vec![
+        op("aten::mm", 10, 2, "[[8,16],[16,16]]", mm, None),
+        op("aten::mm", 13, 2, "[[8,16],[16,8]]", mm, None),
+        op("aten::mm", 16, 2, "[[8,16],[16,8]]", mm, None),
+        op("aten::scaled_dot_product_attention", 20, 20, qkv, f, None),
+        op(
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+            21,
+            18,
+            qkv,
+            f,
+            Some(2),
+        ),
+        op(
+            "autograd::engine::evaluate_function: NllLossBackward0",
+            80,
+            5,
+            "[]",
+            "[]",
+            Some(3),
+        ),
+        op(
+            "autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0",
+            100,
+            20,
+            "[]",
+            "[]",
+            Some(2),
+        ),
+    ];
+    ev.extend(block(1 << 20, 11, 512, 110)); // query, [1,2,8,8] fp32
+    ev.extend(block(2 << 20, 14, 256, 111)); // key, one head
+    ev.extend(block(3 << 20, 17, 256, 112)); // value
+    ev.extend(block(4 << 20, 22, 512, 300)); // the attention's output
+    let a = analysis_of(&ev);
+    assert_eq!(a.kernel_calls.attention.len(), 1);
+    let inputs: Vec<usize> = a
+        .blocks
+        .iter()
+        .filter(|b| b.alloc_ts < a.ops[a.kernel_calls.attention[0].op].start)
+        .map(|b| b.id)
+        .collect();
+    assert_eq!(inputs.len(), 3);
+    let plan_with = |efficient_gqa: bool| {
+        let mut plan = Plan::default();
+        apply(&a, Rules { efficient_gqa }, false, &mut plan);
+        plan
+    };
+    // Before 2.12: dropped as traced, made again until the backward pass.
+    let plan = plan_with(false);
+    let backward_pass = a
+        .iterations
+        .iter()
+        .flat_map(|it| &it.phases)
+        .find(|p| p.phase == crate::analyzer::Phase::Backward)
+        .map(|p| p.start)
+        .unwrap();
+    for &b in &inputs {
+        let block = &a.blocks[b];
+        assert_eq!(plan.dropped.get(&b), Some(&RuleId::SdpaCudaKernels));
+        let again: Vec<&AddedBlock> = plan
+            .added
+            .iter()
+            .filter(|x| x.alloc == block.alloc_ts && x.size == block.size)
+            .collect();
+        assert_eq!(again.len(), 1, "{plan:?}");
+        assert_eq!(again[0].free, Some(backward_pass));
+        assert!(backward_pass < block.free_ts.unwrap());
+        assert_eq!(again[0].on, ArchSet::ALL);
+    }
+    // From 2.12: as traced.
+    let plan = plan_with(true);
+    for b in &inputs {
+        assert!(!plan.dropped.contains_key(b) && !plan.kept_on.contains_key(b));
+    }
+}
