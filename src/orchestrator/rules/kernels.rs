@@ -391,25 +391,14 @@ fn keep_inputs(
         return;
     }
     let inputs = call_inputs(analysis, call, since, |f| f > op.end && f < backward_start);
-    for b in inputs {
-        let Some(block) = analysis.blocks.get(b) else {
-            continue;
-        };
-        if math_on.is_empty() {
-            plan.dropped.insert(b, RuleId::SdpaCudaKernels);
-        } else {
-            plan.kept_on.insert(b, (math_on, RuleId::SdpaCudaKernels));
-        }
-        plan.added.push(AddedBlock {
-            size: block.size,
-            alloc: block.alloc_ts,
-            free: Some(backward_end),
-            op: block.alloc_op.unwrap_or(call.op),
-            rule: RuleId::SdpaCudaKernels,
-            on: fused_on,
-            per_gpu: None,
-        });
-    }
+    relive(
+        analysis,
+        call,
+        &inputs,
+        math_on,
+        (fused_on, backward_end),
+        plan,
+    );
 }
 
 /// The query, key and value blocks of an attention call, found without
@@ -499,22 +488,43 @@ fn release_inputs(
     let inputs = call_inputs(analysis, call, since, |f| {
         f >= backward_start && f <= backward_end
     });
-    for b in inputs {
+    relive(
+        analysis,
+        call,
+        &inputs,
+        others,
+        (math_on, backward_pass),
+        plan,
+    );
+}
+
+/// Blocks of an attention call's inputs that live otherwise on some
+/// architectures: each stays as traced on `as_traced` (dropped where that
+/// is none) and is made again on `changed.0`, freed at `changed.1`.
+fn relive(
+    analysis: &Analysis,
+    call: &AttentionCall,
+    inputs: &[usize],
+    as_traced: ArchSet,
+    changed: (ArchSet, Nanos),
+    plan: &mut Plan,
+) {
+    for &b in inputs {
         let Some(block) = analysis.blocks.get(b) else {
             continue;
         };
-        if others.is_empty() {
+        if as_traced.is_empty() {
             plan.dropped.insert(b, RuleId::SdpaCudaKernels);
         } else {
-            plan.kept_on.insert(b, (others, RuleId::SdpaCudaKernels));
+            plan.kept_on.insert(b, (as_traced, RuleId::SdpaCudaKernels));
         }
         plan.added.push(AddedBlock {
             size: block.size,
             alloc: block.alloc_ts,
-            free: Some(backward_pass),
+            free: Some(changed.1),
             op: block.alloc_op.unwrap_or(call.op),
             rule: RuleId::SdpaCudaKernels,
-            on: math_on,
+            on: changed.0,
             per_gpu: None,
         });
     }
