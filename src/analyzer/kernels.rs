@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::lifecycle::Life;
 use super::spans::SpanIndex;
-use super::Names;
+use super::{Block, Names};
 use crate::kernels::attention;
 use crate::trace::{dtype_size, Trace};
 
@@ -448,19 +448,20 @@ fn dropout(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) -> Vec<
 
 /// The kernel calls of a trace.
 pub(crate) fn find(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) -> KernelCalls {
+    let by_op = blocks_by_op(&life.blocks);
     KernelCalls {
         attention: attention(trace, index, names),
         dropout: dropout(trace, index, names, life),
         reduce: reductions(trace, index, names),
-        conv: convolutions(trace, index, names, life),
-        softmax_backward: softmax_backwards(trace, index, names, life),
+        conv: convolutions(trace, index, names, life, &by_op),
+        softmax_backward: softmax_backwards(trace, index, names, life, &by_op),
     }
 }
 
 /// The blocks each op allocated (as the innermost op), by op index.
-fn blocks_by_op(life: &Life) -> BTreeMap<usize, Vec<usize>> {
+pub(crate) fn blocks_by_op(blocks: &[Block]) -> BTreeMap<usize, Vec<usize>> {
     let mut by_op: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for b in &life.blocks {
+    for b in blocks {
         if let Some(op) = b.alloc_op {
             by_op.entry(op).or_default().push(b.id);
         }
@@ -475,6 +476,7 @@ fn softmax_backwards(
     index: &SpanIndex,
     names: &Names,
     life: &Life,
+    by_op: &BTreeMap<usize, Vec<usize>>,
 ) -> Vec<SoftmaxBackwardCall> {
     let spans = &index.ops.spans;
     let calls: Vec<usize> = spans
@@ -483,10 +485,6 @@ fn softmax_backwards(
         .filter(|(_, s)| names.get(s.name) == "aten::_softmax_backward_data")
         .map(|(op, _)| op)
         .collect();
-    if calls.is_empty() {
-        return Vec::new();
-    }
-    let by_op = blocks_by_op(life);
     let mut out = Vec::new();
     for op in calls {
         let Some(span) = spans.get(op) else {
@@ -573,9 +571,14 @@ fn conv_operands(
 
 /// Every forward `aten::convolution` and backward `aten::convolution_backward`
 /// with the blocks it writes ([`ConvCall`]).
-fn convolutions(trace: &Trace, index: &SpanIndex, names: &Names, life: &Life) -> Vec<ConvCall> {
+fn convolutions(
+    trace: &Trace,
+    index: &SpanIndex,
+    names: &Names,
+    life: &Life,
+    by_op: &BTreeMap<usize, Vec<usize>>,
+) -> Vec<ConvCall> {
     let spans = &index.ops.spans;
-    let by_op = blocks_by_op(life);
     let written = |op: usize| -> Vec<usize> {
         let Some(span) = spans.get(op) else {
             return Vec::new();

@@ -333,7 +333,5 @@ fn cuda_softmax_backward_temporaries_are_the_recorded_ones() {
 /// A gzipped JSON file, parsed.
 fn read_gz_json(path: &Path) -> serde_json::Value {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    let mut plain = Vec::new();
-    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut plain).unwrap();
-    serde_json::from_slice(&plain).unwrap()
+    serde_json::from_slice(&memcast::trace::gunzip(&bytes).unwrap()).unwrap()
 }

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::autocast::{AddedBlock, Plan};
 use super::RuleId;
-use crate::analyzer::kernels::{AttentionCall, CpuAttention};
+use crate::analyzer::kernels::{blocks_by_op, AttentionCall, CpuAttention};
 use crate::analyzer::Analysis;
 use crate::kernels::attention::{self, Backend, Rules};
 use crate::kernels::{ArchSet, KernelNote, Sm};
@@ -48,17 +48,6 @@ fn descendants(analysis: &Analysis, op: usize) -> BTreeSet<usize> {
         }
         if o.parent.is_some_and(|p| out.contains(&p)) {
             out.insert(i);
-        }
-    }
-    out
-}
-
-/// The blocks each op allocated (as the innermost op), by op index.
-fn blocks_by_op(analysis: &Analysis) -> BTreeMap<usize, Vec<usize>> {
-    let mut out: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for b in &analysis.blocks {
-        if let Some(op) = b.alloc_op {
-            out.entry(op).or_default().push(b.id);
         }
     }
     out
@@ -115,7 +104,7 @@ fn attention_calls(
     if calls.is_empty() {
         return notes;
     }
-    let by_op = blocks_by_op(analysis);
+    let by_op = blocks_by_op(&analysis.blocks);
     let mut chosen: BTreeMap<Sm, BTreeMap<Backend, u32>> = BTreeMap::new();
     // the end of the previous call on each thread
     let mut previous_end: BTreeMap<i64, Nanos> = BTreeMap::new();
