@@ -105,9 +105,7 @@ impl<'a> Cursor<'a> {
             if !b.is_ascii_digit() {
                 break;
             }
-            value = value
-                .and_then(|v| v.checked_mul(10))
-                .and_then(|v| v.checked_sub(i64::from(b - b'0')));
+            value = value.and_then(|v| super::loose::push_negative_digit(v, b - b'0'));
             digits += 1;
             self.at += 1;
         }

@@ -9,6 +9,33 @@ use std::fmt;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+/// `value * 10 + digit`, or `None` past `u64::MAX`. The bound is compared,
+/// not found by an overflowing multiply: on wasm32 a checked 64-bit multiply
+/// is a call to a 128-bit multiply routine, and a trace has millions of
+/// numbers.
+pub(super) fn push_digit(value: u64, digit: u8) -> Option<u64> {
+    const MAX_TENTH: u64 = u64::MAX / 10;
+    const MAX_LAST: u64 = u64::MAX % 10;
+    let digit = u64::from(digit);
+    if value > MAX_TENTH || (value == MAX_TENTH && digit > MAX_LAST) {
+        return None;
+    }
+    Some(value * 10 + digit)
+}
+
+/// `value * 10 - digit` for a number accumulated as a negative one (so that
+/// `i64::MIN` fits), or `None` below `i64::MIN`; compared as [`push_digit`]
+/// is.
+pub(super) fn push_negative_digit(value: i64, digit: u8) -> Option<i64> {
+    const MIN_TENTH: i64 = i64::MIN / 10;
+    const MIN_LAST: i64 = i64::MIN % 10;
+    let digit = i64::from(digit);
+    if value < MIN_TENTH || (value == MIN_TENTH && -digit < MIN_LAST) {
+        return None;
+    }
+    Some(value * 10 - digit)
+}
+
 /// Skips the rest of a list.
 pub(super) fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
     while seq.next_element::<IgnoredAny>()?.is_some() {}
@@ -284,5 +311,31 @@ mod tests {
         assert_eq!(parse_one::<LooseInt>("18446744073709551615").0, Some(-1));
         assert_eq!(parse_one::<LooseF64>("\"1.5\"").0, Some(1.5));
         assert_eq!(parse_one::<LooseF64>("{}").0, None);
+    }
+
+    proptest::proptest! {
+        /// The compared bounds give what checked arithmetic gives, at the
+        /// edges (values near a tenth of the bound) and anywhere.
+        #[test]
+        fn a_digit_pushed_is_the_checked_product(
+            value in proptest::prop_oneof![
+                0..u64::MAX,
+                (u64::MAX / 10 - 2)..=(u64::MAX / 10 + 2),
+            ],
+            negative in proptest::prop_oneof![
+                i64::MIN..=0,
+                (i64::MIN / 10 - 2)..=(i64::MIN / 10 + 2),
+            ],
+            digit in 0u8..10,
+        ) {
+            proptest::prop_assert_eq!(
+                push_digit(value, digit),
+                value.checked_mul(10).and_then(|v| v.checked_add(u64::from(digit)))
+            );
+            proptest::prop_assert_eq!(
+                push_negative_digit(negative, digit),
+                negative.checked_mul(10).and_then(|v| v.checked_sub(i64::from(digit)))
+            );
+        }
     }
 }

@@ -250,9 +250,7 @@ impl<'de> Scan<'de> {
         let significand = text
             .iter()
             .filter(|b| b.is_ascii_digit())
-            .try_fold(0_u64, |v, &d| {
-                v.checked_mul(10)?.checked_add(u64::from(d - b'0'))
-            });
+            .try_fold(0_u64, |v, &d| super::loose::push_digit(v, d - b'0'));
         let pow10 = POW10.get(token.fraction_digits);
         let exact = significand
             .filter(|&v| !token.exponent && (!float || (v < EXACT_SIGNIFICAND && pow10.is_some())));
