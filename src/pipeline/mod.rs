@@ -18,6 +18,7 @@
 mod capture;
 mod config;
 mod cycles;
+mod events;
 mod handoffs;
 mod runs;
 mod settings;
@@ -26,6 +27,7 @@ mod stream;
 
 pub use capture::{figures as capture_figures, CaptureFigures};
 pub use config::{Config, DEFAULT_MEMORY_BUDGET, DEFAULT_TARGET};
+pub use events::{event_rows, EventRow};
 pub use runs::{InTurn, Parallel, SimulationJob, Task};
 pub use settings::Settings;
 pub use simulate::{schedule_ops, simulate_job};
@@ -115,6 +117,10 @@ pub enum Error {
     Scale(#[from] crate::scale::ScaleError),
     #[error("the autocast type {0:?} is not one CUDA autocast runs in: give bf16 or fp16")]
     AutocastDtype(String),
+    #[error(
+        "this rebuilt job is streamed from its rebuilds and cannot be expanded into events; ask for fewer layers or new tokens"
+    )]
+    EventsStreamed,
     #[error("no autocast policy is known for PyTorch {given:?}: give one of {known}")]
     AutocastPolicy { given: String, known: String },
 }
@@ -130,6 +136,7 @@ impl Error {
             Error::Trace(_)
             | Error::AutocastDtype(_)
             | Error::AutocastPolicy { .. }
+            | Error::EventsStreamed
             | Error::Analyze(_)
             | Error::AllocatorConfig(_)
             | Error::Gpu(_)

@@ -85,3 +85,50 @@ fn bad_input_exits_non_zero_with_one_clear_message() {
     assert!(!out.status.success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `memcast events`: one row per schedule event on the target GPU, whose
+/// highest reserved bytes are the estimate's peak there, in tab-separated
+/// columns or JSON.
+#[test]
+fn events_list_the_schedule_up_to_the_estimates_peak() {
+    let path = common::shared_file("fixtures/traces/resnet18_sgd_bs16_pos1.json.gz");
+    let path = path.to_str().unwrap();
+    let out = memcast(&["events", path, "--gpu", "t4", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["schema"], "memcast.events/1");
+    assert_eq!(json["gpu"], "t4");
+    let rows = json["events"].as_array().unwrap();
+    let estimate = memcast(&["estimate", path, "--gpu", "t4", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&estimate.stdout).unwrap();
+    let peak = rows
+        .iter()
+        .map(|row| row["reserved"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(peak, report["peak"]["reserved_bytes"].as_u64().unwrap());
+    // Each free names a block allocated before it (parameters and other
+    // persistent blocks are never freed).
+    let mut live = std::collections::HashSet::new();
+    for row in rows {
+        let block = row["block"].as_u64().unwrap();
+        match row["kind"].as_str().unwrap() {
+            "alloc" => assert!(live.insert(block), "{row}"),
+            _ => assert!(live.remove(&block), "{row}"),
+        }
+    }
+    assert!(!live.is_empty() && live.len() < rows.len() / 2);
+    let text = memcast(&["events", path, "--gpu", "t4"]);
+    let text = String::from_utf8(text.stdout).unwrap();
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().starts_with("# "));
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("index\ttime_ns\tkind\tblock\tbytes"));
+    assert_eq!(lines.count(), rows.len());
+}

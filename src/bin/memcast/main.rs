@@ -5,6 +5,7 @@
 mod analyze;
 mod batch;
 mod estimate;
+mod events;
 mod presets;
 mod replay;
 mod settings;
@@ -31,6 +32,8 @@ enum Command {
     Analyze(analyze::AnalyzeArgs),
     /// Estimate the peak GPU memory of the profiled job.
     Estimate(estimate::Args),
+    /// The simulated allocation sequence on the target GPU, event by event, with the allocator's state after each.
+    Events(events::Args),
     /// List the GPU presets (CUDA-visible bytes, context and cuBLAS workspace).
     Presets {
         /// Print JSON instead of a table.
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Analyze(args) => analyze::run(args),
         Command::Estimate(args) => estimate::run(args),
+        Command::Events(args) => events::run(args),
         Command::Presets { json } => presets::run(*json),
         Command::Replay(args) => replay::run(args),
         Command::Whatif(whatif) => whatif::run(whatif),
