@@ -948,6 +948,42 @@ fn workspaces_follow_the_first_matrix_product_of_each_pass() {
     );
 }
 
+/// The first product's output is allocated before the kernel asks cuBLAS
+/// for its workspace, also where a rule re-made that output (an autocast
+/// type change: a new item at the same moment, after the traced one): the
+/// workspace follows every block the op makes at that moment, as an H200
+/// recorded it (distilgpt2_adamw_bf16_bs8_seq512.cuda.json.gz).
+#[test]
+fn the_workspace_follows_an_output_a_rule_made_again() {
+    let item = |rank: usize, source: Option<usize>, size: u64| Item {
+        size: Bytes(size),
+        category: Category::Activation,
+        iteration: Some(0),
+        phase: Phase::Forward,
+        op: Some("aten::addmm".to_owned()),
+        layer: None,
+        alloc: Key::captured(Nanos(200), 0, rank),
+        free: None,
+        source,
+        rule: source.is_none().then_some(RuleId::AutocastLowerOps),
+        on: crate::kernels::ArchSet::ALL,
+        per_gpu: None,
+    };
+    let traced = item(5, Some(0), 0);
+    let made_again = item(9, None, 18 << 20);
+    let items = [traced.clone(), made_again.clone()];
+    let workspaces = super::workspaces::rule_cublas_workspaces(&items, &[], Some(Nanos(100)));
+    let forward = workspaces
+        .iter()
+        .find(|w| w.phase == Phase::Forward)
+        .unwrap();
+    assert_eq!(forward.alloc, made_again.alloc);
+    // Without the rule's item, the traced output's moment as before.
+    let workspaces =
+        super::workspaces::rule_cublas_workspaces(std::slice::from_ref(&traced), &[], None);
+    assert_eq!(workspaces[0].alloc, traced.alloc);
+}
+
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
     /// Any mix of blocks, roles and lifetimes gives a consistent schedule

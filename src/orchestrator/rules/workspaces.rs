@@ -42,16 +42,29 @@ pub(super) fn rule_cublas_workspaces(
         .zip(passes)
         .enumerate()
     {
-        let first_product = items
-            .iter()
-            .filter(|i| {
+        let products = || {
+            items.iter().filter(|i| {
                 i.iteration == Some(0)
                     && i.phase == phase
-                    && i.source.is_some()
                     && i.op.as_deref().is_some_and(|op| CUBLAS_OPS.contains(&op))
             })
+        };
+        // The op's output is allocated before its kernel runs and asks for
+        // the handle's workspace (a structured op's `set_output`, then
+        // `getCurrentCUDABlasHandle` in the gemm call): the workspace goes
+        // after every block the first product allocates at that moment (a
+        // block a rule re-made there included).
+        let first_product = products()
+            .filter(|i| i.source.is_some())
             .map(|i| i.alloc)
-            .min();
+            .min()
+            .map(|first| {
+                products()
+                    .map(|i| i.alloc)
+                    .filter(|alloc| alloc.time == first.time)
+                    .max()
+                    .unwrap_or(first)
+            });
         let fallback = start.map(|time| Key::before_trace(time, index as u64));
         let Some(alloc) = first_product.or(fallback) else {
             continue;
