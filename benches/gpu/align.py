@@ -12,7 +12,8 @@ its thread. Both runs are printed as the points where reserved bytes grow (a new
 segment), side by side in order, with the op and request that made each: the first
 row where they part is where memcast's plan and the real run differ first (a block the
 real run has and memcast does not, or one it reuses and memcast does not); `--rows`
-rows are printed from there (60). Nothing is written.
+rows are printed from there (60). Each block's address is shown (`memcast events` gives
+every block's, to follow what takes pieces of a segment). Nothing is written.
 
 The requests are memcast's sizes and the CUDA trace's, which are the sizes of the blocks
 handed out (a request rounded up, or a whole free block that was not split).
@@ -63,7 +64,7 @@ for row in json.loads(run.stdout)["events"]:
         continue
     ours.append({
         "index": row["index"], "kind": row["kind"], "bytes": row["bytes"], "op": row["op"] or "-",
-        "allocated": row["allocated"], "reserved": row["reserved"],
+        "allocated": row["allocated"], "reserved": row["reserved"], "address": row.get("address"),
         "where": f"{row['phase']} it{row['iteration'] if row['iteration'] is not None else '-'}",
     })
 
@@ -98,6 +99,7 @@ for e in memory:
         "index": len(real), "kind": "alloc" if a["Bytes"] > 0 else "free", "bytes": max(a["Bytes"], 0),
         "op": innermost(e.get("tid"), e["ts"]),
         "allocated": a["Total Allocated"], "reserved": a["Total Reserved"], "where": "",
+        "address": a.get("Addr"),
     })
 
 
@@ -121,6 +123,11 @@ def mib(n):
     return f"{n / 2**20:.1f}"
 
 
+def at(e):
+    """The block's address (memcast's are simulated: its segments get ever higher ones)."""
+    return f"{e['address']:#x}" if e.get("address") is not None else "-"
+
+
 mine, theirs = points(ours), points(real)
 print(f"# {name}: memcast `{' '.join(cmd[1:])}` against {cuda_path}")
 print(f"# memcast: {len(ours)} events, peak reserved {mib(max(e['reserved'] for e in ours))} MiB, "
@@ -129,8 +136,8 @@ print(f"# memcast: {len(ours)} events, peak reserved {mib(max(e['reserved'] for 
       f"allocated {mib(max(e['allocated'] for e in real))} MiB")
 print(f"# compared from {mib(base)} MiB reserved (the recording's start); "
       f"segments opened: memcast {len(mine)}, real {len(theirs)}")
-print("| # | memcast event | op | request MiB | reserved MiB | real event | op | request MiB | reserved MiB |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| # | memcast event | op | request MiB | at | reserved MiB | real event | op | request MiB | at | reserved MiB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 first = None
 for k in range(max(len(mine), len(theirs))):
     m = mine[k] if k < len(mine) else None
@@ -142,7 +149,9 @@ for k in range(max(len(mine), len(theirs))):
         break
     if first is None and k >= rows_max:
         continue
-    left = f"{m[0]} {m[1]['where']} | {m[1]['op']} | {mib(m[1]['bytes'])} | {mib(m[1]['reserved'])}" if m else "- | - | - | -"
-    right = f"{t[0]} | {t[1]['op']} | {mib(t[1]['bytes'])} | {mib(t[1]['reserved'])}" if t else "- | - | - | -"
+    left = (f"{m[0]} {m[1]['where']} | {m[1]['op']} | {mib(m[1]['bytes'])} | {at(m[1])} | {mib(m[1]['reserved'])}"
+            if m else "- | - | - | - | -")
+    right = (f"{t[0]} | {t[1]['op']} | {mib(t[1]['bytes'])} | {at(t[1])} | {mib(t[1]['reserved'])}"
+             if t else "- | - | - | - | -")
     print(f"| {k}{' ←' if k == first else ''} | {left} | {right} |")
 print(f"\nfirst difference: row {first}" if first is not None else "\nthe two runs open the same segments")

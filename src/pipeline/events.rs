@@ -36,6 +36,11 @@ pub struct EventRow {
     pub op: Option<String>,
     /// The module that allocated it, when known.
     pub layer: Option<String>,
+    /// Where the allocator put the block (a simulated device address:
+    /// segments get ever higher ones): `None` for a free and for a block
+    /// this GPU's run does not make.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<u64>,
     /// Bytes in live blocks after the event.
     pub allocated: Bytes,
     /// Bytes in the allocator's segments after the event.
@@ -62,6 +67,7 @@ pub fn event_rows(prepared: &Prepared, config: &Config) -> Result<Vec<EventRow>,
     let mut issued = 0usize;
     for (index, (event, &upto)) in schedule.events.iter().zip(&through).enumerate() {
         let mut bytes = Bytes::ZERO;
+        let mut address = None;
         while issued < upto {
             let Some(op) = ops.get(issued) else { break };
             if let crate::simulator::SimOp::Alloc { size, .. } = op {
@@ -71,6 +77,9 @@ pub fn event_rows(prepared: &Prepared, config: &Config) -> Result<Vec<EventRow>,
             // be a size at all ends the table there.
             if runner.step(issued, op).is_err() {
                 return Ok(rows);
+            }
+            if let crate::simulator::SimOp::Alloc { block, .. } = op {
+                address = runner.address_of(*block);
             }
             issued += 1;
         }
@@ -89,6 +98,7 @@ pub fn event_rows(prepared: &Prepared, config: &Config) -> Result<Vec<EventRow>,
             phase: block.phase,
             op: block.op.clone(),
             layer: block.layer.clone(),
+            address,
             allocated: sample.allocated,
             reserved: sample.reserved,
         });

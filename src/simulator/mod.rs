@@ -402,6 +402,12 @@ impl Runner {
         self.alloc.segment_for(request)
     }
 
+    /// The device address of live block `block` (the id its allocation
+    /// was given), `None` when it is not live.
+    pub fn address_of(&self, block: u64) -> Option<u64> {
+        self.live.get(block).and_then(|h| self.alloc.block_addr(h))
+    }
+
     /// Allocated and reserved bytes now.
     pub fn sample(&self) -> Sample {
         Sample {

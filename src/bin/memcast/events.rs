@@ -47,12 +47,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         );
         let _ = writeln!(
             out,
-            "index\ttime_ns\tkind\tblock\tbytes\tcategory\titeration\tphase\top\tlayer\tallocated\treserved"
+            "index\ttime_ns\tkind\tblock\tbytes\tcategory\titeration\tphase\top\tlayer\taddress\tallocated\treserved"
         );
         for row in &rows {
             let _ = writeln!(
                 out,
-                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
                 row.index,
                 row.time.get(),
                 label(&row.kind),
@@ -64,6 +64,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 label(&row.phase),
                 row.op.as_deref().unwrap_or("-"),
                 row.layer.as_deref().unwrap_or("-"),
+                row.address
+                    .map_or_else(|| "-".to_owned(), |a| format!("{a:#x}")),
                 row.allocated.get(),
                 row.reserved.get(),
             );
