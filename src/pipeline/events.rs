@@ -70,15 +70,13 @@ pub fn event_rows(prepared: &Prepared, config: &Config) -> Result<Vec<EventRow>,
         let mut address = None;
         while issued < upto {
             let Some(op) = ops.get(issued) else { break };
-            if let crate::simulator::SimOp::Alloc { size, .. } = op {
-                bytes = *size;
-            }
             // An unlimited device refuses nothing; a request too large to
             // be a size at all ends the table there.
             if runner.step(issued, op).is_err() {
                 return Ok(rows);
             }
-            if let crate::simulator::SimOp::Alloc { block, .. } = op {
+            if let crate::simulator::SimOp::Alloc { block, size, .. } = op {
+                bytes = *size;
                 address = runner.address_of(*block);
             }
             issued += 1;
@@ -110,8 +108,9 @@ pub fn event_rows(prepared: &Prepared, config: &Config) -> Result<Vec<EventRow>,
 mod tests {
     use super::*;
 
-    /// A small training trace's rows: one per schedule event, the sizes the
-    /// simulator was given, and the last row's state the report's end.
+    /// A small training trace's rows: one per schedule event, the highest
+    /// reserved bytes the report's peak, the sizes the simulator was given,
+    /// and an address for every block issued that no live block shares.
     #[test]
     fn rows_follow_the_schedule_and_the_allocator() {
         let bytes = include_bytes!("../../tests/fixtures/tiny_step.json");
@@ -133,6 +132,21 @@ mod tests {
         assert!(rows
             .iter()
             .filter(|row| row.kind == EventKind::Free)
-            .all(|row| row.bytes == Bytes::ZERO));
+            .all(|row| row.bytes == Bytes::ZERO && row.address.is_none()));
+        let mut live = std::collections::BTreeMap::new();
+        for row in &rows {
+            match (row.kind, row.address) {
+                (EventKind::Alloc, Some(address)) => {
+                    assert!(row.bytes > Bytes::ZERO, "{row:?}");
+                    assert!(live.values().all(|&a| a != address), "{row:?}");
+                    live.insert(row.block, address);
+                }
+                (EventKind::Alloc, None) => assert_eq!(row.bytes, Bytes::ZERO, "{row:?}"),
+                (EventKind::Free, _) => {
+                    live.remove(&row.block);
+                }
+            }
+        }
+        assert!(!live.is_empty());
     }
 }
