@@ -336,7 +336,10 @@ pub fn figure(result: &WhatIfResult) -> Figure {
                     .gpus
                     .iter()
                     .map(|g| {
-                        let at_least = if matches!(g.found, Found::NoLimitInTrace | Found::MemoryBudget) {
+                        let at_least = if matches!(
+                            g.found,
+                            Found::NoLimitInTrace | Found::MemoryBudget | Found::MostNewTokens
+                        ) {
                             "≥ "
                         } else {
                             ""

@@ -47,8 +47,12 @@ use crate::units::Bytes;
 pub const MAX_LAYERS: u32 = 1000;
 /// The longest sequence a rebuild makes.
 pub const MAX_SEQ_LEN: u32 = 1 << 24;
-/// The most new tokens a rebuild makes.
-pub const MAX_NEW_TOKENS: u32 = 1 << 16;
+/// The most new tokens a rebuild makes: 131,072, the position limit of
+/// the longest-context models people generate with (Llama 3.1 and later's
+/// `max_position_embeddings`), so `whatif context` can reach it. A
+/// generation streams in the memory of its short rebuilds at any length
+/// (`program::derive`); one built whole is held to the memory budget first.
+pub const MAX_NEW_TOKENS: u32 = 1 << 17;
 
 /// The job to estimate, when it differs from the traced one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,7 +231,7 @@ pub enum ScaleError {
     FewerTokens { traced: u32, asked: u32 },
     #[error("the number of new tokens must be at least 1")]
     ZeroTokens,
-    #[error("{0} new tokens is more than memcast rebuilds (at most 65536): give fewer")]
+    #[error("{0} new tokens is more than memcast rebuilds (at most {max}): give fewer", max = MAX_NEW_TOKENS)]
     TooManyTokens(u32),
     #[error("the trace is a generate() run with a {traced}-token prompt, and another prompt length was asked for ({asked}): its decode steps' KV cache holds the prompt plus one position a step, which rebuilding at another length would scale with the prompt and overstate; trace the prompt length to estimate (the number of new tokens can still be raised)")]
     GenerationLength { traced: u32, asked: u32 },

@@ -50,7 +50,7 @@ use crate::report::AtCapacity;
 use crate::trace::Trace;
 
 /// The version tag of [`ContextSweep`].
-pub const SCHEMA: &str = "memcast.context/4";
+pub const SCHEMA: &str = "memcast.context/5";
 
 /// New tokens simulated at most, by default: a few seconds of copying and
 /// simulating decode steps for a small model.
@@ -85,6 +85,10 @@ pub enum Found {
     /// rebuild and simulate (below the position limit or the budget asked
     /// for): at least that many fit.
     MemoryBudget,
+    /// It still fits at the most new tokens memcast rebuilds at all
+    /// ([`crate::scale::MAX_NEW_TOKENS`]), below the position limit or the
+    /// budget asked for: at least that many fit.
+    MostNewTokens,
     /// Not even the traced generation fits.
     DoesNotFit,
 }
@@ -101,6 +105,7 @@ impl Found {
             Found::MemoryBudget => {
                 "fits at the most new tokens the memory budget lets memcast simulate"
             }
+            Found::MostNewTokens => "fits at the most new tokens memcast simulates",
             Found::DoesNotFit => "the traced generation does not fit",
         }
     }
@@ -427,6 +432,21 @@ impl Search<'_> {
     }
 }
 
+/// How a GPU's search ended: its bounds, and what the top length tried was
+/// (`memory_bound`: the most the memory budget lets memcast simulate;
+/// `capped`: the most new tokens memcast rebuilds; else the position limit
+/// where the trace shows one, or the budget asked for).
+fn found(b: &Bounds, memory_bound: bool, capped: bool, position_limit: bool) -> Found {
+    match (b.fits, b.runs_out) {
+        (None, _) => Found::DoesNotFit,
+        (Some(_), Some(_)) => Found::Simulated,
+        (Some(_), None) if memory_bound => Found::MemoryBudget,
+        (Some(_), None) if capped => Found::MostNewTokens,
+        (Some(_), None) if position_limit => Found::PositionLimit,
+        (Some(_), None) => Found::NoLimitInTrace,
+    }
+}
+
 /// The model's position limit the traces show, and where it was read:
 /// the capture helper's `max_positions` (the config's
 /// `max_position_embeddings`), else the rows of a learned position table —
@@ -495,12 +515,28 @@ pub fn longest(
     let prompt = generation.prompt_tokens.unwrap_or(0);
     let limit = position_limit(traces, prompt + u64::from(traced));
     // With a limit the search goes to it (however far the budget); without
-    // one, to the budget.
-    let wanted = match &limit {
+    // one, to the budget; never past the most new tokens memcast rebuilds.
+    let asked = match &limit {
         Some((positions, _)) => u32::try_from(positions.saturating_sub(prompt)).unwrap_or(u32::MAX),
         None => budget,
+    };
+    let most = crate::scale::MAX_NEW_TOKENS;
+    let wanted = asked.clamp(traced, most);
+    let capped = asked > most;
+    if capped {
+        let why = match &limit {
+            Some((positions, from)) => {
+                format!("to the model's position limit, {positions} positions ({from})")
+            }
+            None => "the budget asked for".to_owned(),
+        };
+        search.warnings.push(Warning::new(
+            "context_new_tokens_capped",
+            format!(
+                "{asked} new tokens were to be simulated ({why}), and memcast rebuilds a generation of at most {most}: a GPU that still fits at {most} fits at least that many"
+            ),
+        ));
     }
-    .clamp(traced, crate::scale::MAX_NEW_TOKENS);
     // A generation that derives is streamed at every length, in the memory
     // of its short rebuilds (made within the budget already). One built
     // whole at each length goes no further than the memory budget lets
@@ -563,13 +599,7 @@ pub fn longest(
         .iter()
         .zip(&bounds)
         .map(|(preset, b)| {
-            let found = match (b.fits, b.runs_out) {
-                (None, _) => Found::DoesNotFit,
-                (Some(_), Some(_)) => Found::Simulated,
-                (Some(_), None) if memory_bound => Found::MemoryBudget,
-                (Some(_), None) if limit.is_some() => Found::PositionLimit,
-                (Some(_), None) => Found::NoLimitInTrace,
-            };
+            let found = found(b, memory_bound, capped, limit.is_some());
             let max = b.fits.map(u64::from);
             GpuContext {
                 preset: preset.clone(),
@@ -608,6 +638,32 @@ mod tests {
             fits,
             peak_total_bytes: Bytes(1),
         }
+    }
+
+    /// A GPU that still fits at the top length is said to fit at least
+    /// that many, for what stopped the search there: the memory budget
+    /// first, then the most new tokens memcast rebuilds (even below a
+    /// position limit: it is not reached), then the position limit.
+    #[test]
+    fn a_gpu_that_fits_at_the_top_says_what_the_top_was() {
+        let fits = Bounds {
+            fits: Some(131_072),
+            ..Bounds::default()
+        };
+        assert_eq!(found(&fits, true, true, true), Found::MemoryBudget);
+        assert_eq!(found(&fits, false, true, true), Found::MostNewTokens);
+        assert_eq!(found(&fits, false, true, false), Found::MostNewTokens);
+        assert_eq!(found(&fits, false, false, true), Found::PositionLimit);
+        assert_eq!(found(&fits, false, false, false), Found::NoLimitInTrace);
+        let between = Bounds {
+            runs_out: Some((40_000, 131_072)),
+            ..fits
+        };
+        assert_eq!(found(&between, false, true, true), Found::Simulated);
+        assert_eq!(
+            found(&Bounds::default(), false, true, true),
+            Found::DoesNotFit
+        );
     }
 
     /// Running out in the first run of steps bounds every longer length

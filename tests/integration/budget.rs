@@ -202,6 +202,39 @@ fn the_longest_generation_search_stays_within_the_budget() {
         .iter()
         .all(|g| g.found != memcast::whatif::context::Found::Simulated
             || g.max_new_tokens <= Some(u64::from(most))));
+    assert!(sweep
+        .warnings
+        .iter()
+        .all(|w| w.code != "context_new_tokens_capped"));
+
+    // Past the most new tokens memcast rebuilds at all, the search says so
+    // (and here stops at the memory budget's, below it).
+    let far = memcast::whatif::context::longest(
+        std::slice::from_ref(&trace),
+        &config,
+        u32::MAX,
+        &memcast::InTurn,
+    )
+    .unwrap();
+    assert_eq!(far.budget_new_tokens, most);
+    let capped = far
+        .warnings
+        .iter()
+        .find(|w| w.code == "context_new_tokens_capped")
+        .expect("the cap's warning");
+    assert!(
+        capped.message.contains(&format!(
+            "{} new tokens were to be simulated (the budget asked for), and memcast rebuilds a generation of at most {}",
+            u32::MAX,
+            scale::MAX_NEW_TOKENS
+        )),
+        "{}",
+        capped.message
+    );
+    assert!(far
+        .warnings
+        .iter()
+        .any(|w| w.code == "context_memory_budget"));
 
     config.materialize = false;
     let streamed = memcast::whatif::context::longest(
