@@ -43,7 +43,7 @@ cases=(
   "gen-L80-32768|estimate $gen --layers 80 --new-tokens 32768|< 10 s, < 1 GiB, KV cache 80 × 4,096 × 32,799 B"
   "gen-L80-32768-every-gpu|estimate $gen --layers 80 --new-tokens 32768|(every preset, the CLI's default)"
   "context-L80|whatif context $gen --layers 80 --budget 131072|< 30 s"
-  "context-L80-a100|whatif context $gen --layers 80 --budget 131072 --gpu a100-80gb|(one GPU)"
+  "context-L80-every-gpu|whatif context $gen --layers 80 --budget 131072|(every preset, the CLI's default)"
   "train-L160|estimate $train --layers 160|< 1 s"
 )
 if [ $# -gt 0 ]; then

@@ -20,6 +20,7 @@ mod config;
 mod cycles;
 mod events;
 mod handoffs;
+mod resume;
 mod runs;
 mod settings;
 mod simulate;
@@ -28,7 +29,11 @@ mod stream;
 pub use capture::{figures as capture_figures, CaptureFigures};
 pub use config::{Config, DEFAULT_MEMORY_BUDGET, DEFAULT_TARGET};
 pub use events::{event_rows, EventRow};
-pub use runs::{InTurn, Parallel, SimulationJob, Task};
+pub use resume::Resume;
+pub use runs::{
+    at_capacity, at_capacity_from, at_capacity_keeping, CapacityRun, InTurn, Parallel,
+    SimulationJob, Task,
+};
 pub use settings::Settings;
 pub use simulate::{schedule_ops, simulate_job};
 
@@ -550,40 +555,6 @@ pub fn estimate_with(
         warnings: report.warnings.clone(),
         value: report,
     })
-}
-
-/// A GPU's run at its capacity, as a search over sizes reads it: its
-/// verdict's figures, and the job's event at which it ran out of memory
-/// (after releasing its cache and retrying), if it did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CapacityRun {
-    pub at: report::AtCapacity,
-    pub ran_out_at: Option<u64>,
-}
-
-/// Each GPU of `config` at its capacity, without a report: whether the job
-/// fits and its peak there, the figures of the verdicts [`estimate`] gives
-/// (the same runs), for a search that asks only that of many sizes
-/// (`whatif context`); the runs go through `parallel`. The unlimited runs,
-/// which a report needs whole, go only as far as some GPU still shares
-/// them.
-pub fn at_capacity(
-    prepared: &Prepared,
-    config: &Config,
-    progress: &mut dyn FnMut(Progress),
-    parallel: &dyn Parallel,
-) -> Result<Vec<CapacityRun>, Error> {
-    let allocator = config.allocator()?;
-    let runs = runs::simulate_at_capacity(prepared, config, &allocator, progress, parallel)?;
-    Ok(config
-        .gpus
-        .iter()
-        .zip(&runs)
-        .map(|(target, run)| CapacityRun {
-            at: report::AtCapacity::of(run, target),
-            ran_out_at: run.oom_at,
-        })
-        .collect())
 }
 
 #[cfg(test)]

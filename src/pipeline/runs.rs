@@ -12,10 +12,12 @@
 //! the GPUs they do not fit get a run of their own.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use crate::program::SizeVariant;
 
-use super::simulate::{simulate_from, Handed, Handoffs, Start};
+use super::resume::Resume;
+use super::simulate::{simulate_from, simulate_keeping, Handed, Handoffs, Start};
 use super::{Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::presets::GpuTarget;
@@ -138,6 +140,7 @@ pub(super) fn simulate_all<'c>(
         allocator,
         progress,
         parallel,
+        None,
     );
     let missing = || Error::Report(ReportError::MissingSimulation);
     let unlimited_for =
@@ -157,20 +160,27 @@ pub(super) fn simulate_all<'c>(
 /// its verdict without a report: the unlimited runs are simulated only as
 /// far as a GPU still shares them ([`Handoffs::sharing_only`]), and the
 /// reference GPU's only where a compared GPU shares it. Each run is the
-/// one [`simulate_all`] gives that GPU.
+/// one [`simulate_all`] gives that GPU; with the last checkpoint its run
+/// alone kept ([`super::resume`]) where `keep` is set.
 pub(super) fn simulate_at_capacity(
     prepared: &Prepared,
     config: &Config,
     allocator: &AllocatorConfig,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
-) -> Result<Vec<SimulatedRun>, Error> {
-    let (_, mut at_capacity) = simulate_runs(prepared, None, config, allocator, progress, parallel);
+    keep: bool,
+) -> Result<Vec<(SimulatedRun, Option<Resume>)>, Error> {
+    let kept: Vec<Mutex<Option<Resume>>> = config.gpus.iter().map(|_| Mutex::new(None)).collect();
+    let slots = keep.then_some(kept.as_slice());
+    let (_, mut at_capacity) =
+        simulate_runs(prepared, None, config, allocator, progress, parallel, slots);
+    let mut kept = kept.into_iter().map(|m| m.into_inner().ok().flatten());
     (0..config.gpus.len())
         .map(|i| {
-            at_capacity
+            let run = at_capacity
                 .remove(&i)
-                .ok_or(Error::Report(ReportError::MissingSimulation))
+                .ok_or(Error::Report(ReportError::MissingSimulation))?;
+            Ok((run, kept.next().flatten()))
         })
         .collect()
 }
@@ -187,6 +197,7 @@ fn simulate_runs(
     allocator: &AllocatorConfig,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
+    kept: Option<&[Mutex<Option<Resume>>]>,
 ) -> (
     BTreeMap<RunKey, SimulatedRun>,
     BTreeMap<usize, SimulatedRun>,
@@ -262,8 +273,15 @@ fn simulate_runs(
             at: 0,
             walked: None,
         };
+        let keeping = kept.is_some();
         jobs.push(Box::new(move |tick| {
-            let mut run = simulate_from(job, target, start, &devices, handoffs, tick);
+            // Keeping checkpoints where asked, for the runs at capacity that
+            // part from it ([`super::resume`]).
+            let mut run = if keeping {
+                simulate_keeping(job, target, start, (&devices, handoffs), tick, None).0
+            } else {
+                simulate_from(job, target, start, &devices, handoffs, tick)
+            };
             // The report's blocks at the peak, found here: beside the runs
             // at capacity still going on, where the shell runs jobs side
             // by side.
@@ -301,9 +319,14 @@ fn simulate_runs(
         };
         order.push(gpu);
         let device = device_of(target);
+        let kept = kept.and_then(|k| k.get(gpu));
         jobs.push(Box::new(move |tick| {
+            let mut from = None;
             let start = match handoffs.take(slot) {
-                Handed::Parted(part) => part.start(),
+                Handed::Parted(part) => {
+                    from = part.kept.clone();
+                    part.start()
+                }
                 // Without a memory fraction (garbage collected against the
                 // capacity), a run the device never limited is its run.
                 Handed::Shared(run) if shares => {
@@ -317,7 +340,18 @@ fn simulate_runs(
                     walked: None,
                 },
             };
-            simulate_from(job, target, start, &[], &Handoffs::none(), tick)
+            match kept {
+                Some(kept) => {
+                    let none = Handoffs::none();
+                    let (run, resume) =
+                        simulate_keeping(job, target, start, (&[], &none), tick, from);
+                    if let Ok(mut kept) = kept.lock() {
+                        *kept = resume;
+                    }
+                    run
+                }
+                None => simulate_from(job, target, start, &[], &Handoffs::none(), tick),
+            }
         }));
     }
     let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
@@ -331,7 +365,7 @@ fn simulate_runs(
 }
 
 /// The device a GPU's run at capacity has: its capacity, less its context.
-fn device_of(target: &GpuTarget) -> GpuMemory {
+pub(super) fn device_of(target: &GpuTarget) -> GpuMemory {
     GpuMemory::new(target.capacity, target.overheads.context_bytes)
 }
 
@@ -394,6 +428,94 @@ pub(super) fn summary(prepared: &Prepared, config: &Config) -> RunSummary {
         capture: prepared.capture.clone(),
         quantization: prepared.quantization.clone(),
     }
+}
+
+/// A GPU's run at its capacity, as a search over sizes reads it: its
+/// verdict's figures, and the job's event at which it ran out of memory
+/// (after releasing its cache and retrying), if it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityRun {
+    pub at: report::AtCapacity,
+    pub ran_out_at: Option<u64>,
+}
+
+impl CapacityRun {
+    fn of(run: &report::SimulatedRun, target: &GpuTarget) -> CapacityRun {
+        CapacityRun {
+            at: report::AtCapacity::of(run, target),
+            ran_out_at: run.oom_at,
+        }
+    }
+}
+
+/// Each GPU of `config` at its capacity, without a report: whether the job
+/// fits and its peak there, the figures of the verdicts [`estimate`] gives
+/// (the same runs), for a search that asks only that of many sizes
+/// (`whatif context`); the runs go through `parallel`. The unlimited runs,
+/// which a report needs whole, go only as far as some GPU still shares
+/// them.
+pub fn at_capacity(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Vec<CapacityRun>, Error> {
+    Ok(
+        at_capacity_keeping(prepared, config, progress, parallel, false)?
+            .into_iter()
+            .map(|(run, _)| run)
+            .collect(),
+    )
+}
+
+/// [`at_capacity`], each GPU's run with the last checkpoint its run alone
+/// kept where `keep` is set ([`Resume`]: a shorter generation's run on that
+/// GPU is taken up from it with [`at_capacity_from`]).
+pub fn at_capacity_keeping(
+    prepared: &Prepared,
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+    keep: bool,
+) -> Result<Vec<(CapacityRun, Option<Resume>)>, Error> {
+    let allocator = config.allocator()?;
+    let runs = simulate_at_capacity(prepared, config, &allocator, progress, parallel, keep)?;
+    Ok(config
+        .gpus
+        .iter()
+        .zip(runs)
+        .map(|(target, (run, resume))| (CapacityRun::of(&run, target), resume))
+        .collect())
+}
+
+/// The first GPU of `config`'s run at capacity, taken up from `resume` (a
+/// longer generation's run on that GPU, [`at_capacity_keeping`]): the run
+/// [`at_capacity`] gives, and its own last checkpoint; `None` where the
+/// prepared job does not make the events before the checkpoint (it is not
+/// a shorter generation of the same job, or its first call's steps end
+/// before it).
+pub fn at_capacity_from(
+    prepared: &Prepared,
+    config: &Config,
+    resume: &Resume,
+) -> Result<Option<(CapacityRun, Option<Resume>)>, Error> {
+    let Some(target) = config.gpus.first() else {
+        return Ok(None);
+    };
+    let job = prepared.job();
+    let Some(start) = resume.start_for(job, device_of(target)) else {
+        return Ok(None);
+    };
+    let none = Handoffs::none();
+    let (run, kept) = simulate_keeping(
+        job,
+        target,
+        start,
+        (&[], &none),
+        &mut |_| {},
+        Some(resume.clone()),
+    );
+    Ok(Some((CapacityRun::of(&run, target), kept)))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::ops::ControlFlow;
 use super::cycles::{Cycles, Item, Span};
 use super::handoffs::{EndOnDrop, Slot};
 pub use super::handoffs::{Handed, Handoffs};
+use super::resume::{Checkpoint, Keeping, Resume};
 use crate::orchestrator::{Category, EventKind, Schedule};
 use crate::presets::GpuTarget;
 use crate::program::{JobEvent, JobRef, Program};
@@ -123,14 +124,26 @@ pub struct Start {
 }
 
 /// What a simulation starting at a later event needs of the events before
-/// it besides the allocator, from the run it shared: the blocks not issued
-/// (their frees are skipped too), the workspaces the target still issues,
-/// and the op of the event it starts at, made already.
+/// it besides the allocator, from the run it shared or was kept from: the
+/// blocks not issued (their frees are skipped too), the workspaces the
+/// target still issues, and the op of the event it starts at where that
+/// run made it already (`None`: it is made from the job).
 #[derive(Debug, Clone)]
 pub struct Walked {
     workspaces_left: u32,
     skipped: HashSet<u64>,
-    op: Option<SimOp>,
+    op: Option<Option<SimOp>>,
+}
+
+impl Walked {
+    /// Before the first event of a step, nothing of it made yet.
+    pub(super) fn before(workspaces_left: u32, skipped: HashSet<u64>) -> Walked {
+        Walked {
+            workspaces_left,
+            skipped,
+            op: None,
+        }
+    }
 }
 
 /// A run at a device's capacity set aside where it leaves the run it
@@ -140,6 +153,9 @@ pub struct Parted {
     pub recorder: Recorder,
     pub at: usize,
     pub walked: Walked,
+    /// The shared run's last checkpoint ([`super::resume`]), where it kept
+    /// them.
+    pub kept: Option<Resume>,
 }
 
 impl Parted {
@@ -192,6 +208,35 @@ pub fn simulate_from(
     handoffs: &Handoffs,
     tick: &mut dyn FnMut(u64),
 ) -> SimulatedRun {
+    simulate_keeping_if(job, target, start, devices, handoffs, tick, None).0
+}
+
+/// [`simulate_from`] keeping checkpoints along the job's first call's
+/// decode steps ([`super::resume`]; `from`: the one the run starts with):
+/// the run, and its last checkpoint (`None` where the job has no such
+/// steps, or no run stood where one was due). Devices sharing the run part
+/// with its last checkpoint.
+pub(super) fn simulate_keeping(
+    job: JobRef<'_>,
+    target: &GpuTarget,
+    start: Start,
+    (devices, handoffs): (&[GpuMemory], &Handoffs),
+    tick: &mut dyn FnMut(u64),
+    from: Option<Resume>,
+) -> (SimulatedRun, Option<Resume>) {
+    let keep = Keeping::of(job, from);
+    simulate_keeping_if(job, target, start, devices, handoffs, tick, keep)
+}
+
+fn simulate_keeping_if(
+    job: JobRef<'_>,
+    target: &GpuTarget,
+    start: Start,
+    devices: &[GpuMemory],
+    handoffs: &Handoffs,
+    tick: &mut dyn FnMut(u64),
+    keep: Option<Keeping>,
+) -> (SimulatedRun, Option<Resume>) {
     let ending = EndOnDrop(handoffs);
     let Start {
         mut runner,
@@ -206,7 +251,7 @@ pub fn simulate_from(
                 workspaces_left: w.workspaces_left,
             },
             w.skipped,
-            Some(w.op),
+            w.op,
             at,
         ),
         None => (Issued::on(target), HashSet::new(), None, 0),
@@ -245,6 +290,7 @@ pub fn simulate_from(
         sharers,
         cycles,
         in_bulk: false,
+        keep,
     };
     // The events one by one, but for the steps let go by in bulk.
     let mut resume = from as u64;
@@ -269,13 +315,14 @@ pub fn simulate_from(
         tick,
         recorder,
         index,
+        keep,
         ..
     } = sim;
     tick(job.n_events().saturating_sub(index as u64 / TICK * TICK));
     let run = recorder.finish();
     handoffs.end(Some(&run));
     drop(ending);
-    run
+    (run, keep.as_ref().and_then(Keeping::last))
 }
 
 /// The smallest room of a waiting device (u64::MAX: none waits).
@@ -325,6 +372,8 @@ struct Sim<'s, 'a> {
     cycles: Cycles<'a>,
     /// Events are made by [`Sim::bulk`], which must not be asked for again.
     in_bulk: bool,
+    /// The checkpoints a run alone keeps ([`super::resume`]).
+    keep: Option<Keeping>,
 }
 
 impl Sim<'_, '_> {
@@ -348,6 +397,7 @@ impl Sim<'_, '_> {
             // A decode step the small pool has seen: its small events go by,
             // in bulk where they can.
             self.cycles.boundary(index as u64, &mut self.runner);
+            self.keep_at(index);
             if !self.in_bulk
                 && self.first_op.is_none()
                 && self.cycles.bulk_step(index as u64).is_some()
@@ -431,8 +481,9 @@ impl Sim<'_, '_> {
                             walked: Walked {
                                 workspaces_left: self.issued_size.workspaces_left,
                                 skipped: self.skipped.clone(),
-                                op,
+                                op: Some(op),
                             },
+                            kept: self.keep.as_ref().and_then(Keeping::last),
                         })),
                         None => Slot::Alone,
                     };
@@ -455,6 +506,33 @@ impl Sim<'_, '_> {
             return Next::Stop;
         }
         Next::Event
+    }
+
+    /// Before event `index`: keeps the run as it stands where a checkpoint
+    /// is due and the allocator holds every event before (none made of
+    /// `index` yet, no small event let go by still to apply).
+    fn keep_at(&mut self, index: usize) {
+        let Some(keep) = self.keep.as_mut() else {
+            return;
+        };
+        // A run that devices still share keeps only near the first one's
+        // parting (its reserved bytes within an eighth of that device's
+        // room): a checkpoint is read only by a run that parts after it,
+        // and a copy of a run without a limit grows with its cache.
+        let near = self.lowest == u64::MAX
+            || self.runner.sample().reserved.get() >= self.lowest - self.lowest / 8;
+        if self.first_op.is_some() || !near || !self.cycles.settled() || !keep.due(index as u64) {
+            return;
+        }
+        keep.keep(Checkpoint {
+            runner: self.runner.suspend(),
+            recorder: self.recorder.maxima_so_far(),
+            at: index as u64,
+            workspaces_left: self.issued_size.workspaces_left,
+            skipped: self.skipped.clone(),
+            run: keep.run(),
+            shared: !self.sharers.is_empty(),
+        });
     }
 
     /// Whether the run is wanted only for what it hands on and has
@@ -553,6 +631,7 @@ impl Sim<'_, '_> {
             }
             // The next step's first event ends this one.
             self.cycles.boundary(self.index as u64, &mut self.runner);
+            self.keep_at(self.index);
             if !self.cycles.replaying() {
                 return Some(self.index as u64);
             }
@@ -564,235 +643,5 @@ impl Sim<'_, '_> {
 pub const TICK: u64 = 1 << 16;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::orchestrator::{BlockId, Phase, ScheduleEvent, ScheduledBlock};
-    use crate::presets::parse_gpu;
-    use crate::units::Nanos;
-    use proptest::prelude::*;
-
-    /// A schedule of `sizes` (bytes) allocated in order, each freed where
-    /// `frees` says: `frees[i]` blocks are freed (the oldest live first,
-    /// then every other) after the i-th allocation.
-    fn schedule(sizes: &[u64], frees: &[usize]) -> Schedule {
-        let blocks = sizes
-            .iter()
-            .map(|&size| ScheduledBlock {
-                size: Bytes(size),
-                category: Category::Temporary,
-                iteration: Some(0),
-                phase: Phase::Forward,
-                op: None,
-                layer: None,
-                on: crate::kernels::ArchSet::ALL,
-                per_gpu: None,
-            })
-            .collect();
-        let mut events = Vec::new();
-        let mut live: Vec<u32> = Vec::new();
-        let mut time = 0i64;
-        let mut push = |events: &mut Vec<ScheduleEvent>, kind, block| {
-            time += 1;
-            events.push(ScheduleEvent {
-                time: Nanos(time),
-                kind,
-                block: BlockId(block),
-            });
-        };
-        for (i, _) in sizes.iter().enumerate() {
-            push(&mut events, EventKind::Alloc, i as u32);
-            live.push(i as u32);
-            for k in 0..frees.get(i).copied().unwrap_or(0) {
-                if live.is_empty() {
-                    break;
-                }
-                let at = (k * 2) % live.len();
-                let block = live.remove(at);
-                push(&mut events, EventKind::Free, block);
-            }
-        }
-        for block in live {
-            push(&mut events, EventKind::Free, block);
-        }
-        Schedule {
-            blocks,
-            events,
-            ..Schedule::default()
-        }
-    }
-
-    /// The unlimited run with `caps` (allocator bytes) sharing it, and each
-    /// cap's run from the first event.
-    fn runs(
-        schedule: &Schedule,
-        caps: &[u64],
-    ) -> (SimulatedRun, Vec<Option<Parted>>, Vec<SimulatedRun>) {
-        runs_keeping(schedule, caps, Bytes(u64::MAX))
-    }
-
-    /// [`runs`], the runs set aside holding at most `keep` bytes.
-    fn runs_keeping(
-        schedule: &Schedule,
-        caps: &[u64],
-        keep: Bytes,
-    ) -> (SimulatedRun, Vec<Option<Parted>>, Vec<SimulatedRun>) {
-        let (unlimited, parted) = shared(schedule, caps, keep, false);
-        let (target, conf) = (parse_gpu("a100-80gb").unwrap(), AllocatorConfig::default());
-        let job = JobRef::Schedule(schedule);
-        let alone = caps
-            .iter()
-            .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
-            .map(|d| simulate_job(job, &target, &conf, &d, Recorder::maxima(), &mut |_| {}))
-            .collect();
-        (unlimited, parted, alone)
-    }
-
-    /// Where each run set aside parted.
-    fn parted_at(parts: &[Option<Parted>]) -> Vec<Option<usize>> {
-        parts.iter().map(|p| p.as_ref().map(|p| p.at)).collect()
-    }
-
-    /// The unlimited run with `caps` (allocator bytes) sharing it, the
-    /// runs set aside holding at most `keep` bytes (only for what it hands
-    /// on: `sharing_only`), and the runs it set aside.
-    fn shared(
-        schedule: &Schedule,
-        caps: &[u64],
-        keep: Bytes,
-        sharing_only: bool,
-    ) -> (SimulatedRun, Vec<Option<Parted>>) {
-        let handoffs = Handoffs::new(caps.len(), keep);
-        let handoffs = if sharing_only {
-            handoffs.sharing_only()
-        } else {
-            handoffs
-        };
-        let target = parse_gpu("a100-80gb").unwrap();
-        let devices: Vec<GpuMemory> = caps
-            .iter()
-            .map(|&cap| GpuMemory::new(Bytes(cap), Bytes::ZERO))
-            .collect();
-        let start = Start {
-            runner: Runner::new(&AllocatorConfig::default(), &GpuMemory::unlimited(), 0),
-            recorder: Recorder::maxima(),
-            at: 0,
-            walked: None,
-        };
-        let job = JobRef::Schedule(schedule);
-        let unlimited = simulate_from(job, &target, start, &devices, &handoffs, &mut |_| {});
-        (unlimited, handoffs.into_parts())
-    }
-
-    /// A run at capacity that goes on from where it parted from the
-    /// unlimited run is the run at capacity from the first event; one that
-    /// never parted is the unlimited run.
-    fn check(schedule: &Schedule, caps: &[u64]) -> Result<usize, TestCaseError> {
-        let target = parse_gpu("a100-80gb").unwrap();
-        let job = JobRef::Schedule(schedule);
-        let (unlimited, parted, alone) = runs(schedule, caps);
-        // Wanted only for what it hands on, the run sets the same runs
-        // aside at the same events.
-        let (_, only) = shared(schedule, caps, Bytes(u64::MAX), true);
-        prop_assert_eq!(parted_at(&only), parted_at(&parted));
-        let mut n = 0;
-        for ((cap, part), alone) in caps.iter().zip(parted).zip(alone) {
-            match part {
-                Some(part) => {
-                    n += 1;
-                    let resumed = simulate_from(
-                        job,
-                        &target,
-                        part.start(),
-                        &[],
-                        &Handoffs::none(),
-                        &mut |_| {},
-                    );
-                    prop_assert_eq!(&resumed, &alone, "at {} B", cap);
-                }
-                None if unlimited.max_reserved.get() <= *cap => {
-                    prop_assert_eq!(&unlimited, &alone, "at {} B", cap);
-                }
-                // Left to run alone.
-                None => {}
-            }
-        }
-        Ok(n)
-    }
-
-    #[test]
-    fn a_growing_job_parts_where_each_capacity_is_passed() {
-        let mib = 1u64 << 20;
-        // Growing blocks, each freed two allocations later, small ones
-        // between: the cache serves some, segments grow.
-        let sizes: Vec<u64> = (1..200u64)
-            .map(|i| {
-                if i % 3 == 0 {
-                    4096 * i
-                } else {
-                    mib * (i % 17 + 1)
-                }
-            })
-            .collect();
-        let frees: Vec<usize> = (0..sizes.len())
-            .map(|i| usize::from(i % 2 == 1) * 2)
-            .collect();
-        let s = schedule(&sizes, &frees);
-        let (unlimited, _, _) = runs(&s, &[]);
-        let top = unlimited.max_reserved.get();
-        // Four capacities it passes (one below its first segment's end),
-        // one it never does.
-        let caps = [top / 8, top / 3, top / 2, top - 1, top];
-        let parted = check(&s, &caps).unwrap();
-        assert_eq!(
-            parted, 4,
-            "of the capacities {caps:?} ({top} B reserved at most)"
-        );
-        // Room for none; then for all but a byte: those left to run alone
-        // parted no later than any kept, and the kept ones fit.
-        let (_, none, _) = runs_keeping(&s, &caps, Bytes::ZERO);
-        assert!(none.iter().all(Option::is_none));
-        let (_, all, _) = runs(&s, &caps);
-        let footprint = |parts: &[Option<Parted>]| -> u64 {
-            parts
-                .iter()
-                .flatten()
-                .map(|p| p.runner.footprint().get())
-                .sum()
-        };
-        let keep = footprint(&all) - 1;
-        // An unlimited run wanted only for what it hands on stops at the
-        // last capacity it passes, having handed the same runs on; with a
-        // capacity it never comes near, it goes to the end.
-        let (stopped, parts) = shared(&s, &caps[..4], Bytes(u64::MAX), true);
-        let last = parts.iter().flatten().map(|p| p.at).max().unwrap();
-        assert_eq!(stopped.events, last as u64 + 1);
-        assert!(stopped.events < unlimited.events);
-        let (whole, _) = shared(&s, &[top / 8, top * 2], Bytes(u64::MAX), true);
-        assert_eq!(whole, unlimited);
-        let (_, some, _) = runs_keeping(&s, &caps, Bytes(keep));
-        assert!(footprint(&some) <= keep);
-        let kept: Vec<usize> = some.iter().flatten().map(|p| p.at).collect();
-        assert!(kept.len() < parted, "nothing was left alone: {kept:?}");
-        let first_kept = kept.iter().min().copied().unwrap_or(usize::MAX);
-        for (a, o) in all.iter().zip(&some) {
-            if let (Some(a), None) = (a, o) {
-                assert!(a.at <= first_kept, "{} left alone, {kept:?} kept", a.at);
-            }
-        }
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
-        #[test]
-        fn a_run_at_capacity_goes_on_from_where_it_parts(
-            sizes in proptest::collection::vec(
-                prop_oneof![1u64..(1 << 20), (1u64 << 20)..(64 << 20)],
-                1..120,
-            ),
-            frees in proptest::collection::vec(0usize..4, 0..120),
-            caps in proptest::collection::vec((1u64 << 20)..(512 << 20), 1..6),
-        ) {
-            check(&schedule(&sizes, &frees), &caps)?;
-        }
-    }
-}
+#[path = "simulate_tests.rs"]
+mod tests;

@@ -43,7 +43,8 @@ use super::{PeakFigures, WhatIfError};
 use crate::analyzer::generation::Generation;
 use crate::diag::Warning;
 use crate::pipeline::{
-    at_capacity, estimate_with, prepare_parsed, Config, GenerationJob, InTurn, Parallel, Task,
+    at_capacity_from, at_capacity_keeping, estimate_with, prepare_parsed, CapacityRun, Config,
+    GenerationJob, InTurn, Parallel, Resume, Task,
 };
 use crate::program::{JobRef, StepRun};
 use crate::report::AtCapacity;
@@ -169,6 +170,9 @@ struct Search<'a> {
     /// (`None` inside: it does not derive, each length is built whole),
     /// made on the first length asked for.
     derived: Option<Option<GenerationJob>>,
+    /// Per GPU, the last checkpoint of its last run that ran out, to take
+    /// a shorter length's run up from ([`crate::pipeline::at_capacity_from`]).
+    resumes: Vec<Option<Resume>>,
 }
 
 /// The traced generation's point: its estimate's report, whose verdicts
@@ -182,9 +186,9 @@ struct Traced {
 struct Simulated {
     new_tokens: u32,
     positions: Option<u64>,
-    /// Per GPU simulated (its index in the config's): its run at capacity
-    /// and what its running out shows.
-    runs: Vec<(usize, AtCapacity, RanOut)>,
+    /// Per GPU simulated (its index in the config's): its run at capacity,
+    /// what its running out shows, and its last checkpoint.
+    runs: Vec<(usize, AtCapacity, RanOut, Option<Resume>)>,
 }
 
 /// What a run that ran out of memory shows of other lengths.
@@ -302,7 +306,7 @@ impl Search<'_> {
                 .gpus
                 .iter()
                 .enumerate()
-                .map(|(i, g)| (i, g.at_capacity(), RanOut::default()))
+                .map(|(i, g)| (i, g.at_capacity(), RanOut::default(), None))
                 .collect(),
         });
         Ok(Traced {
@@ -314,7 +318,9 @@ impl Search<'_> {
     /// Each GPU's run at capacity at `new_tokens` on the GPUs `on`
     /// (indices into the config's), through `parallel`. A GPU's run is its
     /// own, whichever others run beside it: the runs of one estimate never
-    /// change each other's decisions.
+    /// change each other's decisions. A GPU whose longer run ran out is
+    /// taken up from that run's last checkpoint where this length makes the
+    /// events before it (the same run, [`crate::pipeline::at_capacity_from`]).
     fn simulate(
         &self,
         new_tokens: u32,
@@ -337,17 +343,41 @@ impl Search<'_> {
             Some(prepared) => prepared,
             None => prepare_parsed(self.traces, Vec::new(), &cfg, &mut |_| {})?,
         };
-        let found = at_capacity(&prepared, &cfg, &mut |_| {}, parallel)?;
+        let mut found: Vec<(usize, (CapacityRun, Option<Resume>))> = Vec::new();
+        let mut rest: Vec<usize> = Vec::new();
+        for &i in on {
+            let resume = self.resumes.get(i).and_then(Option::as_ref);
+            let taken_up = match (resume, self.config.gpus.get(i)) {
+                (Some(resume), Some(gpu)) => {
+                    let mut one = cfg.clone();
+                    one.gpus = vec![gpu.clone()];
+                    at_capacity_from(&prepared, &one, resume)?
+                }
+                _ => None,
+            };
+            match taken_up {
+                Some(run) => found.push((i, run)),
+                None => rest.push(i),
+            }
+        }
+        if !rest.is_empty() {
+            cfg.gpus = rest
+                .iter()
+                .filter_map(|&i| self.config.gpus.get(i).cloned())
+                .collect();
+            let runs = at_capacity_keeping(&prepared, &cfg, &mut |_| {}, parallel, true)?;
+            found.extend(rest.into_iter().zip(runs));
+        }
+        found.sort_by_key(|(i, _)| *i);
         let job = prepared.job();
-        let runs = on
-            .iter()
-            .zip(found)
-            .map(|(&i, run)| {
+        let runs = found
+            .into_iter()
+            .map(|(i, (run, resume))| {
                 let ran_out = run
                     .ran_out_at
                     .map(|at| RanOut::of(job, new_tokens, at))
                     .unwrap_or_default();
-                (i, run.at, ran_out)
+                (i, run.at, ran_out, resume.filter(|_| !run.at.fits))
             })
             .collect();
         Ok(Simulated {
@@ -410,9 +440,14 @@ impl Search<'_> {
                 positions: simulated.positions,
                 runs: vec![None; every],
             });
-        for (i, run, _) in simulated.runs {
+        for (i, run, _, resume) in simulated.runs {
             if let Some(slot) = point.runs.get_mut(i) {
                 *slot = Some(run);
+            }
+            if resume.is_some() {
+                if let Some(slot) = self.resumes.get_mut(i) {
+                    *slot = resume;
+                }
             }
         }
     }
@@ -432,10 +467,9 @@ impl Search<'_> {
     }
 }
 
-/// How a GPU's search ended: its bounds, and what the top length tried was
-/// (`memory_bound`: the most the memory budget lets memcast simulate;
-/// `capped`: the most new tokens memcast rebuilds; else the position limit
-/// where the trace shows one, or the budget asked for).
+/// How a GPU's search ended, from its bounds and what stopped the search
+/// at the top length: the memory budget, memcast's most new tokens, else
+/// the position limit where the trace shows one, or the budget asked for.
 fn found(b: &Bounds, memory_bound: bool, capped: bool, position_limit: bool) -> Found {
     match (b.fits, b.runs_out) {
         (None, _) => Found::DoesNotFit,
@@ -503,9 +537,11 @@ pub fn longest(
         presets: Vec::new(),
         warnings: Vec::new(),
         derived: None,
+        resumes: Vec::new(),
     };
     // The generation as traced: its point, and what it is.
     let traced_point = search.traced(parallel)?;
+    search.resumes = vec![None; search.presets.len()];
     let Some(generation) = traced_point.generation else {
         return Err(WhatIfError::Pipeline(
             crate::scale::ScaleError::NoGeneration.into(),
@@ -524,12 +560,11 @@ pub fn longest(
     let wanted = asked.clamp(traced, most);
     let capped = asked > most;
     if capped {
-        let why = match &limit {
-            Some((positions, from)) => {
-                format!("to the model's position limit, {positions} positions ({from})")
-            }
-            None => "the budget asked for".to_owned(),
-        };
+        let why = limit
+            .as_ref()
+            .map_or("the budget asked for".to_owned(), |(n, from)| {
+                format!("to the model's position limit, {n} positions ({from})")
+            });
         search.warnings.push(Warning::new(
             "context_new_tokens_capped",
             format!(
@@ -586,7 +621,7 @@ pub fn longest(
             break;
         }
         for simulated in search.simulate_each(&probes, streams, parallel)? {
-            for &(gi, run, ran_out) in &simulated.runs {
+            for &(gi, run, ran_out, _) in &simulated.runs {
                 if let Some(b) = bounds.get_mut(gi) {
                     b.learn(simulated.new_tokens, run, ran_out);
                 }
@@ -640,10 +675,9 @@ mod tests {
         }
     }
 
-    /// A GPU that still fits at the top length is said to fit at least
-    /// that many, for what stopped the search there: the memory budget
-    /// first, then the most new tokens memcast rebuilds (even below a
-    /// position limit: it is not reached), then the position limit.
+    /// A GPU that still fits at the top length fits at least that many, for
+    /// what stopped the search there: the memory budget, then memcast's
+    /// most new tokens (a position limit past it is not reached).
     #[test]
     fn a_gpu_that_fits_at_the_top_says_what_the_top_was() {
         let fits = Bounds {
@@ -655,11 +689,11 @@ mod tests {
         assert_eq!(found(&fits, false, true, false), Found::MostNewTokens);
         assert_eq!(found(&fits, false, false, true), Found::PositionLimit);
         assert_eq!(found(&fits, false, false, false), Found::NoLimitInTrace);
-        let between = Bounds {
-            runs_out: Some((40_000, 131_072)),
-            ..fits
-        };
-        assert_eq!(found(&between, false, true, true), Found::Simulated);
+        let runs_out = Some((40_000, 131_072));
+        assert_eq!(
+            found(&Bounds { runs_out, ..fits }, false, true, true),
+            Found::Simulated
+        );
         assert_eq!(
             found(&Bounds::default(), false, true, true),
             Found::DoesNotFit

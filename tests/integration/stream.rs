@@ -472,3 +472,63 @@ fn decode_steps_let_go_by_report_what_the_job_built_whole_reports() {
         }
     }
 }
+
+/// A run at capacity that runs out in the first call's decode steps keeps
+/// checkpoints along them, and the run of a shorter generation on that GPU
+/// taken up from the last one is the run `at_capacity` gives it from the
+/// first event: the same verdict, peak and event it runs out at (or not),
+/// for every length whose steps reach the checkpoint; a length whose steps
+/// end before it is not taken up.
+#[test]
+fn a_run_taken_up_from_a_longer_runs_checkpoint_is_the_run_from_the_start() {
+    use memcast::pipeline::{at_capacity, at_capacity_from, at_capacity_keeping};
+    let trace = parse(&read_shared(
+        "fixtures/traces-llm/llama_gen16_dynamic.json.gz",
+    ));
+    let settings = Settings {
+        gpus: vec!["533MiB".to_owned()],
+        ..Settings::default()
+    };
+    let at = |n: u32| {
+        let mut config = settings.config().unwrap();
+        config.scale.new_tokens = Some(n);
+        config
+    };
+    let long = 512;
+    let config = at(long);
+    let runs = at_capacity_keeping(
+        &prepared(&trace, &config),
+        &config,
+        &mut |_| {},
+        &memcast::InTurn,
+        true,
+    )
+    .unwrap();
+    let (run, resume) = runs.into_iter().next().unwrap();
+    assert!(
+        !run.at.fits,
+        "the 533 MiB GPU runs out before {long} new tokens"
+    );
+    let resume = resume.expect("a checkpoint along the first call's steps");
+    let ran_out = run.ran_out_at.unwrap();
+    assert!(resume.at() < ran_out);
+    let mut taken_up = 0;
+    for n in (16..long).rev().step_by(29) {
+        let config = at(n);
+        let p = prepared(&trace, &config);
+        let fresh = at_capacity(&p, &config, &mut |_| {}, &memcast::InTurn).unwrap()[0];
+        match at_capacity_from(&p, &config, &resume).unwrap() {
+            Some((run, _)) => {
+                assert_eq!(run, fresh, "{n} new tokens");
+                taken_up += 1;
+            }
+            None => assert!(
+                p.job()
+                    .first_steps_fixed()
+                    .is_none_or(|r| r.start + r.copies * r.events < resume.at()),
+                "{n} new tokens: not taken up although its steps reach the checkpoint"
+            ),
+        }
+    }
+    assert!(taken_up > 0);
+}

@@ -248,6 +248,13 @@ impl<'a> Cycles<'a> {
         }
     }
 
+    /// Whether the runner holds every event so far: not between the steps
+    /// let go by whose small events it has not been given (past the first
+    /// of the recorded steps, or with bytes allocated by stretches).
+    pub(super) fn settled(&self) -> bool {
+        !matches!(self.mode, Mode::Replaying { k, allocated, .. } if k > 0 || allocated != 0)
+    }
+
     /// Whether events are being let go by (their samples need
     /// [`Cycles::sample`]).
     pub(super) fn replaying(&self) -> bool {
