@@ -3,7 +3,7 @@
 tests/data/gpu-h200/pairs.json that has a CUDA profiler trace (NAME.cuda.json.gz there, recorded
 with tracegen's --x-cuda-trace beside the pair's peaks).
 
-    python3 benches/gpu/align.py NAME [--memcast EXE] [--rows N]
+    python3 benches/gpu/align.py NAME [--memcast EXE] [--rows N] [--blocks]
 
 memcast's side is `memcast events --json` on the pair's CPU trace with the pair's
 arguments (the target GPU's run without a memory limit). The real side is the CUDA
@@ -13,7 +13,10 @@ segment), side by side in order, with the op and request that made each: the fir
 row where they part is where memcast's plan and the real run differ first (a block the
 real run has and memcast does not, or one it reuses and memcast does not); `--rows`
 rows are printed from there (60). Each block's address is shown (`memcast events` gives
-every block's, to follow what takes pieces of a segment). Nothing is written.
+every block's, to follow what takes pieces of a segment). With `--blocks`, every large-pool
+allocation instead (over 1 MiB), the two runs aligned on their sizes from the first place
+one makes a block the other does not: where a layer's blocks come in another order. Nothing
+is written.
 
 The requests are memcast's sizes and the CUDA trace's, which are the sizes of the blocks
 handed out (a request rounded up, or a whole free block that was not split).
@@ -39,6 +42,9 @@ def option(name, default):
 
 exe = option("--memcast", "target/release/memcast")
 rows_max = int(option("--rows", "60"))
+blocks = "--blocks" in args
+if blocks:
+    args.remove("--blocks")
 if len(args) != 1:
     sys.exit(__doc__)
 name = args[0]
@@ -127,6 +133,74 @@ def at(e):
     """The block's address (memcast's are simulated: its segments get ever higher ones)."""
     return f"{e['address']:#x}" if e.get("address") is not None else "-"
 
+
+def large_allocations(seq):
+    """The allocations of the large pool (over 1 MiB, the small pool's largest request), in
+    order."""
+    return [e for e in seq if e["kind"] == "alloc" and e["bytes"] > 1 << 20]
+
+
+if blocks:
+    # Allocation by allocation rather than segment by segment: both runs' large-pool
+    # allocations aligned on their sizes, from the first place they differ: a block one run
+    # makes and the other does not, or makes elsewhere.
+    # memcast's set-up (the model moved to the GPU) came before the recording.
+    a = large_allocations([e for e in ours if not e["where"].startswith("setup")])
+    b = large_allocations(real)
+
+    def same(m, t):
+        """The same block: the recording shows the block handed out, which is the request
+        rounded up to 512 bytes, or a whole cached block whose rest would have been under
+        1 MiB (the large pool splits only past that)."""
+        r = -(-m["bytes"] // 512) * 512
+        return r <= t["bytes"] < r + (1 << 20)
+
+    # The longest common subsequence of the two lists under `same`, as runs of
+    # (tag, memcast's slice, the recording's slice).
+    n, m_ = len(a), len(b)
+    table = [[0] * (m_ + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        row, below = table[i], table[i + 1]
+        for j in range(m_ - 1, -1, -1):
+            row[j] = below[j + 1] + 1 if same(a[i], b[j]) else max(below[j], row[j + 1])
+    opcodes, i, j = [], 0, 0
+    while i < n or j < m_:
+        if i < n and j < m_ and same(a[i], b[j]) and table[i][j] == table[i + 1][j + 1] + 1:
+            tag, di, dj = "equal", 1, 1
+        elif j < m_ and (i == n or table[i][j + 1] >= table[i + 1][j]):
+            tag, di, dj = "insert", 0, 1
+        else:
+            tag, di, dj = "delete", 1, 0
+        if opcodes and opcodes[-1][0] == tag:
+            t_, i1, i2, j1, j2 = opcodes[-1]
+            opcodes[-1] = (t_, i1, i2 + di, j1, j2 + dj)
+        else:
+            opcodes.append((tag, i, i + di, j, j + dj))
+        i, j = i + di, j + dj
+    print(f"# {name}: large-pool allocations, memcast {len(a)}, real {len(b)}; "
+          f"aligned on their sizes, from the first difference")
+    print("| memcast event | where | op | MiB | reserved MiB | | real event | op | MiB | reserved MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    shown, started = 0, False
+    for tag, i1, i2, j1, j2 in opcodes:
+        if tag == "equal" and not started:
+            continue
+        started = True
+        for k in range(max(i2 - i1, j2 - j1)):
+            m = a[i1 + k] if i1 + k < i2 else None
+            t = b[j1 + k] if j1 + k < j2 else None
+            mark = "=" if tag == "equal" else "≠"
+            left = (f"{m['index']} | {m['where']} | {m['op']} | {mib(m['bytes'])} | {mib(m['reserved'])}"
+                    if m else "- | - | - | - | -")
+            right = (f"{t['index']} | {t['op']} | {mib(t['bytes'])} | {mib(t['reserved'])}"
+                     if t else "- | - | - | -")
+            print(f"| {left} | {mark} | {right} |")
+            shown += 1
+            if shown >= rows_max:
+                sys.exit(0)
+    if not started:
+        print("\nthe two runs make the same large-pool allocations, in order")
+    sys.exit(0)
 
 mine, theirs = points(ours), points(real)
 print(f"# {name}: memcast `{' '.join(cmd[1:])}` against {cuda_path}")

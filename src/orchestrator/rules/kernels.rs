@@ -14,7 +14,11 @@
 //!   that GPU. Query, key and value live as long as the CUDA kernel keeps
 //!   them: until the call's backward for a fused kernel, and where the CPU's
 //!   flash kernel kept them but the GPU runs the math composite (which
-//!   keeps copies), only until the backward pass starts.
+//!   keeps copies), only until the backward pass starts. Where the CPU ran
+//!   the math composite, the copy its caller's `reshape` makes of the
+//!   output is made only on the architectures that run it too: a fused
+//!   kernel's output is already laid out for that reshape
+//!   ([`output_in_place`]).
 //! - `dropout_cuda_mask`: the CPU's dropout mask (the input's dtype) is a
 //!   bool tensor on CUDA.
 //! - `cuda_reduce_buffers`: a CUDA `sum` or `mean` over many rows
@@ -487,6 +491,62 @@ fn release_inputs(
     );
 }
 
+/// The copy a caller makes of the output, where the CPU ran the math
+/// composite: its output is `[B, H, Lq, Dv]` in memory, so the caller's
+/// `transpose(1, 2)` then `reshape` (or `contiguous`) to `[B, Lq, H·Dv]`
+/// copies it, and the output is freed as the copy is made (the math
+/// composite does not keep it). The fused kernels write their output
+/// `[B, Lq, H, Dv]` in memory and return it transposed (flash and
+/// memory-efficient attention allocate it so, `attention.cu`; cuDNN's
+/// matches the query's layout, `MHA.cpp` `alloc_with_matching_layout`, and
+/// the query is a projection's output viewed `[B, Lq, H, D]` and
+/// transposed), so the same `reshape` is a view, nothing is copied, and the
+/// output lives as long as that view. (The call's backward reads the
+/// output too, a little after the view's reader, the output projection,
+/// has had its own; under checkpointing the first forward saves neither:
+/// the view's lifetime is taken for both.) The H200 made no
+/// such copy in bert-base's and distilgpt2's bf16 steps, which memcast made
+/// once per layer before (`benches/gpu/align.py NAME --blocks`). So on the
+/// architectures of `fused` the copy is not made and the output lives as
+/// long as the copy did; on those of `math`, both stay as traced. The copy
+/// is the one block made between the call's end and the output's free, of
+/// the output's size.
+fn output_in_place(
+    analysis: &Analysis,
+    call: &AttentionCall,
+    output: usize,
+    (math, fused): (ArchSet, ArchSet),
+    plan: &mut Plan,
+) {
+    let (Some(op), Some(out)) = (analysis.ops.get(call.op), analysis.blocks.get(output)) else {
+        return;
+    };
+    let Some(freed) = out.free_ts.filter(|_| !fused.is_empty()) else {
+        return;
+    };
+    let from = analysis.blocks.partition_point(|b| b.alloc_ts < op.end);
+    let mut made = analysis.blocks[from..]
+        .iter()
+        .take_while(|b| b.alloc_ts <= freed)
+        .filter(|b| b.id != output);
+    let (Some(copy), None) = (made.next(), made.next()) else {
+        return;
+    };
+    if copy.size != out.size {
+        return;
+    }
+    let Some(until) = copy.free_ts else {
+        return;
+    };
+    if math.is_empty() {
+        plan.dropped.insert(copy.id, RuleId::SdpaCudaKernels);
+    } else {
+        plan.kept_on
+            .insert(copy.id, (math, RuleId::SdpaCudaKernels));
+    }
+    relive(analysis, call, &[output], math, (fused, until), plan);
+}
+
 /// Blocks of an attention call's inputs that live otherwise on some
 /// architectures: each stays as traced on `as_traced` (dropped where that
 /// is none) and is made again on `changed.0`, freed at `changed.1`.
@@ -672,6 +732,9 @@ fn attention_call(
     let others = by_backend_union(&by_backend, math_on);
     if cpu_math {
         keep_inputs(analysis, call, since, window, math_on, others, plan);
+        if let Some(output) = output {
+            output_in_place(analysis, call, output, (math_on, others), plan);
+        }
     } else {
         release_inputs(analysis, call, since, window, math_on, others, plan);
     }

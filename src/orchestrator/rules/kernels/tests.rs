@@ -196,6 +196,58 @@ fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
     assert!(kept[0].on.contains(Sm::KNOWN[Sm::KNOWN.len() - 1]));
 }
 
+/// The caller's `transpose(1, 2).reshape(...)` of the output the CPU's
+/// math composite wrote `[B, H, T, D]` copies it (and the output dies);
+/// a fused CUDA kernel writes it `[B, T, H, D]`, so the reshape is a view:
+/// no copy on the architectures that run one, and the output lives as
+/// long as the copy did (past the call's backward here), kept as traced
+/// where a GPU runs the math composite too.
+#[test]
+fn a_fused_kernels_output_needs_no_copy_to_be_reshaped() {
+    let b = r#"["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"]"#;
+    let qkv = "[[1,2,8,8],[1,2,8,8],[1,2,8,8]]";
+    let mut ev = vec![
+        op("aten::scaled_dot_product_attention", 20, 20, qkv, b, None),
+        op(
+            "aten::_scaled_dot_product_attention_math",
+            21,
+            18,
+            qkv,
+            b,
+            Some(2),
+        ),
+        op("aten::reshape", 45, 4, "[[1,8,2,8],[]]", b, None),
+        op(
+            "autograd::engine::evaluate_function: BmmBackward0",
+            100,
+            20,
+            "[]",
+            "[]",
+            Some(2),
+        ),
+    ];
+    ev.extend(block(2 << 20, 30, 256, 47)); // the output, freed as it is copied
+    ev.extend(block(3 << 20, 46, 256, 300)); // the copy
+    let a = analysis_of(&ev);
+    assert_eq!(a.kernel_calls.attention.len(), 1);
+    let plan = planned(&a);
+    let copy = a.blocks.iter().find(|b| b.addr == 3 << 20).unwrap();
+    let output = a.blocks.iter().find(|b| b.addr == 2 << 20).unwrap();
+    // bf16 runs the math composite on Volta and Turing only.
+    let (math, rule) = plan.kept_on[&copy.id];
+    assert_eq!(rule, RuleId::SdpaCudaKernels);
+    assert!(math.contains(Sm(7, 0)) && !math.contains(Sm(9, 0)));
+    assert_eq!(plan.kept_on[&output.id].0, math);
+    let relived: Vec<&AddedBlock> = plan
+        .added
+        .iter()
+        .filter(|b| b.alloc == output.alloc_ts && b.size == Bytes(256))
+        .collect();
+    assert_eq!(relived.len(), 1, "{plan:?}");
+    assert_eq!(relived[0].free, copy.free_ts);
+    assert!(relived[0].on.contains(Sm(9, 0)) && !relived[0].on.contains(Sm(7, 0)));
+}
+
 /// A backward whose gradients have neither the input's nor the
 /// weight's size still gets a workspace: one, from its first gradient
 /// to its end.
