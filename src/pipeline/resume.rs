@@ -126,10 +126,9 @@ impl Keeping {
     }
 
     /// Keeps `checkpoint` (taken where [`Keeping::due`] said) as the last.
-    pub(super) fn keep(&mut self, mut checkpoint: Checkpoint) {
+    pub(super) fn keep(&mut self, checkpoint: Checkpoint) {
         let step = checkpoint.at.saturating_sub(self.run.start) / self.run.events;
         self.due = step.saturating_add(EVERY);
-        checkpoint.run = self.run;
         self.last = Some(Arc::new(checkpoint));
     }
 

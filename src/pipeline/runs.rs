@@ -16,8 +16,8 @@ use std::sync::Mutex;
 
 use crate::program::SizeVariant;
 
-use super::resume::Resume;
-use super::simulate::{simulate_from, simulate_keeping, Handed, Handoffs, Start};
+use super::resume::{Keeping, Resume};
+use super::simulate::{simulate_keeping, Handed, Handoffs, Start};
 use super::{Config, Error, Prepared, Progress, Stage};
 use crate::diag::Warning;
 use crate::presets::GpuTarget;
@@ -273,15 +273,11 @@ fn simulate_runs(
             at: 0,
             walked: None,
         };
-        let keeping = kept.is_some();
+        // Keeping checkpoints where asked, for the runs at capacity that
+        // part from it ([`super::resume`]).
+        let keep = kept.and_then(|_| Keeping::of(job, None));
         jobs.push(Box::new(move |tick| {
-            // Keeping checkpoints where asked, for the runs at capacity that
-            // part from it ([`super::resume`]).
-            let mut run = if keeping {
-                simulate_keeping(job, target, start, (&devices, handoffs), tick, None).0
-            } else {
-                simulate_from(job, target, start, &devices, handoffs, tick)
-            };
+            let (mut run, _) = simulate_keeping(job, target, start, &devices, handoffs, tick, keep);
             // The report's blocks at the peak, found here: beside the runs
             // at capacity still going on, where the shell runs jobs side
             // by side.
@@ -340,18 +336,13 @@ fn simulate_runs(
                     walked: None,
                 },
             };
-            match kept {
-                Some(kept) => {
-                    let none = Handoffs::none();
-                    let (run, resume) =
-                        simulate_keeping(job, target, start, (&[], &none), tick, from);
-                    if let Ok(mut kept) = kept.lock() {
-                        *kept = resume;
-                    }
-                    run
-                }
-                None => simulate_from(job, target, start, &[], &Handoffs::none(), tick),
+            let keep = kept.and_then(|_| Keeping::of(job, from));
+            let none = Handoffs::none();
+            let (run, resume) = simulate_keeping(job, target, start, &[], &none, tick, keep);
+            if let Some(Ok(mut kept)) = kept.map(Mutex::lock) {
+                *kept = resume;
             }
+            run
         }));
     }
     let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
@@ -488,34 +479,23 @@ pub fn at_capacity_keeping(
         .collect())
 }
 
-/// The first GPU of `config`'s run at capacity, taken up from `resume` (a
-/// longer generation's run on that GPU, [`at_capacity_keeping`]): the run
+/// The run at capacity of `target`, taken up from `resume` (a longer
+/// generation's run on that GPU, [`at_capacity_keeping`]): the run
 /// [`at_capacity`] gives, and its own last checkpoint; `None` where the
 /// prepared job does not make the events before the checkpoint (it is not
 /// a shorter generation of the same job, or its first call's steps end
 /// before it).
 pub fn at_capacity_from(
     prepared: &Prepared,
-    config: &Config,
+    target: &GpuTarget,
     resume: &Resume,
-) -> Result<Option<(CapacityRun, Option<Resume>)>, Error> {
-    let Some(target) = config.gpus.first() else {
-        return Ok(None);
-    };
+) -> Option<(CapacityRun, Option<Resume>)> {
     let job = prepared.job();
-    let Some(start) = resume.start_for(job, device_of(target)) else {
-        return Ok(None);
-    };
+    let start = resume.start_for(job, device_of(target))?;
+    let keep = Keeping::of(job, Some(resume.clone()));
     let none = Handoffs::none();
-    let (run, kept) = simulate_keeping(
-        job,
-        target,
-        start,
-        (&[], &none),
-        &mut |_| {},
-        Some(resume.clone()),
-    );
-    Ok(Some((CapacityRun::of(&run, target), kept)))
+    let (run, kept) = simulate_keeping(job, target, start, &[], &none, &mut |_| {}, keep);
+    Some((CapacityRun::of(&run, target), kept))
 }
 
 #[cfg(test)]

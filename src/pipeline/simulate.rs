@@ -208,27 +208,15 @@ pub fn simulate_from(
     handoffs: &Handoffs,
     tick: &mut dyn FnMut(u64),
 ) -> SimulatedRun {
-    simulate_keeping_if(job, target, start, devices, handoffs, tick, None).0
+    simulate_keeping(job, target, start, devices, handoffs, tick, None).0
 }
 
 /// [`simulate_from`] keeping checkpoints along the job's first call's
-/// decode steps ([`super::resume`]; `from`: the one the run starts with):
-/// the run, and its last checkpoint (`None` where the job has no such
-/// steps, or no run stood where one was due). Devices sharing the run part
-/// with its last checkpoint.
+/// decode steps as `keep` says ([`super::resume`]; none where it is
+/// `None`): the run, and its last checkpoint (`None` where no run stood
+/// where one was due). Devices sharing the run part with its last
+/// checkpoint.
 pub(super) fn simulate_keeping(
-    job: JobRef<'_>,
-    target: &GpuTarget,
-    start: Start,
-    (devices, handoffs): (&[GpuMemory], &Handoffs),
-    tick: &mut dyn FnMut(u64),
-    from: Option<Resume>,
-) -> (SimulatedRun, Option<Resume>) {
-    let keep = Keeping::of(job, from);
-    simulate_keeping_if(job, target, start, devices, handoffs, tick, keep)
-}
-
-fn simulate_keeping_if(
     job: JobRef<'_>,
     target: &GpuTarget,
     start: Start,
@@ -512,7 +500,7 @@ impl Sim<'_, '_> {
     /// is due and the allocator holds every event before (none made of
     /// `index` yet, no small event let go by still to apply).
     fn keep_at(&mut self, index: usize) {
-        let Some(keep) = self.keep.as_mut() else {
+        let Some(keep) = self.keep.as_mut().filter(|k| k.due(index as u64)) else {
             return;
         };
         // A run that devices still share keeps only near the first one's
@@ -521,7 +509,7 @@ impl Sim<'_, '_> {
         // and a copy of a run without a limit grows with its cache.
         let near = self.lowest == u64::MAX
             || self.runner.sample().reserved.get() >= self.lowest - self.lowest / 8;
-        if self.first_op.is_some() || !near || !self.cycles.settled() || !keep.due(index as u64) {
+        if self.first_op.is_some() || !near || !self.cycles.settled() {
             return;
         }
         keep.keep(Checkpoint {

@@ -348,11 +348,7 @@ impl Search<'_> {
         for &i in on {
             let resume = self.resumes.get(i).and_then(Option::as_ref);
             let taken_up = match (resume, self.config.gpus.get(i)) {
-                (Some(resume), Some(gpu)) => {
-                    let mut one = cfg.clone();
-                    one.gpus = vec![gpu.clone()];
-                    at_capacity_from(&prepared, &one, resume)?
-                }
+                (Some(resume), Some(gpu)) => at_capacity_from(&prepared, gpu, resume),
                 _ => None,
             };
             match taken_up {

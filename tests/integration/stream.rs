@@ -517,7 +517,7 @@ fn a_run_taken_up_from_a_longer_runs_checkpoint_is_the_run_from_the_start() {
         let config = at(n);
         let p = prepared(&trace, &config);
         let fresh = at_capacity(&p, &config, &mut |_| {}, &memcast::InTurn).unwrap()[0];
-        match at_capacity_from(&p, &config, &resume).unwrap() {
+        match at_capacity_from(&p, &config.gpus[0], &resume) {
             Some((run, _)) => {
                 assert_eq!(run, fresh, "{n} new tokens");
                 taken_up += 1;

@@ -146,24 +146,28 @@ fn cudnn_conv_workspaces_copy_what_each_pass_touches() {
     assert!(ws.iter().all(|w| w.on.is_all() && w.per_gpu.is_none()));
 }
 
-/// GPT-2's attention: query, key and value are views of one fused
-/// projection (`c_attn(x).split(...)`, one block of the three's bytes)
-/// that the CPU's math composite lets die when the forward is done
-/// with it. A fused CUDA kernel saves the query, so the block lives
-/// until the call's backward has run, on the architectures that run one.
-#[test]
-fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
-    let b = r#"["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"]"#;
+const BF16_3: &str = r#"["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"]"#;
+
+/// A bf16 `scaled_dot_product_attention` call of 1x2x8x8 query, key and
+/// value (256 bytes each) from 20 to 40 that the CPU ran as the math
+/// composite, and its backward from 100 to 120.
+fn math_attention() -> Vec<String> {
     let qkv = "[[1,2,8,8],[1,2,8,8],[1,2,8,8]]";
-    let mut ev = vec![
-        op("aten::addmm", 10, 5, "[[48],[8,16],[16,48]]", b, Some(1)),
-        op("aten::scaled_dot_product_attention", 20, 20, qkv, b, None),
+    vec![
+        op(
+            "aten::scaled_dot_product_attention",
+            20,
+            20,
+            qkv,
+            BF16_3,
+            None,
+        ),
         op(
             "aten::_scaled_dot_product_attention_math",
             21,
             18,
             qkv,
-            b,
+            BF16_3,
             Some(2),
         ),
         op(
@@ -174,7 +178,25 @@ fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
             "[]",
             Some(2),
         ),
-    ];
+    ]
+}
+
+/// GPT-2's attention: query, key and value are views of one fused
+/// projection (`c_attn(x).split(...)`, one block of the three's bytes)
+/// that the CPU's math composite lets die when the forward is done
+/// with it. A fused CUDA kernel saves the query, so the block lives
+/// until the call's backward has run, on the architectures that run one.
+#[test]
+fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
+    let mut ev = vec![op(
+        "aten::addmm",
+        10,
+        5,
+        "[[48],[8,16],[16,48]]",
+        BF16_3,
+        Some(1),
+    )];
+    ev.extend(math_attention());
     // q, k and v: 1x2x8x8 bf16, 256 bytes each.
     ev.extend(block(1 << 20, 11, 768, 60)); // the fused projection
     ev.extend(block(2 << 20, 30, 256, 300)); // the attention's output
@@ -204,28 +226,8 @@ fn a_fused_kernel_keeps_the_fused_projection_its_query_is_a_view_of() {
 /// where a GPU runs the math composite too.
 #[test]
 fn a_fused_kernels_output_needs_no_copy_to_be_reshaped() {
-    let b = r#"["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"]"#;
-    let qkv = "[[1,2,8,8],[1,2,8,8],[1,2,8,8]]";
-    let mut ev = vec![
-        op("aten::scaled_dot_product_attention", 20, 20, qkv, b, None),
-        op(
-            "aten::_scaled_dot_product_attention_math",
-            21,
-            18,
-            qkv,
-            b,
-            Some(2),
-        ),
-        op("aten::reshape", 45, 4, "[[1,8,2,8],[]]", b, None),
-        op(
-            "autograd::engine::evaluate_function: BmmBackward0",
-            100,
-            20,
-            "[]",
-            "[]",
-            Some(2),
-        ),
-    ];
+    let mut ev = math_attention();
+    ev.push(op("aten::reshape", 45, 4, "[[1,8,2,8],[]]", BF16_3, None));
     ev.extend(block(2 << 20, 30, 256, 47)); // the output, freed as it is copied
     ev.extend(block(3 << 20, 46, 256, 300)); // the copy
     let a = analysis_of(&ev);
