@@ -42,10 +42,12 @@
 //!   grad_input for backward-data, input + grad_output + grad_weight for
 //!   backward-filter — the same sum. bf16: every forward and backward-data
 //!   pass to the byte (e.g. 64→64 3×3 at 56², batch 32: 24.57 MiB =
-//!   12.25 + 12.25 + 0.07), backward-filter 1.0–1.3×. fp32: the same from
-//!   96 input channels up; with 64 input channels the forward copies input
-//!   and weight only (0.33–0.68× the sum), its backward passes the whole
-//!   sum. The reason, assumed: cuDNN 9's engines on tensor-core GPUs work on
+//!   12.25 + 12.25 + 0.07). fp32: the same from 96 input channels up; with
+//!   64 input channels the forward copies input and weight only (0.33–0.68×
+//!   the sum; memcast keeps the sum there), its backward passes the whole
+//!   sum. A backward-filter pass takes more than the copy in both dtypes
+//!   (median 1.15×, 1.0–5.8×; [`filter_workspace`]): its split reduction's
+//!   partial sums. The reason, assumed: cuDNN 9's engines on tensor-core GPUs work on
 //!   channels-last tiles, and for the channels-first tensors PyTorch hands
 //!   them the plan transposes each operand into its workspace first. A 1×1
 //!   window's weight is the same `[C_out, C_in]` matrix in either layout, so
@@ -86,6 +88,32 @@ pub fn workspace(input: u64, weight: u64, output: u64) -> u64 {
     input.saturating_add(weight).saturating_add(output)
 }
 
+/// The workspace of a backward-filter pass whose operands' copy
+/// ([`workspace`]) is `copy` bytes: the copy and 15 % more, the median of the
+/// 48 filter passes measured on the H200 (1.14× in fp32, 1.18× in bf16;
+/// 1.0–5.8× in all: `tests/integration/gpu_pairs.rs` recomputes it from
+/// `conv_workspaces_h200.json`).
+///
+/// Why more than the data pass, whose measured median is the copy to 0.01 %:
+/// a weight gradient is a matrix product whose reduction runs over every
+/// output position of the batch (N·H·W terms per element) into an output as
+/// small as the weight, so cuDNN's weight-gradient engines split the
+/// reduction across thread blocks and keep their partial sums in the
+/// workspace (split-K); a data gradient reduces over C_out·k·k terms only.
+/// How many splits a plan makes depends on the GPU's multiprocessors and on
+/// cuDNN's heuristics, which PyTorch cannot see: the extra is a measured
+/// median, not derived, and assumed on every architecture. What it decides
+/// is that the filter pass asks for more than the data pass just freed, as
+/// the H200 did: a block the data pass's cannot hold, so a backward's
+/// caching allocator opens segments that a same-size rule reuses.
+pub fn filter_workspace(copy: u64) -> u64 {
+    u64::try_from(u128::from(copy) * FILTER_PER_COPY.0 / FILTER_PER_COPY.1).unwrap_or(u64::MAX)
+}
+
+/// A backward-filter pass's workspace over its operands' copy, as a ratio
+/// (23/20 = 1.15): see [`filter_workspace`].
+pub const FILTER_PER_COPY: (u128, u128) = (23, 20);
+
 /// The workspace memcast assumes for one cuDNN pass that writes or reads
 /// tensors of these bytes, where the trace has no shapes: the largest of
 /// them (0 for none).
@@ -122,6 +150,9 @@ mod tests {
         // backward-data.
         let (x, w) = (32 * 64 * 56 * 56 * 2, 64 * 64 * 9 * 2);
         assert_eq!(workspace(x, w, x), 25_763_840);
+        // Its backward-filter pass: 26.40 MiB measured, 28.26 at the median.
+        assert_eq!(filter_workspace(25_763_840), 29_628_416);
+        assert_eq!(filter_workspace(u64::MAX), u64::MAX);
         // (pointwise, stride_one, thin, backward, half)
         assert!(!in_place(false, true, false, false, true));
         // 1×1 at stride 1: none; at stride 2 a window like any other.

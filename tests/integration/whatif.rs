@@ -236,8 +236,21 @@ fn batch_model_reproduces_both_resnet_inputs_exactly() {
     let inputs = resnet_inputs();
     let model = BatchModel::fit(&inputs).unwrap();
     let summary = model.summary();
-    // Exact in bytes: every block is fixed or on an integer line.
-    assert_eq!(summary.approximate, 0);
+    // Exact in bytes: every block is fixed or on an integer line, but the
+    // cuDNN filter passes' workspaces (the copy times 23/20, rounded down:
+    // off the line by under a byte per batch step). One per backward
+    // convolution that makes a weight gradient, per iteration.
+    let filter_passes = |p: &Prepared| {
+        p.orchestrated
+            .schedule
+            .blocks
+            .iter()
+            .filter(|b| b.op.as_deref() == Some("aten::convolution_backward"))
+            .filter(|b| b.category == memcast::orchestrator::Category::Temporary)
+            .count()
+    };
+    assert!(summary.approximate > 0);
+    assert!(summary.approximate as usize <= filter_passes(prepared(BS16)));
     assert!(summary.proportional > 0 && summary.fixed > 0);
     for input in &inputs {
         let synthesized = model.synthesize(input.batch);
@@ -264,11 +277,22 @@ fn batch_model_reproduces_both_resnet_inputs_exactly() {
         let input = result.inputs.iter().find(|p| p.batch == batch).unwrap();
         assert_eq!(input, point);
     }
-    // The peak grows with the batch.
+    // The allocated peak grows with the batch; the reserved one need not
+    // (which cached blocks a larger workspace finds free shifts with the
+    // sizes), but a doubled batch reserves more.
     assert!(result
         .points
         .windows(2)
-        .all(|w| w[0].peak_total_bytes <= w[1].peak_total_bytes));
+        .all(|w| w[0].peak_allocated_bytes <= w[1].peak_allocated_bytes));
+    let total = |b: u32| {
+        result
+            .points
+            .iter()
+            .find(|p| p.batch == b)
+            .unwrap()
+            .peak_total_bytes
+    };
+    assert!(total(8) < total(16) && total(16) < total(32));
 }
 
 #[test]

@@ -214,7 +214,8 @@ fn softmax_backward(analysis: &Analysis, plan: &mut Plan) {
 /// convolution call ([`crate::kernels::conv`]): a copy of the input, weight
 /// (none of a 1×1 one) and output of the pass at the CUDA run's dtype (the
 /// blocks autocast resized give the factor), none where cuDNN reads them in
-/// place. A forward holds it from its output's allocation to its end. A
+/// place; the backward-filter pass's with its split reduction's partial sums
+/// on top ([`crate::kernels::conv::filter_workspace`]). A forward holds it from its output's allocation to its end. A
 /// backward runs its passes in PyTorch's order, each making its gradient,
 /// then its workspace, which it frees before the next pass makes its own:
 /// the data pass from grad_input's allocation, the filter pass from
@@ -289,6 +290,10 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
                         .map(|b| (b.alloc_ts, b.size.get()))
                         .collect();
                     made.sort_unstable();
+                    // PyTorch runs the data pass, then the filter pass
+                    // (`cudnn_convolution_backward`): the last gradient of
+                    // the weight's size is the filter pass's.
+                    let filter = made.iter().rposition(|&(_, b)| b == o.weight_bytes);
                     for (i, &(at, bytes)) in made.iter().enumerate() {
                         if bytes != o.input_bytes && bytes != o.weight_bytes {
                             continue;
@@ -296,6 +301,11 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
                         let until = made
                             .get(i + 1)
                             .map_or(op.end, |&(next, _)| Nanos(next.get().saturating_sub(1)));
+                        let size = if filter == Some(i) {
+                            crate::kernels::conv::filter_workspace(size)
+                        } else {
+                            size
+                        };
                         passes.push((size, at, until.max(at)));
                     }
                     // No gradient of the input's or the weight's size (a
