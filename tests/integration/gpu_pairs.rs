@@ -187,7 +187,7 @@ fn conv_workspace_rule_stands_on_the_measured_workspaces() {
             .unwrap();
     let get = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
     // (rule, measured) bytes of the forwards, the data passes, the filter
-    // passes; each filter pass's measured bytes over its copy.
+    // passes; each data and filter pass's measured bytes over its copy.
     let (mut forward, mut data, mut filter) = ((0_u64, 0_u64), (0_u64, 0_u64), (0_u64, 0_u64));
     let (mut data_ratios, mut filter_ratios): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
     for r in table["rows"].as_array().unwrap() {
@@ -254,17 +254,17 @@ fn conv_workspace_rule_stands_on_the_measured_workspaces() {
         "{} filter passes",
         filter_ratios.len()
     );
-    let median = |mut v: Vec<f64>| {
+    let median_of = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         let n = v.len();
         (v[(n - 1) / 2] + v[n / 2]) / 2.0
     };
-    let data_median = median(data_ratios);
+    let data_median = median_of(data_ratios);
     assert!(
         (1.0..1.01).contains(&data_median),
         "data passes' median {data_median:.3}"
     );
-    let median = median(filter_ratios);
+    let median = median_of(filter_ratios);
     let rule = FILTER_PER_COPY.0 as f64 / FILTER_PER_COPY.1 as f64;
     assert!(
         (median - rule).abs() < 0.02,

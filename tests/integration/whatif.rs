@@ -238,9 +238,9 @@ fn batch_model_reproduces_both_resnet_inputs_exactly() {
     let summary = model.summary();
     // Exact in bytes: every block is fixed or on an integer line, but the
     // cuDNN filter passes' workspaces (the copy times 23/20, rounded down:
-    // off the line by under a byte per batch step). One per backward
-    // convolution that makes a weight gradient, per iteration.
-    let filter_passes = |p: &Prepared| {
+    // off the line by under a byte per batch step), which are among the
+    // workspaces of the backward convolutions.
+    let conv_backward_workspaces = |p: &Prepared| {
         p.orchestrated
             .schedule
             .blocks
@@ -250,7 +250,7 @@ fn batch_model_reproduces_both_resnet_inputs_exactly() {
             .count()
     };
     assert!(summary.approximate > 0);
-    assert!(summary.approximate as usize <= filter_passes(prepared(BS16)));
+    assert!(summary.approximate as usize <= conv_backward_workspaces(prepared(BS16)));
     assert!(summary.proportional > 0 && summary.fixed > 0);
     for input in &inputs {
         let synthesized = model.synthesize(input.batch);
@@ -267,8 +267,9 @@ fn batch_model_reproduces_both_resnet_inputs_exactly() {
         result.points.iter().map(|p| p.batch).collect::<Vec<_>>(),
         [8, 16, 24, 32]
     );
+    let point = |b: u32| result.points.iter().find(|p| p.batch == b).unwrap();
     for (batch, name) in [(16, BS16), (32, BS32)] {
-        let point = result.points.iter().find(|p| p.batch == batch).unwrap();
+        let point = point(batch);
         assert_eq!(
             point.peak_total_bytes.get(),
             peak_total(prepared(name), &config),
@@ -284,14 +285,7 @@ fn batch_model_reproduces_both_resnet_inputs_exactly() {
         .points
         .windows(2)
         .all(|w| w[0].peak_allocated_bytes <= w[1].peak_allocated_bytes));
-    let total = |b: u32| {
-        result
-            .points
-            .iter()
-            .find(|p| p.batch == b)
-            .unwrap()
-            .peak_total_bytes
-    };
+    let total = |b: u32| point(b).peak_total_bytes;
     assert!(total(8) < total(16) && total(16) < total(32));
 }
 

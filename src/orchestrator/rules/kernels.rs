@@ -215,8 +215,8 @@ fn softmax_backward(analysis: &Analysis, plan: &mut Plan) {
 /// (none of a 1×1 one) and output of the pass at the CUDA run's dtype (the
 /// blocks autocast resized give the factor), none where cuDNN reads them in
 /// place; the backward-filter pass's with its split reduction's partial sums
-/// on top ([`crate::kernels::conv::filter_workspace`]). A forward holds it from its output's allocation to its end. A
-/// backward runs its passes in PyTorch's order, each making its gradient,
+/// on top ([`crate::kernels::conv::filter_workspace`]). A forward holds it
+/// from its output's allocation to its end. A backward runs its passes in PyTorch's order, each making its gradient,
 /// then its workspace, which it frees before the next pass makes its own:
 /// the data pass from grad_input's allocation, the filter pass from
 /// grad_weight's, each until the next gradient the call makes (or its end);
