@@ -141,6 +141,13 @@ pub struct ConvOperands {
     /// Fewer than 8 input channels per group (an RGB image) under a window
     /// of at most 3.
     pub thin: bool,
+    /// The input's batch (its first dim; 0 in an analysis saved before it
+    /// was kept).
+    #[serde(default)]
+    pub batch: u64,
+    /// Input channels per group (the weight's second dim; 0 likewise).
+    #[serde(default)]
+    pub c_in: u64,
 }
 
 /// A reduction over `reduced` dims of a contiguous tensor of `dims`, as
@@ -566,6 +573,8 @@ fn conv_operands(
         pointwise: !window.is_empty() && window.iter().all(|&k| k == 1),
         stride_one: output_bytes.is_some() && output_bytes == same_size,
         thin: c_in_per_group < 8 && window.iter().all(|&k| k <= 3),
+        batch,
+        c_in: c_in_per_group,
     })
 }
 

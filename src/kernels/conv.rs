@@ -43,27 +43,33 @@
 //!   backward-filter — the same sum. bf16: every forward and backward-data
 //!   pass to the byte (e.g. 64→64 3×3 at 56², batch 32: 24.57 MiB =
 //!   12.25 + 12.25 + 0.07). fp32: the same from 96 input channels up; with
-//!   64 input channels the forward copies input and weight only (0.33–0.68×
-//!   the sum; memcast keeps the sum there), its backward passes the whole
-//!   sum. A backward-filter pass takes more than the copy in both dtypes
-//!   (median 1.15×, 1.0–5.8×; [`filter_workspace`]): its split reduction's
-//!   partial sums. The reason, assumed: cuDNN 9's engines on tensor-core GPUs work on
-//!   channels-last tiles, and for the channels-first tensors PyTorch hands
-//!   them the plan transposes each operand into its workspace first. A 1×1
-//!   window's weight is the same `[C_out, C_in]` matrix in either layout, so
-//!   nothing of it is copied: a 1×1 convolution at stride 2 takes input +
-//!   output (resnet's downsampling: 19,268,096 bytes for 12,845,056 +
-//!   6,422,528 at batch 32, fp32).
-//! - **No workspace where the tensors are read as they lie**: a 1×1 window
-//!   at stride 1 (a channels-first 1×1 convolution is a matrix product over
-//!   the channel dim as the tensor lies; backward passes take 0.5–2 MiB of
-//!   scratch, left out), and an input of fewer than 8 channels per group
-//!   (an RGB image) under a window of at most 3, forward in both dtypes and
-//!   backward in fp32 (none but one pass at batch 32). In bf16 its backward
-//!   passes take 1.1–9× the sum: cuDNN's half-precision backward engines
-//!   are tensor-core ones, its fp32 ones also run channels-first (assumed),
-//!   so those take the copy. A 7×7 stem (resnet's) takes the copy like any
-//!   other window.
+//!   64 input channels the forward often copies input and weight only
+//!   (0.33–0.68× the sum), but not always: 64→64 at 3×3 takes the sum over
+//!   200k output positions or more (resnet18 at batch 64, vgg16 at 224²)
+//!   and input + weight under them, so memcast keeps the sum, an upper
+//!   bound (input + weight at 64 channels put the vgg16 pair 22.7 % under);
+//!   its backward passes take the whole sum. A backward-filter pass takes
+//!   more than the copy in both dtypes (median 1.15×, 1.0–5.8×;
+//!   [`filter_workspace`]): its split reduction's partial sums. The reason,
+//!   assumed: cuDNN 9's engines on tensor-core GPUs work on channels-last
+//!   tiles, and for the channels-first tensors PyTorch hands them the plan
+//!   transposes each operand into its workspace first. A 1×1 window's
+//!   weight is the same `[C_out, C_in]` matrix in either layout, so nothing
+//!   of it is copied: a 1×1 convolution at stride 2 takes input + output
+//!   (resnet's downsampling: 19,268,096 bytes for 12,845,056 + 6,422,528 at
+//!   batch 32, fp32).
+//! - **No copy where the tensors are read as they lie**: a 1×1 window at
+//!   stride 1 (a channels-first 1×1 convolution is a matrix product over
+//!   the channel dim as the tensor lies): no forward or backward-data
+//!   workspace, and a backward-filter pass that keeps its reduction's
+//!   partial sums, one weight gradient per image, unless the map is small
+//!   or the input thin ([`pointwise_backward`]); and an input of fewer than
+//!   8 channels per group (an RGB image) under a window of at most 3,
+//!   forward in both dtypes and backward in fp32 (none but one pass at
+//!   batch 32). In bf16 its backward passes take 1.1–9× the sum: cuDNN's
+//!   half-precision backward engines are tensor-core ones, its fp32 ones
+//!   also run channels-first (assumed), so those take the copy. A 7×7 stem
+//!   (resnet's) takes the copy like any other window.
 //!
 //! Each pass frees its workspace before the next allocates, so a backward
 //! call holds one workspace at a time. Measured on sm90 only; memcast
@@ -74,10 +80,11 @@
 //! the measurements, which undercounts by the other operands.
 
 /// Whether a cuDNN pass reads a convolution's tensors in place, with no
-/// workspace: a 1×1 window at stride 1 (`pointwise`, `stride_one`); or a
-/// thin input (fewer than 8 channels per group under a window of at most
-/// 3) in the forward, and in fp32 backward passes (`half`: an element of 2
-/// bytes or fewer).
+/// copy: a 1×1 window at stride 1 (`pointwise`, `stride_one`; its
+/// backward's partial sums are [`pointwise_backward`]'s); or a thin input
+/// (fewer than 8 channels per group under a window of at most 3) in the
+/// forward, and in fp32 backward passes (`half`: an element of 2 bytes or
+/// fewer).
 pub fn in_place(pointwise: bool, stride_one: bool, thin: bool, backward: bool, half: bool) -> bool {
     (pointwise && stride_one) || (thin && !(backward && half))
 }
@@ -109,6 +116,69 @@ pub fn workspace(input: u64, weight: u64, output: u64) -> u64 {
 pub fn filter_workspace(copy: u64) -> u64 {
     u64::try_from(u128::from(copy) * FILTER_PER_COPY.0 / FILTER_PER_COPY.1).unwrap_or(u64::MAX)
 }
+
+/// The workspaces of the two backward passes of a 1×1 convolution at
+/// stride 1, `(data, filter)`, over an input and grad_output of these bytes
+/// at the CUDA run's dtype (`elem` bytes an element), a batch of `batch` and
+/// a weight of `weight_elems` elements with `c_in` input channels per group
+/// (0: unknown, no workspace, the rule before it was measured).
+///
+/// Such a pass is a matrix product over the channel dim as the tensors lie,
+/// so its data pass copies nothing; what the filter pass keeps is its
+/// reduction's partial sums. Measured on the H200 (`benches/gpu/align.py`;
+/// resnet50, densenet121, mobilenet_v2 and efficientnet_b0 backward passes,
+/// 7² to 112²), cuDNN's heuristics pick one of three plans:
+///
+/// - **Split by image**: the weight gradient reduces over N·H·W positions,
+///   and the engine splits that reduction by image, one fp32 partial weight
+///   gradient each: `batch × weight_elems × 4` bytes (1.0–1.35× that in 45
+///   geometries), the data pass none.
+/// - **Copy**, over an input of 32 channels or fewer (16, 24, 32 at 28² to
+///   112²: 1.01–1.12× input + grad_output; 40 channels split): the split
+///   engines are not chosen, and the filter pass copies input and
+///   grad_output as any other window's does, the data pass none.
+/// - **As any window**, where the partial sums would be more than
+///   [`SPLIT_MAX_PER_COPY`] times the elements of input and grad_output (a
+///   small map under many channels: resnet50's 512↔2048 at 7², 8.4×): both
+///   passes take the copy as a 3×3 window's do ([`workspace`],
+///   [`filter_workspace`]; data 1.0×, filter 1.0–1.5× the copy measured).
+///   Per image, the ratio is C_in·C_out / ((C_in + C_out)·H·W): the batch
+///   cancels, so it is a geometry's, not a run's.
+///
+/// All three are measured, not derived: which plan cuDNN's heuristics pick
+/// is not in PyTorch's source. The threshold is a guess between the largest
+/// ratio that split (2.8, mobilenet_v2's 160→960 at 7²) and the smallest
+/// that did not (3.05, efficientnet_b0's 672→192 at 7²); one geometry
+/// disagrees (efficientnet_b0's 192→1152 at 7², 3.36, split). The 4-byte
+/// partial sums are assumed for half-precision passes too (none measured).
+pub fn pointwise_backward(
+    input: u64,
+    grad_output: u64,
+    elem: u64,
+    batch: u64,
+    weight_elems: u64,
+    c_in: u64,
+) -> (u64, u64) {
+    let copy = input.saturating_add(grad_output);
+    let partial_elems = u128::from(batch) * u128::from(weight_elems);
+    let copy_elems = u128::from(copy.checked_div(elem).unwrap_or(0));
+    match c_in {
+        0 => (0, 0),
+        1..=POINTWISE_COPY_MAX_C_IN => (0, copy),
+        _ if partial_elems > copy_elems * SPLIT_MAX_PER_COPY => (copy, filter_workspace(copy)),
+        _ => (0, u64::try_from(partial_elems * 4).unwrap_or(u64::MAX)),
+    }
+}
+
+/// The most input channels per group over which a pointwise backward-filter
+/// pass copies its operands rather than splitting its reduction by image
+/// ([`pointwise_backward`]).
+pub const POINTWISE_COPY_MAX_C_IN: u64 = 32;
+
+/// The most partial-sum elements per element of input and grad_output for
+/// which a pointwise backward-filter pass splits its reduction by image
+/// ([`pointwise_backward`]; a guess between measured geometries).
+pub const SPLIT_MAX_PER_COPY: u128 = 3;
 
 /// A backward-filter pass's workspace over its operands' copy, as a ratio
 /// (23/20 = 1.15): see [`filter_workspace`].
@@ -155,6 +225,27 @@ mod tests {
         assert_eq!(filter_workspace(u64::MAX), u64::MAX);
         // (pointwise, stride_one, thin, backward, half)
         assert!(!in_place(false, true, false, false, true));
+        // (input, grad_output, elem, batch, weight elements, C_in)
+        // mobilenet_v2's 16→96 at 112², batch 32: the copy (174.0 MiB
+        // measured).
+        let (x, dy) = (32 * 16 * 112 * 112 * 4, 32 * 96 * 112 * 112 * 4);
+        assert_eq!(pointwise_backward(x, dy, 4, 32, 96 * 16, 16), (0, x + dy));
+        // resnet50's 256→64 at 56², batch 16: a weight gradient per image
+        // (1.0 MiB measured).
+        let (x, dy) = (16 * 256 * 56 * 56 * 4, 16 * 64 * 56 * 56 * 4);
+        assert_eq!(
+            pointwise_backward(x, dy, 4, 16, 64 * 256, 256),
+            (0, 1 << 20)
+        );
+        // resnet50's 2048→512 at 7²: 8.4 partial sums per element copied,
+        // so the copy in both passes (7.66 MiB measured in each).
+        let (x, dy) = (16 * 2048 * 49 * 4, 16 * 512 * 49 * 4);
+        assert_eq!(
+            pointwise_backward(x, dy, 4, 16, 512 * 2048, 2048),
+            (x + dy, filter_workspace(x + dy))
+        );
+        // An analysis saved before the channels were kept: none.
+        assert_eq!(pointwise_backward(x, dy, 4, 16, 512 * 2048, 0), (0, 0));
         // 1×1 at stride 1: none; at stride 2 a window like any other.
         assert!(in_place(true, true, false, true, false));
         assert!(!in_place(true, false, false, false, false));

@@ -268,7 +268,7 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
             crate::kernels::conv::in_place(o.pointwise, o.stride_one, o.thin, call.backward, half)
         };
         match call.operands {
-            Some(o) if in_place(&o) => {}
+            Some(o) if !call.backward && in_place(&o) => {}
             Some(o) => {
                 let weight = if o.pointwise {
                     0
@@ -276,11 +276,25 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
                     share(o.weight_bytes)
                 };
                 if call.backward {
-                    let size = crate::kernels::conv::workspace(
+                    let copy = crate::kernels::conv::workspace(
                         share(o.input_bytes),
                         weight,
                         grad_output.unwrap_or(0),
                     );
+                    let (data, filter) = if o.pointwise && o.stride_one {
+                        crate::kernels::conv::pointwise_backward(
+                            share(o.input_bytes),
+                            grad_output.unwrap_or(0),
+                            share(o.elem),
+                            o.batch,
+                            o.weight_bytes.checked_div(o.elem).unwrap_or(0),
+                            o.c_in,
+                        )
+                    } else if in_place(&o) {
+                        (0, 0)
+                    } else {
+                        (copy, crate::kernels::conv::filter_workspace(copy))
+                    };
                     // The gradients the call makes, in time order; a pass
                     // per gradient of the input's or the weight's size.
                     let mut made: Vec<(Nanos, u64)> = call
@@ -293,7 +307,7 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
                     // PyTorch runs the data pass, then the filter pass
                     // (`cudnn_convolution_backward`): the last gradient of
                     // the weight's size is the filter pass's.
-                    let filter = made.iter().rposition(|&(_, b)| b == o.weight_bytes);
+                    let filter_at = made.iter().rposition(|&(_, b)| b == o.weight_bytes);
                     for (i, &(at, bytes)) in made.iter().enumerate() {
                         if bytes != o.input_bytes && bytes != o.weight_bytes {
                             continue;
@@ -301,11 +315,7 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
                         let until = made
                             .get(i + 1)
                             .map_or(op.end, |&(next, _)| Nanos(next.get().saturating_sub(1)));
-                        let size = if filter == Some(i) {
-                            crate::kernels::conv::filter_workspace(size)
-                        } else {
-                            size
-                        };
+                        let size = if filter_at == Some(i) { filter } else { data };
                         passes.push((size, at, until.max(at)));
                     }
                     // No gradient of the input's or the weight's size (a
@@ -313,7 +323,7 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
                     // runs a pass, one workspace from its first gradient.
                     if passes.is_empty() {
                         let first = made.first().map_or(op.start, |m| m.0);
-                        passes.push((size, first, op.end));
+                        passes.push((data, first, op.end));
                     }
                 } else {
                     let size = crate::kernels::conv::workspace(
