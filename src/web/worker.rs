@@ -67,8 +67,12 @@ thread_local! {
     static PREPARED: RefCell<Option<Kept>> = const { RefCell::new(None) };
     /// A result waiting for its file's fingerprint from the hasher.
     static WAITING: RefCell<Option<Waiting>> = const { RefCell::new(None) };
-    /// Whether the page has asked anything yet: the warm-up stops then.
-    static ASKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many requests the page has made: a warm-up stops at the next.
+    static ASKED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Whether a warm-up's rebuilt job has run here ([`warm_scale`]).
+    static SCALE_WARMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The page's files a warm-up last tried to rebuild.
+    static SCALE_TRIED: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
 /// A prepared trace and its result, until the hasher's fingerprints arrive.
@@ -237,6 +241,12 @@ fn finish(
     // The previous trace is replaced only by one that prepared successfully.
     PREPARED.with(|slot| *slot.borrow_mut() = Some(kept));
     post_result(job, trace, result, post);
+    if !SCALE_WARMED.with(std::cell::Cell::get) {
+        if let Ok(scope) = js_sys::global().dyn_into::<DedicatedWorkerGlobalScope>() {
+            let asked = ASKED.with(std::cell::Cell::get);
+            wasm_bindgen_futures::spawn_local(warm_scale(scope, asked));
+        }
+    }
 }
 
 /// Posts an estimate of `trace`, or why there is none.
@@ -263,7 +273,7 @@ async fn warm_up(scope: DedicatedWorkerGlobalScope) {
         return;
     };
     for _ in 0..2 {
-        if !give_way(&scope).await {
+        if !give_way(&scope, 0).await {
             return;
         }
         // The same path as a dropped small file (the hasher fingerprints
@@ -271,14 +281,14 @@ async fn warm_up(scope: DedicatedWorkerGlobalScope) {
         // piece: a file dropped meanwhile waits for a piece, not the demo.
         let mut reader = TraceReader::new(crate::trace::MAX_DECOMPRESSED_BYTES);
         for piece in bytes.chunks(WARM_UP_PIECE) {
-            if reader.push(piece).is_err() || !give_way(&scope).await {
+            if reader.push(piece).is_err() || !give_way(&scope, 0).await {
                 return;
             }
         }
         let Ok(trace) = reader.finish() else {
             return;
         };
-        if !give_way(&scope).await {
+        if !give_way(&scope, 0).await {
             return;
         }
         let config = Config::standard();
@@ -287,27 +297,99 @@ async fn warm_up(scope: DedicatedWorkerGlobalScope) {
         else {
             return;
         };
-        if !give_way(&scope).await {
+        if !give_way(&scope, 0).await {
             return;
         }
         let _ = pipeline::estimate(&prepared, &config, &mut |_| {});
     }
 }
 
+/// How long a warm-up of a rebuild waits after a result before it starts
+/// ([`warm_scale`]): the page draws the result meanwhile, and on two cores
+/// a warm-up started at once made a result shown 0.15 s later.
+const WARM_SCALE_AFTER_MS: i32 = 250;
+
+/// The events a warm-up's rebuilt job may have, about ([`warm_scale`]):
+/// llama-small's 2-block training trace (17,821 events) rebuilt to 32
+/// blocks, 0.07 s natively.
+const WARM_UP_EVENTS: u64 = 300_000;
+
+/// Once per worker, after a result: the trace the worker keeps, rebuilt to
+/// up to 16 times its blocks (within [`WARM_UP_EVENTS`]) and estimated, the
+/// results forgotten, so that V8 has optimized the rebuild's code (the copy
+/// engine, a deeper job's analysis and simulation) before the page asks for
+/// a rebuilt job. The demo's warm-up (a CNN, never rebuilt) does not run it,
+/// and a first rebuild ran about 2.4 times slower than the next
+/// (llama-small's 2-block trace at 160 blocks: 325 ms, then 137 ms; 170 ms
+/// after this warm-up; a warm-up to 8 blocks left it at 230 ms). A step at a
+/// time (the rebuild, the estimate), each after the tasks already waiting,
+/// and not at all once the page asks something else; a trace with no
+/// repeated blocks, one not kept parsed, one too large to rebuild 2-fold
+/// within the events, or one tried already ends it.
+async fn warm_scale(scope: DedicatedWorkerGlobalScope, asked: u64) {
+    if !give_way_after(&scope, asked, WARM_SCALE_AFTER_MS).await {
+        return;
+    }
+    let mut config = within_heap(Config::standard());
+    let prepared = PREPARED.with(|slot| {
+        let slot = slot.borrow();
+        let kept = slot.as_ref()?;
+        if SCALE_TRIED.with(|tried| tried.replace(Some(kept.loaded.files)))
+            == Some(kept.loaded.files)
+        {
+            return None;
+        }
+        let layers = kept.loaded.prepared.traced.layers?;
+        let parsed = kept.loaded.parsed.as_ref()?;
+        let events = parsed
+            .traces
+            .iter()
+            .map(crate::scale::work::Counts::traced_of)
+            .fold(0_u64, u64::saturating_add)
+            .max(1);
+        let times = u32::try_from((WARM_UP_EVENTS / events).min(16)).ok()?;
+        if times < 2 {
+            return None;
+        }
+        config.scale.layers = Some(layers.saturating_mul(times));
+        pipeline::prepare_parsed(
+            &parsed.traces,
+            parsed.warnings.clone(),
+            &config,
+            &mut |_| {},
+        )
+        .ok()
+    });
+    let Some(prepared) = prepared else {
+        return;
+    };
+    if !give_way(&scope, asked).await {
+        return;
+    }
+    if pipeline::estimate(&prepared, &config, &mut |_| {}).is_ok() {
+        SCALE_WARMED.with(|warmed| warmed.set(true));
+    }
+}
+
 /// Lets the tasks already queued run first (a zero-delay timer's turn comes
 /// after the messages that arrived before it was set); whether the warm-up
-/// may go on (the page has asked nothing yet).
-async fn give_way(scope: &DedicatedWorkerGlobalScope) -> bool {
+/// may go on (the page has asked nothing since its `asked`-th request).
+async fn give_way(scope: &DedicatedWorkerGlobalScope, asked: u64) -> bool {
+    give_way_after(scope, asked, 0).await
+}
+
+/// [`give_way`] after `ms` milliseconds at least.
+async fn give_way_after(scope: &DedicatedWorkerGlobalScope, asked: u64, ms: i32) -> bool {
     let timer = js_sys::Promise::new(&mut |resolve, _| {
         if scope
-            .set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, 0)
+            .set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms)
             .is_err()
         {
             let _ = resolve.call0(&JsValue::NULL);
         }
     });
     let _ = wasm_bindgen_futures::JsFuture::from(timer).await;
-    !ASKED.with(std::cell::Cell::get)
+    ASKED.with(std::cell::Cell::get) == asked
 }
 
 /// A same-origin file, fetched without blocking the worker (a request from
@@ -327,7 +409,7 @@ async fn fetch_bytes(scope: &DedicatedWorkerGlobalScope, url: &str) -> Option<Ve
 }
 
 fn handle(data: &JsValue, post: &dyn Fn(Response)) {
-    ASKED.with(|asked| asked.set(true));
+    ASKED.with(|asked| asked.set(asked.get().saturating_add(1)));
     let request = Reflect::get(data, &"request".into())
         .ok()
         .and_then(|value| value.as_string())
