@@ -148,6 +148,9 @@ pub struct ConvOperands {
     /// Input channels per group (the weight's second dim; 0 likewise).
     #[serde(default)]
     pub c_in: u64,
+    /// Output channels (the weight's first dim; 0 likewise).
+    #[serde(default)]
+    pub c_out: u64,
 }
 
 /// A reduction over `reduced` dims of a contiguous tensor of `dims`, as
@@ -575,6 +578,7 @@ fn conv_operands(
         thin: c_in_per_group < 8 && window.iter().all(|&k| k <= 3),
         batch,
         c_in: c_in_per_group,
+        c_out,
     })
 }
 

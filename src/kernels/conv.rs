@@ -117,6 +117,36 @@ pub fn filter_workspace(copy: u64) -> u64 {
     u64::try_from(u128::from(copy) * FILTER_PER_COPY.0 / FILTER_PER_COPY.1).unwrap_or(u64::MAX)
 }
 
+/// The workspace of a forward pass over an input, weight and output of
+/// these bytes at the CUDA run's dtype (`half`: 2 bytes an element or
+/// fewer), with `c_in` input channels per group and `c_out` output channels
+/// (0: unknown): the copy of all three ([`workspace`]), except an fp32 pass
+/// from 64 input channels into more, which copies input and weight only and
+/// writes its output where it lies.
+///
+/// Measured on the H200, not derived: every fp32 forward from 64 channels
+/// into 128 (3×3 at 56² and 112², stride 1 and 2, batch 8 to 64: seven
+/// geometries in `conv_workspaces_h200.json` and the CNN recordings) took
+/// input + weight to the byte; 64→64 took it at up to 6.4M output elements
+/// and the sum at 12.8M and more (resnet18 at batch 64, vgg16 at 224²), so
+/// it keeps the sum, an upper bound; 32 and 96 channels take the sum, and
+/// bf16 passes do at 64 too. Which wider outputs behave as 128 does is a
+/// guess: all of them.
+pub fn forward_workspace(
+    input: u64,
+    weight: u64,
+    output: u64,
+    c_in: u64,
+    c_out: u64,
+    half: bool,
+) -> u64 {
+    if !half && c_in == 64 && c_out > 64 {
+        input.saturating_add(weight)
+    } else {
+        workspace(input, weight, output)
+    }
+}
+
 /// The workspaces of the two backward passes of a 1×1 convolution at
 /// stride 1, `(data, filter)`, over an input and grad_output of these bytes
 /// at the CUDA run's dtype (`elem` bytes an element), a batch of `batch` and
@@ -225,6 +255,17 @@ mod tests {
         assert_eq!(filter_workspace(u64::MAX), u64::MAX);
         // (pointwise, stride_one, thin, backward, half)
         assert!(!in_place(false, true, false, false, true));
+        // fp32 64→128 3×3 at 112², batch 8 (vgg11): input + weight, 24.78
+        // MiB measured; 64→64 and bf16 keep the sum.
+        let (x, w, y) = (
+            8 * 64 * 112 * 112 * 4,
+            128 * 64 * 9 * 4,
+            8 * 128 * 112 * 112 * 4,
+        );
+        assert_eq!(forward_workspace(x, w, y, 64, 128, false), x + w);
+        assert_eq!(forward_workspace(x, w, y, 64, 64, false), x + w + y);
+        assert_eq!(forward_workspace(x, w, y, 64, 128, true), x + w + y);
+        assert_eq!(forward_workspace(x, w, y, 96, 128, false), x + w + y);
         // (input, grad_output, elem, batch, weight elements, C_in)
         // mobilenet_v2's 16→96 at 112², batch 32: the copy (174.0 MiB
         // measured).

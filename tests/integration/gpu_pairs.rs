@@ -172,15 +172,18 @@ fn real_cuda_allocation_streams_replay_to_their_measured_peaks() {
 /// cuDNN's workspaces as the H200 measured them (`conv_workspaces_h200.json`,
 /// `benches/gpu/conv_workspaces.py`: 88 geometries, fp32 and bf16, forward
 /// and backward) against `memcast::kernels::conv`'s rule: where it reads
-/// the tensors in place, forwards made none; elsewhere its copies come to
-/// 1.0–1.3× the forwards' workspaces (fp32 forwards with 64 input channels
-/// copy input and weight only); a data pass's median is the copy, a filter
+/// the tensors in place, forwards made none; elsewhere its forwards come to
+/// 1.0–1.1× the measured (fp32 forwards from 64 input channels into more
+/// copy input and weight only, from 64 into 64 so at this table's sizes and
+/// the rule keeps the sum); a data pass's median is the copy, a filter
 /// pass's the rule's ratio over it (1.15), the rule coming to 0.8–1.0× of
 /// either kind's bytes in all (a thin input's bf16 data passes take up to
 /// 4.5× the copy).
 #[test]
 fn conv_workspace_rule_stands_on_the_measured_workspaces() {
-    use memcast::kernels::conv::{filter_workspace, in_place, workspace, FILTER_PER_COPY};
+    use memcast::kernels::conv::{
+        filter_workspace, forward_workspace, in_place, workspace, FILTER_PER_COPY,
+    };
     let path = data_dir().join("conv_workspaces_h200.json");
     let table: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}")))
@@ -220,7 +223,14 @@ fn conv_workspace_rule_stands_on_the_measured_workspaces() {
         if in_place(pointwise, stride_one, thin, false, half) {
             assert!(fwd.iter().all(|&b| b <= 4096), "{r}: {fwd:?} B in place");
         } else {
-            forward.0 += copy;
+            forward.0 += forward_workspace(
+                get(r, "in_bytes"),
+                weight,
+                get(r, "out_bytes"),
+                get(r, "cin") / groups,
+                get(r, "cout"),
+                half,
+            );
             forward.1 += fwd.iter().copied().max().unwrap_or(0);
         }
         // Two backward passes: data, then filter (PyTorch's order).
@@ -237,7 +247,7 @@ fn conv_workspace_rule_stands_on_the_measured_workspaces() {
     }
     let ratio = |(rule, measured): (u64, u64)| rule as f64 / measured as f64;
     for (name, sums, lo, hi) in [
-        ("forward", forward, 1.0, 1.3),
+        ("forward", forward, 1.0, 1.1),
         ("data", data, 0.8, 1.0),
         ("filter", filter, 0.8, 1.0),
     ] {

@@ -326,10 +326,13 @@ fn conv_workspaces(analysis: &Analysis, plan: &mut Plan) {
                         passes.push((data, first, op.end));
                     }
                 } else {
-                    let size = crate::kernels::conv::workspace(
+                    let size = crate::kernels::conv::forward_workspace(
                         share(o.input_bytes),
                         weight,
                         largest_written.unwrap_or(0),
+                        o.c_in,
+                        o.c_out,
+                        share(o.elem) <= 2,
                     );
                     passes.push((size, written.first().map_or(op.start, |w| w.1), op.end));
                 }
