@@ -43,12 +43,11 @@
 //!   backward-filter — the same sum. bf16: every forward and backward-data
 //!   pass to the byte (e.g. 64→64 3×3 at 56², batch 32: 24.57 MiB =
 //!   12.25 + 12.25 + 0.07). fp32: the same from 96 input channels up; with
-//!   64 input channels the forward often copies input and weight only
-//!   (0.33–0.68× the sum), but not always: 64→64 at 3×3 takes the sum over
-//!   200k output positions or more (resnet18 at batch 64, vgg16 at 224²)
-//!   and input + weight under them, so memcast keeps the sum, an upper
-//!   bound (input + weight at 64 channels put the vgg16 pair 22.7 % under);
-//!   its backward passes take the whole sum. A backward-filter pass takes
+//!   64 input channels the forward copies input and weight only (0.33–0.68×
+//!   the sum) into 128 channels, and into 64 under about 8M output elements
+//!   ([`forward_workspace`]: 64→64 takes the sum from 12.8M, resnet18 at
+//!   batch 64 and vgg16 at 224², where input + weight put the vgg16 pair
+//!   22.7 % under); its backward passes take the whole sum. A backward-filter pass takes
 //!   more than the copy in both dtypes (median 1.15×, 1.0–5.8×;
 //!   [`filter_workspace`]): its split reduction's partial sums. The reason,
 //!   assumed: cuDNN 9's engines on tensor-core GPUs work on channels-last
@@ -121,17 +120,19 @@ pub fn filter_workspace(copy: u64) -> u64 {
 /// these bytes at the CUDA run's dtype (`half`: 2 bytes an element or
 /// fewer), with `c_in` input channels per group and `c_out` output channels
 /// (0: unknown): the copy of all three ([`workspace`]), except an fp32 pass
-/// from 64 input channels into more, which copies input and weight only and
-/// writes its output where it lies.
+/// from 64 input channels into more, or into 64 with an output of at most
+/// [`COPY_OUTPUT_MIN_ELEMS`] elements, which copies input and weight only
+/// and writes its output where it lies.
 ///
 /// Measured on the H200, not derived: every fp32 forward from 64 channels
-/// into 128 (3×3 at 56² and 112², stride 1 and 2, batch 8 to 64: seven
+/// into 128 (3×3 at 56² and 112², stride 1 and 2, batch 8 to 64: eight
 /// geometries in `conv_workspaces_h200.json` and the CNN recordings) took
-/// input + weight to the byte; 64→64 took it at up to 6.4M output elements
-/// and the sum at 12.8M and more (resnet18 at batch 64, vgg16 at 224²), so
-/// it keeps the sum, an upper bound; 32 and 96 channels take the sum, and
-/// bf16 passes do at 64 too. Which wider outputs behave as 128 does is a
-/// guess: all of them.
+/// input + weight to the byte; 64→64 took it at 1.6M to 6.4M output
+/// elements (batch 8 to 32 at 56²: the table, resnet18, resnet34, resnet50)
+/// and the sum at 12.8M and more (resnet18 at batch 64, vgg16 at 224²); 32
+/// and 96 channels take the sum, and bf16 passes do at 64 too. Guesses:
+/// that outputs wider than 128 behave as 128 does, and where between 6.4M
+/// and 12.8M elements a 64→64 pass starts taking the sum.
 pub fn forward_workspace(
     input: u64,
     weight: u64,
@@ -140,12 +141,17 @@ pub fn forward_workspace(
     c_out: u64,
     half: bool,
 ) -> u64 {
-    if !half && c_in == 64 && c_out > 64 {
+    if !half && c_in == 64 && (c_out > 64 || output / 4 <= COPY_OUTPUT_MIN_ELEMS) {
         input.saturating_add(weight)
     } else {
         workspace(input, weight, output)
     }
 }
+
+/// The output elements from which an fp32 forward from 64 channels into 64
+/// copies its output too ([`forward_workspace`]; 2²³, a guess between the
+/// measured 6.4M and 12.8M).
+pub const COPY_OUTPUT_MIN_ELEMS: u64 = 1 << 23;
 
 /// The workspaces of the two backward passes of a 1×1 convolution at
 /// stride 1, `(data, filter)`, over an input and grad_output of these bytes

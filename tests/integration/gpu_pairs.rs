@@ -173,9 +173,9 @@ fn real_cuda_allocation_streams_replay_to_their_measured_peaks() {
 /// `benches/gpu/conv_workspaces.py`: 88 geometries, fp32 and bf16, forward
 /// and backward) against `memcast::kernels::conv`'s rule: where it reads
 /// the tensors in place, forwards made none; elsewhere its forwards come to
-/// 1.0–1.1× the measured (fp32 forwards from 64 input channels into more
-/// copy input and weight only, from 64 into 64 so at this table's sizes and
-/// the rule keeps the sum); a data pass's median is the copy, a filter
+/// 1.0–1.1× the measured (fp32 forwards from 64 input channels copy input
+/// and weight only, into 64 at this table's sizes); a data pass's median is
+/// the copy, a filter
 /// pass's the rule's ratio over it (1.15), the rule coming to 0.8–1.0× of
 /// either kind's bytes in all (a thin input's bf16 data passes take up to
 /// 4.5× the copy).
