@@ -456,3 +456,51 @@ fn the_math_composite_lets_go_of_what_the_cpu_flash_kernel_kept() {
         assert!(!plan.dropped.contains_key(b) && !plan.kept_on.contains_key(b));
     }
 }
+
+/// A 1×1 convolution at stride 1 and its backward, over `c_in` input
+/// channels into 8 (input [2, c_in, 4, 4] fp32, output [2, 8, 4, 4]: 1,024
+/// bytes): the forward's output, then the backward's grad_input and
+/// grad_weight.
+fn pointwise(c_in: u32) -> Analysis {
+    let f = r#"["float", "float"]"#;
+    let (x, w) = (format!("[2,{c_in},4,4]"), format!("[8,{c_in},1,1]"));
+    let mut ev = vec![
+        op("aten::conv2d", 10, 20, &format!("[{x},{w}]"), f, Some(1)),
+        op("aten::convolution", 11, 18, &format!("[{x},{w}]"), f, None),
+        op("ConvolutionBackward0", 101, 48, "[]", "[]", Some(1)),
+        op(
+            "aten::convolution_backward",
+            102,
+            46,
+            &format!("[[2,8,4,4],{x},{w}]"),
+            r#"["float", "float", "float"]"#,
+            None,
+        ),
+    ];
+    let (input, weight) = (i64::from(2 * c_in * 16 * 4), i64::from(8 * c_in * 4));
+    ev.extend(block(1 << 20, 14, 1024, 200)); // output
+    ev.extend(block(4 << 20, 103, input, 300)); // grad_input
+    ev.extend(block(6 << 20, 110, weight, 300)); // grad_weight
+    analysis_of(&ev)
+}
+
+/// A 1×1 convolution at stride 1 reads its tensors as they lie: no forward
+/// or data workspace. Its filter pass keeps one fp32 weight gradient per
+/// image over more than 32 input channels, and copies input and
+/// grad_output over 32 or fewer, from grad_weight to the call's end
+/// (`kernels::conv::pointwise_backward`).
+#[test]
+fn a_pointwise_filter_pass_keeps_its_partial_sums() {
+    for (c_in, filter) in [(64_u32, 2 * 8 * 64 * 4), (16, 2 * 16 * 16 * 4 + 1024)] {
+        let a = pointwise(c_in);
+        assert_eq!(a.kernel_calls.conv.len(), 2, "{:?}", a.kernel_calls.conv);
+        let plan = planned(&a);
+        let ws = workspaces(&plan);
+        assert_eq!(ws.len(), 1, "{c_in} channels: {ws:?}");
+        assert_eq!(a.name(a.ops[ws[0].op].name), "aten::convolution_backward");
+        assert_eq!(ws[0].size, Bytes(filter), "{c_in} channels");
+        let grad_weight = a.blocks.iter().find(|b| b.addr == 6 << 20).unwrap();
+        assert_eq!(ws[0].alloc, grad_weight.alloc_ts);
+        assert_eq!(ws[0].free, Some(a.ops[ws[0].op].end));
+    }
+}
