@@ -139,18 +139,13 @@ fn real_cuda_allocation_streams_replay_to_their_measured_peaks() {
     let dir = data_dir();
     let mut errors = Vec::new();
     let mut failures = Vec::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let file = path.file_name().unwrap().to_string_lossy().into_owned();
-        let Some(name) = file.strip_suffix(".cuda.json.gz") else {
-            continue;
-        };
+    for (name, path) in cuda_recordings() {
         let gpu: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.gpu.json"))).unwrap())
                 .unwrap();
         let measured = gpu["max_memory_reserved_bytes"].as_u64().unwrap();
         let report = memcast::replay::replay(&std::fs::read(&path).unwrap())
-            .unwrap_or_else(|e| panic!("{file}: {e}"));
+            .unwrap_or_else(|e| panic!("{path:?}: {e}"));
         let r = &report.largest;
         let real = r.real_peak_reserved_bytes.get();
         let off =
@@ -295,7 +290,6 @@ fn conv_workspace_rule_stands_on_the_measured_workspaces() {
 #[test]
 fn pointwise_backward_rule_stands_on_the_recorded_passes() {
     use memcast::kernels::conv::pointwise_backward;
-    let dir = data_dir();
     let product = |v: &serde_json::Value| -> u64 {
         v.as_array()
             .unwrap()
@@ -306,21 +300,13 @@ fn pointwise_backward_rule_stands_on_the_recorded_passes() {
     // (recording, input dims, grad_output dims) -> (rule, measured) per call
     let mut geometries: std::collections::BTreeMap<(String, String, String), Vec<(u64, u64)>> =
         std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let file = path.file_name().unwrap().to_string_lossy().into_owned();
-        let Some(name) = file.strip_suffix(".cuda.json.gz") else {
-            continue;
-        };
+    for (name, path) in cuda_recordings() {
         let trace = read_gz_json(&path);
         let events = trace["traceEvents"].as_array().unwrap();
-        let cuda: Vec<(f64, u64)> = events
-            .iter()
-            .filter(|e| e["name"] == "[memory]" && e["args"]["Device Type"] == 1)
-            .filter_map(|e| {
-                let bytes = e["args"]["Bytes"].as_i64().unwrap();
-                (bytes > 0).then(|| (e["ts"].as_f64().unwrap(), bytes.unsigned_abs()))
-            })
+        // The allocations: (time, bytes).
+        let cuda: Vec<(f64, u64)> = cuda_memory(events)
+            .into_iter()
+            .filter_map(|(t, bytes)| (bytes > 0).then_some((t, bytes.unsigned_abs())))
             .collect();
         for op in events
             .iter()
@@ -368,7 +354,7 @@ fn pointwise_backward_rule_stands_on_the_recorded_passes() {
                 input[1].as_u64().unwrap(),
             );
             geometries
-                .entry((name.to_owned(), input.to_string(), grad_output.to_string()))
+                .entry((name.clone(), input.to_string(), grad_output.to_string()))
                 .or_default()
                 .push((rule, measured));
         }
@@ -415,15 +401,9 @@ fn pointwise_backward_rule_stands_on_the_recorded_passes() {
 /// rule's math backend lays out those temporaries itself.)
 #[test]
 fn cuda_softmax_backward_temporaries_are_the_recorded_ones() {
-    let dir = data_dir();
     let data = pairs();
     let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let file = path.file_name().unwrap().to_string_lossy().into_owned();
-        let Some(name) = file.strip_suffix(".cuda.json.gz") else {
-            continue;
-        };
+    for (name, path) in cuda_recordings() {
         let trace = read_gz_json(&path);
         let events = trace["traceEvents"].as_array().unwrap();
         let span = |e: &serde_json::Value| {
@@ -436,16 +416,7 @@ fn cuda_softmax_backward_temporaries_are_the_recorded_ones() {
             .map(|e| (e["name"].as_str().unwrap(), span(e)))
             .collect();
         // CUDA allocations and frees: (time, signed bytes).
-        let cuda: Vec<(f64, i64)> = events
-            .iter()
-            .filter(|e| e["name"] == "[memory]" && e["args"]["Device Type"] == 1)
-            .map(|e| {
-                (
-                    e["ts"].as_f64().unwrap(),
-                    e["args"]["Bytes"].as_i64().unwrap(),
-                )
-            })
-            .collect();
+        let cuda = cuda_memory(events);
         let calls: Vec<(f64, f64)> = ops
             .iter()
             .filter(|(n, _)| *n == "aten::_softmax_backward_data")
@@ -503,6 +474,36 @@ fn cuda_softmax_backward_temporaries_are_the_recorded_ones() {
         checked += 1;
     }
     assert!(checked >= 2, "{checked} recordings with a softmax backward");
+}
+
+/// Every CUDA recording in the data folder (`NAME.cuda.json.gz`), as
+/// (NAME, path), in name order.
+fn cuda_recordings() -> Vec<(String, PathBuf)> {
+    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(data_dir())
+        .unwrap()
+        .filter_map(|entry| {
+            let path = entry.unwrap().path();
+            let file = path.file_name()?.to_string_lossy().into_owned();
+            let name = file.strip_suffix(".cuda.json.gz")?.to_owned();
+            Some((name, path))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// A recording's CUDA allocations and frees: (time, signed bytes).
+fn cuda_memory(events: &[serde_json::Value]) -> Vec<(f64, i64)> {
+    events
+        .iter()
+        .filter(|e| e["name"] == "[memory]" && e["args"]["Device Type"] == 1)
+        .map(|e| {
+            (
+                e["ts"].as_f64().unwrap(),
+                e["args"]["Bytes"].as_i64().unwrap(),
+            )
+        })
+        .collect()
 }
 
 /// A gzipped JSON file, parsed.
