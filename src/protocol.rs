@@ -80,6 +80,9 @@ pub enum Response {
 #[serde(rename_all = "snake_case")]
 pub enum WorkStage {
     Pipeline(Stage),
+    /// Simulating, some GPUs' runs at capacity on a second core (the
+    /// worker's simulation helper).
+    SimulatingShared,
 }
 
 impl WorkStage {
@@ -92,6 +95,7 @@ impl WorkStage {
             WorkStage::Pipeline(Stage::Orchestrating) => "Orchestrating the GPU run",
             WorkStage::Pipeline(Stage::Simulating) => "Simulating the CUDA allocator",
             WorkStage::Pipeline(Stage::Reporting) => "Building the report",
+            WorkStage::SimulatingShared => "Simulating the CUDA allocator on two cores",
         }
     }
 }
@@ -207,6 +211,12 @@ mod tests {
                 stage: WorkStage::Pipeline(Stage::Simulating),
                 done: 1,
                 total: 2,
+            },
+            Response::Progress {
+                job: 7,
+                stage: WorkStage::SimulatingShared,
+                done: 3,
+                total: 4,
             },
             Response::NeedTrace { job: 3 },
             Response::Failed {

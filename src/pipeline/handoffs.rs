@@ -116,6 +116,28 @@ impl Handoffs {
         self.decided.notify_all();
     }
 
+    /// Once the unlimited run is done: the event device `i`'s run at
+    /// capacity goes on alone from (0: from the first), or `None` where
+    /// the unlimited run is its run (it never left it, and `shares`: no
+    /// memory fraction makes the allocator collect garbage against the
+    /// capacity) or its slot was taken.
+    pub(super) fn left_from(&self, i: usize, shares: bool) -> Option<u64> {
+        match self.lock().get(i)? {
+            Slot::Parted(parted) => Some(parted.at as u64),
+            Slot::Shared(_) if shares => None,
+            Slot::Shared(_) | Slot::Alone | Slot::Open => Some(0),
+            Slot::Taken => None,
+        }
+    }
+
+    /// Device `i`'s run at capacity is made elsewhere: what its slot holds
+    /// is dropped.
+    pub(super) fn forget(&self, i: usize) {
+        if let Some(slot) = self.lock().get_mut(i) {
+            *slot = Slot::Taken;
+        }
+    }
+
     /// Device `i`'s slot, once the unlimited run has decided it.
     pub fn take(&self, i: usize) -> Handed {
         let mut slots = self.lock();

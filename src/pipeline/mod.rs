@@ -6,6 +6,8 @@
 //!   analyzer → orchestrator, giving a [`Prepared`];
 //! - [`estimate_with`] (and [`estimate`]): simulate on the reference GPU and
 //!   on every selected GPU at its capacity ([`runs`]), then report;
+//!   [`estimate_split`], [`runs_at_capacity`] and [`Pending::finish`]: the
+//!   same with some GPUs' runs at capacity simulated by another worker;
 //! - [`run_from`] and [`run`]: both in turn;
 //! - [`simulate_job`] and [`schedule_ops`]: the orchestrator → simulator
 //!   glue the estimate and the what-ifs share ([`simulate`]).
@@ -18,6 +20,7 @@
 mod capture;
 mod config;
 mod cycles;
+mod estimate;
 mod events;
 mod handoffs;
 mod resume;
@@ -28,11 +31,14 @@ mod stream;
 
 pub use capture::{figures as capture_figures, CaptureFigures};
 pub use config::{Config, DEFAULT_MEMORY_BUDGET, DEFAULT_TARGET};
+pub use estimate::{
+    estimate, estimate_split, estimate_with, runs_at_capacity, share_with_one, Pending,
+};
 pub use events::{event_rows, EventRow};
 pub use resume::Resume;
 pub use runs::{
-    at_capacity, at_capacity_from, at_capacity_keeping, CapacityRun, InTurn, Parallel,
-    SimulationJob, Task,
+    at_capacity, at_capacity_from, at_capacity_keeping, CapacityRun, InTurn, Parallel, Parting,
+    SimulationJob, Split, Task,
 };
 pub use settings::Settings;
 pub use simulate::{schedule_ops, simulate_job};
@@ -43,7 +49,7 @@ use crate::analyzer::{self, AnalyzeError};
 use crate::diag::{Setting, Warned, Warning};
 use crate::orchestrator::{self, OrchestrateError, Orchestrated};
 use crate::presets::PresetError;
-use crate::report::{self, Report, ReportError};
+use crate::report::{Report, ReportError};
 use crate::simulator::ConfigError;
 use crate::trace::{self, TraceError, TraceSource};
 use crate::units::Bytes;
@@ -524,43 +530,11 @@ fn quantization_of(kernels: &[analyzer::quantized::QuantKernel]) -> Option<Strin
     }
 }
 
-/// Simulates a prepared schedule on the reference GPU (without a capacity
-/// limit) and on every GPU of `config` (at its capacity), and builds the report.
-pub fn estimate(
-    prepared: &Prepared,
-    config: &Config,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Warned<Report>, Error> {
-    estimate_with(prepared, config, progress, &InTurn)
-}
-
-/// Estimates like [`estimate`], running the simulations (the reference
-/// GPU's and each GPU's) with `parallel`. The report does not depend on how
-/// they were run.
-pub fn estimate_with(
-    prepared: &Prepared,
-    config: &Config,
-    progress: &mut dyn FnMut(Progress),
-    parallel: &dyn Parallel,
-) -> Result<Warned<Report>, Error> {
-    let allocator = config.allocator()?;
-    let summary = runs::summary(prepared, config);
-    let runs = runs::simulate_all(prepared, &summary, config, &allocator, progress, parallel)?;
-    progress(Progress::start(Stage::Reporting));
-    let mut warnings = prepared.warnings.clone();
-    warnings.extend(config.context_advice());
-    let input = runs.report_input(prepared, config, summary, warnings);
-    let report = report::build(&input)?;
-    Ok(Warned {
-        warnings: report.warnings.clone(),
-        value: report,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::orchestrator::OrchestratorConfig;
+    use crate::report;
     use crate::{presets, simulator};
 
     const TINY: &[u8] = include_bytes!("../../tests/fixtures/tiny_step.json");
@@ -666,6 +640,66 @@ mod tests {
                 assert_eq!(alone.ran_out_at, run.oom_at, "{alloc_conf} {}", target.name);
             }
             assert!(report.gpus.iter().any(|g| !g.fits) && report.gpus.iter().any(|g| g.fits));
+        }
+    }
+
+    /// Runs at capacity handed to another worker ([`estimate_split`]) and
+    /// simulated there ([`runs_at_capacity`]) make the report [`estimate`]
+    /// makes: on GPUs that part from the unlimited run and one that never
+    /// does (never handed), with and without a memory fraction (every GPU
+    /// runs alone from the first event).
+    #[test]
+    fn runs_handed_elsewhere_make_the_same_report() {
+        // Past a 256 MiB context: no room, rooms of 6 to 20 MiB (the job
+        // reserves 22 MiB) and plenty.
+        let sizes = ["1MiB", "262MiB", "270MiB", "276MiB", "t4"];
+        for alloc_conf in ["", "per_process_memory_fraction:0.5"] {
+            let config = Config {
+                alloc_conf: alloc_conf.to_owned(),
+                ..Config::for_gpus("t4", &gpus(&sizes)).unwrap()
+            };
+            let prepared = prepare(TINY, &config, &mut |_| {}).unwrap();
+            let whole = estimate(&prepared, &config, &mut |_| {}).unwrap().value;
+            for every in [1, 2] {
+                let mut offered: Vec<Parting> = Vec::new();
+                let mut hand = |partings: &[Parting], events: u64| {
+                    assert!(partings.iter().all(|p| p.from < events));
+                    offered = partings.to_vec();
+                    partings.iter().step_by(every).map(|p| p.gpu).collect()
+                };
+                let mut last = Progress::start(Stage::Parsing);
+                let pending =
+                    estimate_split(&prepared, &config, &mut |p| last = p, &InTurn, &mut hand)
+                        .unwrap();
+                // Short of the total by the runs handed elsewhere.
+                assert_eq!(last.stage, Stage::Simulating);
+                assert!(last.done < last.total, "{last:?}");
+                let handed: Vec<usize> = offered.iter().step_by(every).map(|p| p.gpu).collect();
+                assert_eq!(pending.elsewhere(), &handed[..], "{alloc_conf}");
+                assert!(!handed.is_empty(), "{alloc_conf}");
+                // The t4 never leaves the unlimited run, but where a memory
+                // fraction has its allocator collect garbage sooner.
+                let t4_offered = offered.iter().any(|p| p.gpu == 4);
+                assert_eq!(t4_offered, !alloc_conf.is_empty(), "{offered:?}");
+                // Without one, some run leaves the unlimited run part-way.
+                let parted = offered.iter().any(|p| p.from > 0);
+                assert_eq!(parted, alloc_conf.is_empty(), "{offered:?}");
+                let given =
+                    runs_at_capacity(&prepared, &config, &handed, &mut |_| {}, &InTurn).unwrap();
+                let gpus: Vec<usize> = given.iter().map(|(gpu, _)| *gpu).collect();
+                assert_eq!(gpus, handed);
+                // A run missing is an error, not a report.
+                let mut again = |p: &[Parting], _| p.iter().step_by(every).map(|p| p.gpu).collect();
+                let missing = estimate_split(&prepared, &config, &mut |_| {}, &InTurn, &mut again)
+                    .unwrap()
+                    .finish(&prepared, &config, given[1..].to_vec(), &mut |_| {});
+                assert!(missing.is_err());
+                let report = pending
+                    .finish(&prepared, &config, given, &mut |_| {})
+                    .unwrap()
+                    .value;
+                assert_eq!(report, whole, "{alloc_conf} every {every}");
+            }
         }
     }
 

@@ -117,50 +117,115 @@ pub(super) struct Runs<'c> {
     gpus: Vec<(&'c GpuTarget, SimulatedRun, SimulatedRun)>,
 }
 
+/// A compared GPU whose run at capacity is still to simulate once the
+/// unlimited runs are done ([`Split`]): its index in the config's GPUs,
+/// the event its run goes on alone from (where it left the unlimited run
+/// it shared; 0: from the first event), so the events left to it at most,
+/// and whether it runs out of memory for certain (its unlimited run
+/// allocated more than the GPU leaves the allocator at once: it stops
+/// there, at an event not known before, so what is left may be little).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parting {
+    pub gpu: usize,
+    pub from: u64,
+    pub runs_out: bool,
+}
+
+/// Where an estimate's runs at capacity may be simulated elsewhere (a
+/// shell's other worker, [`runs_at_capacity`]): once the unlimited runs
+/// are done, `hand` is given the compared GPUs whose runs at capacity are
+/// still to simulate, and returns those it has handed elsewhere (the
+/// others are simulated here). A GPU whose run at capacity is the
+/// unlimited run (it never left it) is never handed.
+pub type Split<'s> = &'s mut dyn FnMut(&[Parting], u64) -> Vec<usize>;
+
+/// The simulations of an estimate made here, those handed elsewhere
+/// ([`Split`]) still missing.
+pub(super) struct Simulated {
+    unlimited: BTreeMap<RunKey, SimulatedRun>,
+    at_capacity: BTreeMap<usize, SimulatedRun>,
+    key: Box<dyn Fn(&GpuTarget) -> RunKey + Send>,
+}
+
+impl Simulated {
+    /// The compared GPUs (by index) whose runs at capacity were handed
+    /// elsewhere.
+    pub(super) fn elsewhere(&self, config: &Config) -> Vec<usize> {
+        (0..config.gpus.len())
+            .filter(|i| !self.at_capacity.contains_key(i))
+            .collect()
+    }
+
+    /// Every run of the estimate, with `given` (by GPU index) for those
+    /// handed elsewhere; an error where one is still missing.
+    pub(super) fn runs(
+        mut self,
+        config: &Config,
+        given: Vec<(usize, SimulatedRun)>,
+    ) -> Result<Runs<'_>, Error> {
+        for (gpu, run) in given {
+            if gpu < config.gpus.len() {
+                self.at_capacity.entry(gpu).or_insert(run);
+            }
+        }
+        let missing = || Error::Report(ReportError::MissingSimulation);
+        let key = &self.key;
+        let unlimited = &self.unlimited;
+        let unlimited_for =
+            |target: &GpuTarget| unlimited.get(&key(target)).cloned().ok_or_else(missing);
+        let mut out = Vec::with_capacity(config.gpus.len());
+        for (i, target) in config.gpus.iter().enumerate() {
+            let run = self.at_capacity.remove(&i).ok_or_else(missing)?;
+            out.push((target, run, unlimited_for(target)?));
+        }
+        Ok(Runs {
+            reference: unlimited_for(&config.reference)?,
+            gpus: out,
+        })
+    }
+}
+
 /// Runs every simulation an estimate needs with `parallel`, reporting
 /// [`Stage::Simulating`] progress in events simulated (out of every run's
 /// events; a run that was not needed, or stopped out of memory, counts as
 /// done): one unlimited run per workspace configuration, then one run at
 /// capacity per compared GPU the unlimited run does not fit.
-pub(super) fn simulate_all<'c>(
+/// Those `split` hands elsewhere are left out.
+pub(super) fn simulate_here(
     prepared: &Prepared,
     summary: &RunSummary,
-    config: &'c Config,
+    config: &Config,
     allocator: &AllocatorConfig,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
-) -> Result<Runs<'c>, Error> {
-    let job = prepared.job();
-    let variants = job.size_variants();
-    let key = |target: &GpuTarget| run_key(target, &variants);
-    let (unlimited, mut at_capacity) = simulate_runs(
+    split: Option<Split<'_>>,
+) -> Simulated {
+    let variants = prepared.job().size_variants();
+    let plan = Plan {
+        split,
+        ..Plan::default()
+    };
+    let (unlimited, at_capacity) = simulate_runs(
         prepared,
         Some(summary),
         config,
         allocator,
         progress,
         parallel,
-        None,
+        plan,
     );
-    let missing = || Error::Report(ReportError::MissingSimulation);
-    let unlimited_for =
-        |target: &GpuTarget| unlimited.get(&key(target)).cloned().ok_or_else(missing);
-    let mut out = Vec::with_capacity(config.gpus.len());
-    for (i, target) in config.gpus.iter().enumerate() {
-        let run = at_capacity.remove(&i).ok_or_else(missing)?;
-        out.push((target, run, unlimited_for(target)?));
+    Simulated {
+        unlimited,
+        at_capacity,
+        key: Box::new(move |target: &GpuTarget| run_key(target, &variants)),
     }
-    Ok(Runs {
-        reference: unlimited_for(&config.reference)?,
-        gpus: out,
-    })
 }
 
 /// Each compared GPU's run at capacity alone, in the config's order, for
 /// its verdict without a report: the unlimited runs are simulated only as
 /// far as a GPU still shares them ([`Handoffs::sharing_only`]), and the
 /// reference GPU's only where a compared GPU shares it. Each run is the
-/// one [`simulate_all`] gives that GPU; with the last checkpoint its run
+/// one [`simulate_here`] gives that GPU; with the last checkpoint its run
 /// alone kept ([`super::resume`]) where `keep` is set.
 pub(super) fn simulate_at_capacity(
     prepared: &Prepared,
@@ -171,9 +236,12 @@ pub(super) fn simulate_at_capacity(
     keep: bool,
 ) -> Result<Vec<(SimulatedRun, Option<Resume>)>, Error> {
     let kept: Vec<Mutex<Option<Resume>>> = config.gpus.iter().map(|_| Mutex::new(None)).collect();
-    let slots = keep.then_some(kept.as_slice());
+    let plan = Plan {
+        kept: keep.then_some(kept.as_slice()),
+        ..Plan::default()
+    };
     let (_, mut at_capacity) =
-        simulate_runs(prepared, None, config, allocator, progress, parallel, slots);
+        simulate_runs(prepared, None, config, allocator, progress, parallel, plan);
     let mut kept = kept.into_iter().map(|m| m.into_inner().ok().flatten());
     (0..config.gpus.len())
         .map(|i| {
@@ -185,11 +253,46 @@ pub(super) fn simulate_at_capacity(
         .collect()
 }
 
+/// Which of an estimate's runs [`simulate_runs`] makes, and how.
+#[derive(Default)]
+struct Plan<'s> {
+    /// Each compared GPU's slot for the last checkpoint its run alone
+    /// keeps ([`super::resume`]); none kept where `None`.
+    kept: Option<&'s [Mutex<Option<Resume>>]>,
+    /// Only these compared GPUs' runs at capacity (by index; all where
+    /// `None`), the unlimited runs going only as far as they share them.
+    only: Option<&'s [usize]>,
+    /// Where runs at capacity may be handed elsewhere once the unlimited
+    /// runs are done.
+    split: Option<Split<'s>>,
+}
+
+/// The runs at capacity of the compared GPUs `gpus` alone ([`Plan::only`];
+/// indices past the config's GPUs are ignored), by index.
+pub(super) fn simulate_only(
+    prepared: &Prepared,
+    config: &Config,
+    allocator: &AllocatorConfig,
+    gpus: &[usize],
+    progress: &mut dyn FnMut(Progress),
+    parallel: &dyn Parallel,
+) -> Result<Vec<(usize, SimulatedRun)>, Error> {
+    let plan = Plan {
+        only: Some(gpus),
+        ..Plan::default()
+    };
+    let (_, at_capacity) =
+        simulate_runs(prepared, None, config, allocator, progress, parallel, plan);
+    Ok(at_capacity.into_iter().collect())
+}
+
 /// The unlimited runs (by key) and each compared GPU's run at capacity (by
 /// its index in the config) of an estimate: for its report where `summary`
 /// is given (the reference GPU's unlimited run records what the report
 /// shows), else only for the compared GPUs' verdicts (the unlimited runs
-/// stop once every GPU sharing them has parted; they are not whole).
+/// stop once every GPU sharing them has parted; they are not whole). The
+/// GPUs `plan` leaves out, or its split hands elsewhere, have no run at
+/// capacity.
 fn simulate_runs(
     prepared: &Prepared,
     summary: Option<&RunSummary>,
@@ -197,11 +300,13 @@ fn simulate_runs(
     allocator: &AllocatorConfig,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
-    kept: Option<&[Mutex<Option<Resume>>]>,
+    plan: Plan<'_>,
 ) -> (
     BTreeMap<RunKey, SimulatedRun>,
     BTreeMap<usize, SimulatedRun>,
 ) {
+    let Plan { kept, only, split } = plan;
+    let wanted = |gpu: usize| only.is_none_or(|only| only.contains(&gpu));
     let job = prepared.job();
     let n = job.n_events();
     let n_hint = usize::try_from(n).unwrap_or(usize::MAX);
@@ -212,8 +317,19 @@ fn simulate_runs(
     for target in reference.into_iter().chain(&config.gpus) {
         unlimited_targets.entry(key(target)).or_insert(target);
     }
+    if summary.is_none() {
+        // Without a report, only the unlimited runs some GPU shares.
+        unlimited_targets.retain(|run_key, _| {
+            config
+                .gpus
+                .iter()
+                .enumerate()
+                .any(|(i, target)| wanted(i) && key(target) == *run_key)
+        });
+    }
     let reference_key = key(&config.reference);
-    let runs = unlimited_targets.len() as u64 + config.gpus.len() as u64;
+    let compared = (0..config.gpus.len()).filter(|&i| wanted(i)).count();
+    let runs = unlimited_targets.len() as u64 + compared as u64;
     let total = runs.saturating_mul(n).max(1);
     let mut report = |done: u64| {
         progress(Progress {
@@ -234,7 +350,7 @@ fn simulate_runs(
                 .gpus
                 .iter()
                 .enumerate()
-                .filter(|(_, target)| key(target) == *run_key)
+                .filter(|(i, target)| wanted(*i) && key(target) == *run_key)
                 .map(|(i, target)| (i, device_of(target)))
                 .collect()
         })
@@ -308,12 +424,14 @@ fn simulate_runs(
     });
     // The GPU of each job after the unlimited runs, in the jobs' order.
     let mut order: Vec<usize> = Vec::with_capacity(slots.len());
+    let mut places: Vec<(&Handoffs, usize)> = Vec::with_capacity(slots.len());
     let shares = allocator.per_process_memory_fraction.is_none();
     for (gpu, handoffs, slot) in slots {
         let Some(target) = config.gpus.get(gpu) else {
             continue;
         };
         order.push(gpu);
+        places.push((handoffs, slot));
         let device = device_of(target);
         let kept = kept.and_then(|k| k.get(gpu));
         jobs.push(Box::new(move |tick| {
@@ -345,14 +463,77 @@ fn simulate_runs(
             run
         }));
     }
-    let mut results = parallel.run_all(jobs, &mut |done| report(done)).into_iter();
+    let results = match split {
+        None => parallel.run_all(jobs, &mut |done| report(done)),
+        Some(hand) => {
+            // The unlimited runs first; then the GPUs whose runs at
+            // capacity are still to simulate may be handed elsewhere.
+            let capacity_jobs = jobs.split_off(unlimited_targets.len());
+            let mut results = parallel.run_all(jobs, &mut |done| report(done));
+            let before = (unlimited_targets.len() as u64).saturating_mul(n);
+            // The most each GPU's unlimited run allocated.
+            let allocated: BTreeMap<&RunKey, u64> = unlimited_targets
+                .keys()
+                .zip(&results)
+                .map(|(k, run)| (k, run.max_allocated.get()))
+                .collect();
+            let partings: Vec<Parting> = order
+                .iter()
+                .zip(&places)
+                .filter_map(|(&gpu, (handoffs, slot))| {
+                    let from = handoffs.left_from(*slot, shares)?;
+                    let target = config.gpus.get(gpu)?;
+                    let most = allocated.get(&key(target)).copied().unwrap_or(0);
+                    let room = device_of(target).available_to_allocator().unwrap_or(0);
+                    Some(Parting {
+                        gpu,
+                        from,
+                        runs_out: most > room,
+                    })
+                })
+                .collect();
+            let handed = if partings.is_empty() {
+                Vec::new()
+            } else {
+                hand(&partings, n)
+            };
+            let mut here = Vec::with_capacity(capacity_jobs.len());
+            let mut left = Vec::with_capacity(order.len());
+            for ((gpu, (handoffs, slot)), job) in order.iter().zip(&places).zip(capacity_jobs) {
+                if handed.contains(gpu) && partings.iter().any(|p| p.gpu == *gpu) {
+                    handoffs.forget(*slot);
+                } else {
+                    left.push(*gpu);
+                    here.push(job);
+                }
+            }
+            order = left;
+            report(before);
+            results.extend(parallel.run_all(here, &mut |done| {
+                report(before.saturating_add(done));
+            }));
+            results
+        }
+    };
+    let mut results = results.into_iter();
     let unlimited: BTreeMap<RunKey, SimulatedRun> = unlimited_targets
         .keys()
         .filter_map(|k| results.next().map(|run| (k.clone(), run)))
         .collect();
+    let whole = at_capacity_of_all(config, &order, only);
     let at_capacity: BTreeMap<usize, SimulatedRun> = order.into_iter().zip(results).collect();
-    report(total);
+    // Runs handed elsewhere leave the progress short of the total: their
+    // events are counted where they are simulated.
+    if whole {
+        report(total);
+    }
     (unlimited, at_capacity)
+}
+
+/// Whether the runs at capacity of `order` are every one asked for.
+fn at_capacity_of_all(config: &Config, order: &[usize], only: Option<&[usize]>) -> bool {
+    let asked = (0..config.gpus.len()).filter(|i| only.is_none_or(|only| only.contains(i)));
+    asked.count() == order.len()
 }
 
 /// The device a GPU's run at capacity has: its capacity, less its context.

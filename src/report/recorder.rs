@@ -9,8 +9,9 @@ use crate::simulator::Sample;
 use crate::units::{Bytes, Nanos};
 
 /// One simulation of the job, reduced to what the report needs: its
-/// figures, gathered as the events streamed past ([`Recorder`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// figures, gathered as the events streamed past ([`Recorder`]). Its
+/// figures without the detail travel between a shell's workers as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct SimulatedRun {
     /// Events simulated: the job's, or up to and including the one that
     /// ran out of memory.
@@ -25,6 +26,7 @@ pub struct SimulatedRun {
     pub max_allocated: Bytes,
     /// The timeline and the windows' peaks, for the run the report is
     /// about (the reference GPU's without a capacity limit).
+    #[serde(skip)]
     pub detail: Option<RunDetail>,
 }
 

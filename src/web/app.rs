@@ -405,6 +405,7 @@ fn App() -> impl IntoView {
                 label: stage.label().into(),
                 step: match stage {
                     WorkStage::Pipeline(stage) => Some(stage.index()),
+                    WorkStage::SimulatingShared => Some(crate::pipeline::Stage::Simulating.index()),
                 },
                 done,
                 total,

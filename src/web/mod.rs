@@ -15,9 +15,11 @@ mod format;
 mod gpus;
 mod guide;
 mod hasher;
+mod helper;
 mod params;
 mod results;
 mod scale;
+mod sharing;
 mod whatif;
 pub mod worker;
 

@@ -26,6 +26,7 @@ use crate::protocol::{Request, Response, WorkStage};
 use crate::trace::{TraceError, TraceReader, TraceSource};
 
 use super::hasher::{self, Fingerprinted};
+use super::{helper, sharing};
 
 /// The trace the worker runs when it starts and nothing is asked of it (the
 /// demo shipped with the site, relative to the worker's own script), so that
@@ -64,7 +65,7 @@ fn within_heap(mut config: Config) -> Config {
 
 thread_local! {
     /// The last trace prepared, with its identity and its files.
-    static PREPARED: RefCell<Option<Kept>> = const { RefCell::new(None) };
+    pub(super) static PREPARED: RefCell<Option<Kept>> = const { RefCell::new(None) };
     /// A result waiting for its file's fingerprint from the hasher.
     static WAITING: RefCell<Option<Waiting>> = const { RefCell::new(None) };
     /// How many requests the page has made: a warm-up stops at the next.
@@ -85,9 +86,9 @@ struct Waiting {
 }
 
 /// The last trace prepared and its identity.
-struct Kept {
-    trace: TraceIdentity,
-    loaded: Loaded,
+pub(super) struct Kept {
+    pub(super) trace: TraceIdentity,
+    pub(super) loaded: Loaded,
 }
 
 /// A prepared trace and its files: the page's number for them
@@ -95,21 +96,23 @@ struct Kept {
 /// they are small, the traces parsed, so that a run of the same files with
 /// other settings and the what-ifs that read the traces again do not read
 /// them.
-struct Loaded {
-    prepared: Prepared,
-    files: u32,
-    blobs: Vec<Blob>,
-    parsed: Option<Parsed>,
+pub(super) struct Loaded {
+    pub(super) prepared: Prepared,
+    /// The settings `prepared` was prepared with.
+    pub(super) prepared_with: Config,
+    pub(super) files: u32,
+    pub(super) blobs: Vec<Blob>,
+    pub(super) parsed: Option<Parsed>,
     /// Whether `prepared` holds the job under CUDA autocast for the
     /// mixed-precision what-if (`AutocastConfig::what_if`), which only that
     /// what-if asks for.
-    what_if: bool,
+    pub(super) what_if: bool,
 }
 
 /// Traces as read, with the reader's warnings.
-struct Parsed {
-    traces: Vec<crate::trace::Trace>,
-    warnings: Vec<crate::diag::Warning>,
+pub(super) struct Parsed {
+    pub(super) traces: Vec<crate::trace::Trace>,
+    pub(super) warnings: Vec<crate::diag::Warning>,
 }
 
 /// The largest traces kept parsed between runs, in events: at
@@ -121,7 +124,7 @@ const KEEP_PARSED_EVENTS: u64 = MEMORY_BUDGET.get() / 8 / crate::scale::work::BY
 /// Files larger than this are read as a stream (each slice dropped as it
 /// is parsed, the traces dropped before a rebuilt job is analyzed) and
 /// not kept parsed.
-const KEEP_PARSED_FILE_BYTES: u64 = 16 * 1024 * 1024;
+pub(super) const KEEP_PARSED_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Installs the message handler and tells the page the worker is ready; the
 /// hasher, started by this same script under [`hasher::NAME`], only hashes.
@@ -133,6 +136,10 @@ pub fn register() {
         hasher::register(&scope);
         return;
     }
+    if scope.name() == helper::NAME {
+        helper::register(&scope);
+        return;
+    }
     let post_scope = scope.clone();
     let on_message = Closure::<dyn Fn(MessageEvent)>::new(move |event: MessageEvent| {
         let post = |response: Response| post_to(&post_scope, response);
@@ -141,6 +148,7 @@ pub fn register() {
     scope.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
     on_message.forget();
     hasher::start(&scope);
+    helper::start(&scope);
     post_to(&scope, Response::Ready);
     wasm_bindgen_futures::spawn_local(warm_up(scope));
 }
@@ -250,7 +258,7 @@ fn finish(
 }
 
 /// Posts an estimate of `trace`, or why there is none.
-fn post_result(
+pub(super) fn post_result(
     job: u32,
     trace: TraceIdentity,
     result: Result<Box<crate::report::Report>, String>,
@@ -410,6 +418,8 @@ async fn fetch_bytes(scope: &DedicatedWorkerGlobalScope, url: &str) -> Option<Ve
 
 fn handle(data: &JsValue, post: &dyn Fn(Response)) {
     ASKED.with(|asked| asked.set(asked.get().saturating_add(1)));
+    // An estimate waiting for the helper is dropped: the page asks another.
+    sharing::drop_waiting();
     let request = Reflect::get(data, &"request".into())
         .ok()
         .and_then(|value| value.as_string())
@@ -429,7 +439,7 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
             config,
         } => {
             let config = within_heap(config);
-            if files != 0 && run_kept(job, files, &config, post) {
+            if files != 0 && sharing::run_kept(job, files, &config, post) {
                 return;
             }
             let blobs = attached_blobs(data).filter(|blobs| blobs.len() == names.len());
@@ -459,7 +469,7 @@ fn handle(data: &JsValue, post: &dyn Fn(Response)) {
 
 /// A blob read slice by slice, each slice fingerprinted as it passes unless
 /// the hasher does it.
-struct BlobSource {
+pub(super) struct BlobSource {
     blob: Blob,
     reader: FileReaderSync,
     total: u64,
@@ -469,7 +479,7 @@ struct BlobSource {
 }
 
 impl BlobSource {
-    fn new(blob: Blob, fingerprint: bool) -> Result<BlobSource, String> {
+    pub(super) fn new(blob: Blob, fingerprint: bool) -> Result<BlobSource, String> {
         let reader =
             FileReaderSync::new().map_err(|err| format!("cannot read the file: {err:?}"))?;
         Ok(BlobSource {
@@ -510,19 +520,35 @@ impl TraceSource for BlobSource {
 }
 
 /// Posts pipeline progress, at most once per percent of each stage.
-fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + '_ {
-    let mut last: Option<(pipeline::Stage, u64)> = None;
+pub(super) fn progress_poster(job: u32, post: &dyn Fn(Response)) -> impl FnMut(Progress) + '_ {
+    progress_poster_sharing(job, post, None)
+}
+
+/// [`progress_poster`], the simulation shown as shared with the helper
+/// once `shared` is set.
+pub(super) fn progress_poster_sharing<'a>(
+    job: u32,
+    post: &'a dyn Fn(Response),
+    shared: Option<&'a std::cell::Cell<bool>>,
+) -> impl FnMut(Progress) + 'a {
+    let mut last: Option<(WorkStage, u64)> = None;
     move |progress: Progress| {
         let percent = progress
             .done
             .saturating_mul(100)
             .checked_div(progress.total)
             .unwrap_or(0);
-        if last != Some((progress.stage, percent)) {
-            last = Some((progress.stage, percent));
+        let stage = match progress.stage {
+            pipeline::Stage::Simulating if shared.is_some_and(std::cell::Cell::get) => {
+                WorkStage::SimulatingShared
+            }
+            stage => WorkStage::Pipeline(stage),
+        };
+        if last != Some((stage, percent)) {
+            last = Some((stage, percent));
             post(Response::Progress {
                 job,
-                stage: WorkStage::Pipeline(progress.stage),
+                stage,
                 done: progress.done,
                 total: progress.total,
             });
@@ -595,6 +621,7 @@ fn run(
         .collect::<Option<Vec<TraceIdentity>>>();
     let loaded = Loaded {
         prepared,
+        prepared_with: config.clone(),
         files,
         blobs: sources.iter().map(|source| source.blob.clone()).collect(),
         parsed,
@@ -626,49 +653,8 @@ fn run(
     }
 }
 
-/// Runs the files the worker keeps parsed again, with `config`, if they
-/// are the page's files number `files`; whether it did (not: they must be
-/// read). The kept trace is replaced only by one that prepares.
-fn run_kept(job: u32, files: u32, config: &Config, post: &dyn Fn(Response)) -> bool {
-    let mut progress = progress_poster(job, post);
-    let outcome = PREPARED.with(|slot| {
-        let slot = slot.borrow();
-        let kept = slot.as_ref().filter(|kept| kept.loaded.files == files)?;
-        let parsed = kept.loaded.parsed.as_ref()?;
-        let prepared = pipeline::prepare_parsed(
-            &parsed.traces,
-            parsed.warnings.clone(),
-            config,
-            &mut progress,
-        );
-        Some((kept.trace.clone(), prepared))
-    });
-    let Some((trace, prepared)) = outcome else {
-        return false;
-    };
-    let prepared = match prepared {
-        Ok(prepared) => prepared,
-        Err(err) => {
-            post(Response::Failed {
-                job,
-                message: format!("{}: {err}", trace.name),
-            });
-            return true;
-        }
-    };
-    let result = estimated(&prepared, config, &mut progress);
-    PREPARED.with(|slot| {
-        if let Some(kept) = slot.borrow_mut().as_mut() {
-            kept.loaded.prepared = prepared;
-            kept.loaded.what_if = false;
-        }
-    });
-    post_result(job, trace, result, post);
-    true
-}
-
 /// The estimate of `prepared`, as the page shows it or as it says why not.
-fn estimated(
+pub(super) fn estimated(
     prepared: &Prepared,
     config: &Config,
     progress: &mut dyn FnMut(Progress),
@@ -702,19 +688,7 @@ fn read_all(
 }
 
 fn resimulate(job: u32, config: &Config, post: &dyn Fn(Response)) {
-    let mut progress = progress_poster(job, post);
-    let outcome = PREPARED.with(|slot| {
-        slot.borrow().as_ref().map(|kept| {
-            (
-                kept.trace.clone(),
-                estimated(&kept.loaded.prepared, config, &mut progress),
-            )
-        })
-    });
-    match outcome {
-        None => post(Response::NeedTrace { job }),
-        Some((trace, result)) => post_result(job, trace, result, post),
-    }
+    sharing::estimate_kept(job, config, post);
 }
 
 fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn Fn(Response)) {
@@ -754,6 +728,7 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
                 loaded.prepared =
                     pipeline::prepare_parsed(traces, warnings, &with_what_if, &mut |_| {})
                         .map_err(|err| err.to_string())?;
+                loaded.prepared_with = with_what_if;
                 loaded.what_if = true;
             }
             crate::whatif::run_on_traces(&loaded.prepared, traces, what, config, &pipeline::InTurn)
@@ -772,7 +747,7 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
 }
 
 /// The files of the prepared job, parsed again.
-fn read_traces(blobs: &[Blob]) -> Result<Parsed, String> {
+pub(super) fn read_traces(blobs: &[Blob]) -> Result<Parsed, String> {
     let mut sources = blobs
         .iter()
         .map(|blob| BlobSource::new(blob.clone(), false))

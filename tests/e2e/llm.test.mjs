@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import path from "node:path";
 import {
   serveDist, launchBrowser, fixture, openApp, cliRun, screenshot, dropFile, reportJson, decodeLink, gpuArgs,
+  recordStartup, startupLog,
 } from "./harness.mjs";
 
 let site;
@@ -103,6 +104,45 @@ test("a QLoRA trace shows its quantisation state and a mixture of experts its ex
   shown = await reportJson(page);
   assert.deepEqual(shown, JSON.parse(cliRun(["estimate", "--json", moe, ...gpuArgs(shown)])), "the MoE report is the CLI's");
   await screenshot(page, "llm-moe");
+  await page.close();
+  assert.deepEqual(problems, [], "the page threw");
+});
+
+test("a long rebuilt generation shares its GPUs' runs with a second core, and the report is still the CLI's", async () => {
+  // 32 layers and 8,192 new tokens (46 M events) compared on four custom
+  // GPUs whose runs leave the unlimited run part-way (their rooms of 2.25
+  // to 3 GiB lie between the job's 2.0 GiB allocated and 3.6 GiB reserved):
+  // the worker hands some of those runs to its simulation helper.
+  const file = fixture("llama_gen16_dynamic.json.gz", "traces-llm");
+  const page = await browser.newPage();
+  const problems = [];
+  page.on("pageerror", (err) => problems.push(String(err)));
+  await recordStartup(page);
+  await page.goto(site.url);
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  for (const custom of ["2560MiB", "2816MiB", "3072MiB", "3328MiB"]) {
+    if (!(await page.locator("#compare").evaluate((d) => d.open))) await page.click("#compare summary");
+    await page.fill("#custom-gpu", custom);
+    await page.press("#custom-gpu", "Enter");
+  }
+  await dropFile(page, file);
+  await page.locator("#trace-name", { hasText: path.basename(file) }).waitFor({ timeout: 120_000 });
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  await page.fill("#layers", "32");
+  await page.fill("#new-tokens", "8192");
+  await page.click("#scale-apply");
+  await page.locator("#scaled-tokens").waitFor({ timeout: 300_000 });
+  await page.locator("#status", { hasText: "Ready." }).waitFor({ timeout: 60_000 });
+  const shown = await reportJson(page);
+  const gpus = gpuArgs(shown);
+  for (const custom of ["2560MiB", "3328MiB"]) assert.ok(gpus.includes(custom), `${custom} compared: ${gpus}`);
+  const args = ["--layers", "32", "--new-tokens", "8192"];
+  assert.deepEqual(shown, JSON.parse(cliRun(["estimate", "--json", file, ...gpus, ...args])), "the CLI's report");
+  const { status } = await startupLog(page);
+  assert.ok(
+    status.some(([, text]) => /on two cores/.test(text ?? "")),
+    `the status said the simulation was shared: ${status.map(([, t]) => t).join(" | ")}`,
+  );
   await page.close();
   assert.deepEqual(problems, [], "the page threw");
 });
