@@ -46,35 +46,41 @@ pub struct Pending {
 }
 
 /// [`estimate_with`], where a shell with other workers may have some
-/// compared GPUs' runs at capacity simulated there: once the unlimited
-/// runs are done, `hand` is given each compared GPU whose run at capacity
-/// is still to simulate, with the event it goes on alone from, and the
-/// job's events ([`Split`]); the GPUs it returns are left out here, to be
+/// compared GPUs' runs at capacity simulated there: those of `early` (by
+/// index in the config) from the start, and, once the unlimited runs are
+/// done, those `hand` returns of the compared GPUs whose runs at capacity
+/// are still to simulate, given with the event each goes on alone from and
+/// the job's events ([`Split`]). Their runs are left out here, to be
 /// simulated elsewhere with [`runs_at_capacity`] (the same runs) and given
-/// to [`Pending::finish`].
+/// to [`Pending::finish`]; but for a GPU of `early` whose run at capacity
+/// turns out to be the unlimited run (it never leaves it), which is taken
+/// from that run ([`Pending::elsewhere`] leaves it out).
 pub fn estimate_split(
     prepared: &Prepared,
     config: &Config,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
+    early: &[usize],
     hand: Split<'_>,
 ) -> Result<Pending, Error> {
-    simulate_estimate(prepared, config, progress, parallel, Some(hand))
+    simulate_estimate(prepared, config, progress, parallel, Some((early, hand)))
 }
 
-/// An estimate's simulations, with `hand` where runs may go elsewhere.
+/// An estimate's simulations, with the runs handed elsewhere early and
+/// the split after the unlimited runs where `handing` is given.
 fn simulate_estimate(
     prepared: &Prepared,
     config: &Config,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
-    hand: Option<Split<'_>>,
+    handing: Option<(&[usize], Split<'_>)>,
 ) -> Result<Pending, Error> {
     let allocator = config.allocator()?;
     let summary = runs::summary(prepared, config);
-    let simulated = runs::simulate_here(
-        prepared, &summary, config, &allocator, progress, parallel, hand,
+    let mut simulated = runs::simulate_here(
+        prepared, &summary, config, &allocator, progress, parallel, handing,
     );
+    simulated.fill_unparted(config, allocator.per_process_memory_fraction.is_none());
     let elsewhere = simulated.elsewhere(config);
     Ok(Pending {
         simulated,
@@ -127,6 +133,36 @@ pub fn runs_at_capacity(
     runs::simulate_only(prepared, config, &allocator, gpus, progress, parallel)
 }
 
+/// Which compared GPUs a shell with one other worker hands it before any
+/// simulation ([`estimate_split`]'s `early`), for a job of `events` events
+/// (none under `min_events`, or with fewer than two GPUs): the GPUs with
+/// the least room (in a job whose reserved bytes grow, they leave the
+/// unlimited run first and have the most left to simulate), as many as
+/// split the runs evenly, the unlimited run counted as one more run of
+/// this worker's, the other worker taking the larger half: (GPUs + 2) / 2,
+/// rounded down (the unlimited run costs more an event than a run at
+/// capacity, which collects its cache at the GPU's room: twice as much in
+/// the browser on gen-L80-32768; a measured case, not a rule). Which runs
+/// leave the unlimited run, and where, is not known before; a GPU handed
+/// that never leaves it costs this worker nothing (its run is the
+/// unlimited run) and the other worker a run it did in vain. `rooms` are
+/// the GPUs' rooms (what each leaves the allocator, `None`: none).
+pub fn share_early(rooms: &[Option<u64>], events: u64, min_events: u64) -> Vec<usize> {
+    if rooms.len() < 2 || events < min_events {
+        return Vec::new();
+    }
+    let mut by_room: Vec<(u64, usize)> = rooms
+        .iter()
+        .enumerate()
+        .filter_map(|(gpu, room)| room.map(|room| (room, gpu)))
+        .collect();
+    by_room.sort_unstable();
+    let take = (rooms.len() + 2) / 2;
+    let mut early: Vec<usize> = by_room.into_iter().take(take).map(|(_, gpu)| gpu).collect();
+    early.sort_unstable();
+    early
+}
+
 /// Which of the runs at capacity still to simulate ([`Split`]) a shell
 /// with one other worker hands it, so that both finish about together:
 /// none where they leave fewer than `min_events` events to simulate, or
@@ -170,6 +206,109 @@ pub fn share_with_one(partings: &[Parting], events: u64, min_events: u64) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::{prepare, InTurn};
+
+    const TINY: &[u8] = include_bytes!("../../tests/fixtures/tiny_step.json");
+
+    fn gpus(names: &[&str]) -> Vec<String> {
+        names.iter().map(|name| (*name).to_owned()).collect()
+    }
+
+    /// Runs at capacity handed to another worker ([`estimate_split`]) and
+    /// simulated there ([`runs_at_capacity`]) make the report [`estimate`]
+    /// makes: on GPUs that part from the unlimited run and one that never
+    /// does (never handed), with and without a memory fraction (every GPU
+    /// runs alone from the first event).
+    #[test]
+    fn runs_handed_elsewhere_make_the_same_report() {
+        // Past a 256 MiB context: no room, rooms of 6 to 20 MiB (the job
+        // reserves 22 MiB) and plenty.
+        let sizes = ["1MiB", "262MiB", "270MiB", "276MiB", "t4"];
+        for alloc_conf in ["", "per_process_memory_fraction:0.5"] {
+            let config = Config {
+                alloc_conf: alloc_conf.to_owned(),
+                ..Config::for_gpus("t4", &gpus(&sizes)).unwrap()
+            };
+            let prepared = prepare(TINY, &config, &mut |_| {}).unwrap();
+            let whole = estimate(&prepared, &config, &mut |_| {}).unwrap().value;
+            for every in [1, 2] {
+                let mut offered: Vec<Parting> = Vec::new();
+                let mut hand = |partings: &[Parting], events: u64| {
+                    assert!(partings.iter().all(|p| p.from < events));
+                    offered = partings.to_vec();
+                    partings.iter().step_by(every).map(|p| p.gpu).collect()
+                };
+                let mut last = Progress::start(Stage::Parsing);
+                let pending = estimate_split(
+                    &prepared,
+                    &config,
+                    &mut |p| last = p,
+                    &InTurn,
+                    &[],
+                    &mut hand,
+                )
+                .unwrap();
+                // Short of the total by the runs handed elsewhere.
+                assert_eq!(last.stage, Stage::Simulating);
+                assert!(last.done < last.total, "{last:?}");
+                let handed: Vec<usize> = offered.iter().step_by(every).map(|p| p.gpu).collect();
+                assert_eq!(pending.elsewhere(), &handed[..], "{alloc_conf}");
+                assert!(!handed.is_empty(), "{alloc_conf}");
+                // The t4 never leaves the unlimited run, but where a memory
+                // fraction has its allocator collect garbage sooner.
+                let t4_offered = offered.iter().any(|p| p.gpu == 4);
+                assert_eq!(t4_offered, !alloc_conf.is_empty(), "{offered:?}");
+                // Without one, some run leaves the unlimited run part-way.
+                let parted = offered.iter().any(|p| p.from > 0);
+                assert_eq!(parted, alloc_conf.is_empty(), "{offered:?}");
+                let given =
+                    runs_at_capacity(&prepared, &config, &handed, &mut |_| {}, &InTurn).unwrap();
+                let gpus: Vec<usize> = given.iter().map(|(gpu, _)| *gpu).collect();
+                assert_eq!(gpus, handed);
+                // A run missing is an error, not a report.
+                let mut again = |p: &[Parting], _| p.iter().step_by(every).map(|p| p.gpu).collect();
+                let missing =
+                    estimate_split(&prepared, &config, &mut |_| {}, &InTurn, &[], &mut again)
+                        .unwrap()
+                        .finish(&prepared, &config, given[1..].to_vec(), &mut |_| {});
+                assert!(missing.is_err());
+                let report = pending
+                    .finish(&prepared, &config, given, &mut |_| {})
+                    .unwrap()
+                    .value;
+                assert_eq!(report, whole, "{alloc_conf} every {every}");
+            }
+            // Handed before any simulation: those that leave the unlimited
+            // run (or, with a memory fraction, every one) are missing, the
+            // t4 otherwise taken from the unlimited run.
+            let early = [0, 2, 4];
+            let mut none = |_: &[Parting], _| Vec::new();
+            let mut last = Progress::start(Stage::Parsing);
+            let pending = estimate_split(
+                &prepared,
+                &config,
+                &mut |p| last = p,
+                &InTurn,
+                &early,
+                &mut none,
+            )
+            .unwrap();
+            assert!(last.done < last.total, "{last:?}");
+            let missing: &[usize] = if alloc_conf.is_empty() {
+                &[0, 2]
+            } else {
+                &early
+            };
+            assert_eq!(pending.elsewhere(), missing, "{alloc_conf}");
+            let given =
+                runs_at_capacity(&prepared, &config, missing, &mut |_| {}, &InTurn).unwrap();
+            let report = pending
+                .finish(&prepared, &config, given, &mut |_| {})
+                .unwrap()
+                .value;
+            assert_eq!(report, whole, "{alloc_conf} early");
+        }
+    }
 
     fn at(gpu: usize, from: u64) -> Parting {
         Parting {
@@ -213,5 +352,21 @@ mod tests {
             vec![1]
         );
         assert!(share_with_one(&[out(at(3, 0)), at(1, 0)], 100, 0).is_empty());
+    }
+
+    /// Before any simulation: the least room first, the larger half of the
+    /// runs with the unlimited one.
+    #[test]
+    fn the_gpus_with_least_room_go_first() {
+        let rooms = [Some(80), Some(15), Some(22), Some(24), Some(40), Some(80)];
+        assert_eq!(share_early(&rooms, 100, 0), vec![1, 2, 3, 4]);
+        assert_eq!(share_early(&rooms[..3], 100, 0), vec![1, 2]);
+        // A GPU without room takes none.
+        assert_eq!(
+            share_early(&[Some(8), None, Some(4), Some(9)], 100, 0),
+            vec![0, 2, 3]
+        );
+        assert!(share_early(&rooms, 100, 1000).is_empty());
+        assert!(share_early(&rooms[..1], 100, 0).is_empty());
     }
 }

@@ -32,7 +32,7 @@ mod stream;
 pub use capture::{figures as capture_figures, CaptureFigures};
 pub use config::{Config, DEFAULT_MEMORY_BUDGET, DEFAULT_TARGET};
 pub use estimate::{
-    estimate, estimate_split, estimate_with, runs_at_capacity, share_with_one, Pending,
+    estimate, estimate_split, estimate_with, runs_at_capacity, share_early, share_with_one, Pending,
 };
 pub use events::{event_rows, EventRow};
 pub use resume::Resume;
@@ -640,66 +640,6 @@ mod tests {
                 assert_eq!(alone.ran_out_at, run.oom_at, "{alloc_conf} {}", target.name);
             }
             assert!(report.gpus.iter().any(|g| !g.fits) && report.gpus.iter().any(|g| g.fits));
-        }
-    }
-
-    /// Runs at capacity handed to another worker ([`estimate_split`]) and
-    /// simulated there ([`runs_at_capacity`]) make the report [`estimate`]
-    /// makes: on GPUs that part from the unlimited run and one that never
-    /// does (never handed), with and without a memory fraction (every GPU
-    /// runs alone from the first event).
-    #[test]
-    fn runs_handed_elsewhere_make_the_same_report() {
-        // Past a 256 MiB context: no room, rooms of 6 to 20 MiB (the job
-        // reserves 22 MiB) and plenty.
-        let sizes = ["1MiB", "262MiB", "270MiB", "276MiB", "t4"];
-        for alloc_conf in ["", "per_process_memory_fraction:0.5"] {
-            let config = Config {
-                alloc_conf: alloc_conf.to_owned(),
-                ..Config::for_gpus("t4", &gpus(&sizes)).unwrap()
-            };
-            let prepared = prepare(TINY, &config, &mut |_| {}).unwrap();
-            let whole = estimate(&prepared, &config, &mut |_| {}).unwrap().value;
-            for every in [1, 2] {
-                let mut offered: Vec<Parting> = Vec::new();
-                let mut hand = |partings: &[Parting], events: u64| {
-                    assert!(partings.iter().all(|p| p.from < events));
-                    offered = partings.to_vec();
-                    partings.iter().step_by(every).map(|p| p.gpu).collect()
-                };
-                let mut last = Progress::start(Stage::Parsing);
-                let pending =
-                    estimate_split(&prepared, &config, &mut |p| last = p, &InTurn, &mut hand)
-                        .unwrap();
-                // Short of the total by the runs handed elsewhere.
-                assert_eq!(last.stage, Stage::Simulating);
-                assert!(last.done < last.total, "{last:?}");
-                let handed: Vec<usize> = offered.iter().step_by(every).map(|p| p.gpu).collect();
-                assert_eq!(pending.elsewhere(), &handed[..], "{alloc_conf}");
-                assert!(!handed.is_empty(), "{alloc_conf}");
-                // The t4 never leaves the unlimited run, but where a memory
-                // fraction has its allocator collect garbage sooner.
-                let t4_offered = offered.iter().any(|p| p.gpu == 4);
-                assert_eq!(t4_offered, !alloc_conf.is_empty(), "{offered:?}");
-                // Without one, some run leaves the unlimited run part-way.
-                let parted = offered.iter().any(|p| p.from > 0);
-                assert_eq!(parted, alloc_conf.is_empty(), "{offered:?}");
-                let given =
-                    runs_at_capacity(&prepared, &config, &handed, &mut |_| {}, &InTurn).unwrap();
-                let gpus: Vec<usize> = given.iter().map(|(gpu, _)| *gpu).collect();
-                assert_eq!(gpus, handed);
-                // A run missing is an error, not a report.
-                let mut again = |p: &[Parting], _| p.iter().step_by(every).map(|p| p.gpu).collect();
-                let missing = estimate_split(&prepared, &config, &mut |_| {}, &InTurn, &mut again)
-                    .unwrap()
-                    .finish(&prepared, &config, given[1..].to_vec(), &mut |_| {});
-                assert!(missing.is_err());
-                let report = pending
-                    .finish(&prepared, &config, given, &mut |_| {})
-                    .unwrap()
-                    .value;
-                assert_eq!(report, whole, "{alloc_conf} every {every}");
-            }
         }
     }
 

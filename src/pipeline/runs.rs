@@ -156,6 +156,34 @@ impl Simulated {
             .collect()
     }
 
+    /// The runs at capacity missing here (handed elsewhere before the
+    /// unlimited runs) of the GPUs whose unlimited run never took its
+    /// reserved bytes past the room they leave the allocator: without a
+    /// memory fraction (`shares`), such a run at capacity is that run
+    /// (the device refuses a segment only past its room), as
+    /// [`Handoffs`] gives it.
+    pub(super) fn fill_unparted(&mut self, config: &Config, shares: bool) {
+        if !shares {
+            return;
+        }
+        for (gpu, target) in config.gpus.iter().enumerate() {
+            if self.at_capacity.contains_key(&gpu) {
+                continue;
+            }
+            let Some(run) = self.unlimited.get(&(self.key)(target)) else {
+                continue;
+            };
+            let room = device_of(target).available_to_allocator();
+            if room.is_some_and(|room| run.max_reserved.get() <= room) {
+                let run = SimulatedRun {
+                    detail: None,
+                    ..run.clone()
+                };
+                self.at_capacity.insert(gpu, run);
+            }
+        }
+    }
+
     /// Every run of the estimate, with `given` (by GPU index) for those
     /// handed elsewhere; an error where one is still missing.
     pub(super) fn runs(
@@ -198,11 +226,19 @@ pub(super) fn simulate_here(
     allocator: &AllocatorConfig,
     progress: &mut dyn FnMut(Progress),
     parallel: &dyn Parallel,
-    split: Option<Split<'_>>,
+    handing: Option<(&[usize], Split<'_>)>,
 ) -> Simulated {
+    let (early, split) = match handing {
+        Some((early, split)) => (early, Some(split)),
+        None => (&[][..], None),
+    };
     let variants = prepared.job().size_variants();
+    let here: Vec<usize> = (0..config.gpus.len())
+        .filter(|gpu| !early.contains(gpu))
+        .collect();
     let plan = Plan {
         split,
+        only: (!early.is_empty()).then_some(here),
         ..Plan::default()
     };
     let (unlimited, at_capacity) = simulate_runs(
@@ -261,7 +297,7 @@ struct Plan<'s> {
     kept: Option<&'s [Mutex<Option<Resume>>]>,
     /// Only these compared GPUs' runs at capacity (by index; all where
     /// `None`), the unlimited runs going only as far as they share them.
-    only: Option<&'s [usize]>,
+    only: Option<Vec<usize>>,
     /// Where runs at capacity may be handed elsewhere once the unlimited
     /// runs are done.
     split: Option<Split<'s>>,
@@ -278,7 +314,7 @@ pub(super) fn simulate_only(
     parallel: &dyn Parallel,
 ) -> Result<Vec<(usize, SimulatedRun)>, Error> {
     let plan = Plan {
-        only: Some(gpus),
+        only: Some(gpus.to_vec()),
         ..Plan::default()
     };
     let (_, at_capacity) =
@@ -306,6 +342,7 @@ fn simulate_runs(
     BTreeMap<usize, SimulatedRun>,
 ) {
     let Plan { kept, only, split } = plan;
+    let only = only.as_deref();
     let wanted = |gpu: usize| only.is_none_or(|only| only.contains(&gpu));
     let job = prepared.job();
     let n = job.n_events();
@@ -328,7 +365,12 @@ fn simulate_runs(
         });
     }
     let reference_key = key(&config.reference);
-    let compared = (0..config.gpus.len()).filter(|&i| wanted(i)).count();
+    // An estimate's progress counts every compared GPU's run at capacity,
+    // those made elsewhere too (they leave it short of the total).
+    let compared = match summary {
+        Some(_) => config.gpus.len(),
+        None => (0..config.gpus.len()).filter(|&i| wanted(i)).count(),
+    };
     let runs = unlimited_targets.len() as u64 + compared as u64;
     let total = runs.saturating_mul(n).max(1);
     let mut report = |done: u64| {
@@ -520,7 +562,7 @@ fn simulate_runs(
         .keys()
         .filter_map(|k| results.next().map(|run| (k.clone(), run)))
         .collect();
-    let whole = at_capacity_of_all(config, &order, only);
+    let whole = order.len() == compared;
     let at_capacity: BTreeMap<usize, SimulatedRun> = order.into_iter().zip(results).collect();
     // Runs handed elsewhere leave the progress short of the total: their
     // events are counted where they are simulated.
@@ -528,12 +570,6 @@ fn simulate_runs(
         report(total);
     }
     (unlimited, at_capacity)
-}
-
-/// Whether the runs at capacity of `order` are every one asked for.
-fn at_capacity_of_all(config: &Config, order: &[usize], only: Option<&[usize]>) -> bool {
-    let asked = (0..config.gpus.len()).filter(|i| only.is_none_or(|only| only.contains(i)));
-    asked.count() == order.len()
 }
 
 /// The device a GPU's run at capacity has: its capacity, less its context.

@@ -141,30 +141,52 @@ pub(super) fn estimate_kept(job: u32, config: &Config, post: &dyn Fn(Response)) 
             let result = estimated(&loaded.prepared, config, &mut progress);
             return Some((kept.trace.clone(), Estimated::Now(result)));
         }
-        let mut hand = |partings: &[pipeline::Parting], events: u64| {
-            let gpus = pipeline::share_with_one(partings, events, helper::MIN_SHARED_EVENTS);
-            if gpus.is_empty() {
-                return gpus;
-            }
+        let ask = |gpus: &[usize]| {
             let ask = helper::Ask {
                 job,
                 files: loaded.files,
                 prepared_with: loaded.prepared_with.clone(),
                 config: config.clone(),
-                gpus: Some(gpus.clone()),
+                gpus: Some(gpus.to_vec()),
             };
-            if helper::ask(&ask, &loaded.blobs) {
+            let sent = helper::ask(&ask, &loaded.blobs);
+            if sent {
                 shared.set(true);
-                gpus
-            } else {
-                Vec::new()
             }
+            sent
+        };
+        // A long job: the GPUs with the least room go to the helper before
+        // any simulation; otherwise those the unlimited runs show are worth
+        // it, once they are done.
+        let events = loaded.prepared.job().n_events();
+        let rooms: Vec<Option<u64>> = config
+            .gpus
+            .iter()
+            .map(|target| {
+                crate::simulator::GpuMemory::new(target.capacity, target.overheads.context_bytes)
+                    .available_to_allocator()
+            })
+            .collect();
+        let mut early = pipeline::share_early(&rooms, events, helper::MIN_SHARED_EVENTS);
+        if !early.is_empty() && !ask(&early) {
+            early.clear();
+        }
+        let mut hand = |partings: &[pipeline::Parting], events: u64| {
+            if !early.is_empty() {
+                return Vec::new();
+            }
+            let gpus = pipeline::share_with_one(partings, events, helper::MIN_SHARED_EVENTS);
+            if gpus.is_empty() || !ask(&gpus) {
+                return Vec::new();
+            }
+            gpus
         };
         let split = pipeline::estimate_split(
             &loaded.prepared,
             config,
             &mut progress,
             &pipeline::InTurn,
+            &early,
             &mut hand,
         );
         let result = match split {
@@ -181,7 +203,16 @@ pub(super) fn estimate_kept(job: u32, config: &Config, post: &dyn Fn(Response)) 
     });
     match outcome {
         None => post(Response::NeedTrace { job }),
-        Some((trace, Estimated::Now(result))) => post_result(job, trace, result, post),
+        Some((trace, Estimated::Now(result))) => {
+            // Runs handed early that turned out to be the unlimited run's:
+            // the helper's work on them is not needed.
+            if shared.get() {
+                if let Ok(scope) = js_sys::global().dyn_into::<DedicatedWorkerGlobalScope>() {
+                    helper::drop_handed(&scope);
+                }
+            }
+            post_result(job, trace, result, post)
+        }
         Some((trace, Estimated::Waiting(pending))) => {
             let waiting = WaitingRuns {
                 job,
