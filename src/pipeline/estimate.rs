@@ -206,13 +206,8 @@ pub fn share_with_one(partings: &[Parting], events: u64, min_events: u64) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::tests::{gpus, TINY};
     use crate::pipeline::{prepare, InTurn};
-
-    const TINY: &[u8] = include_bytes!("../../tests/fixtures/tiny_step.json");
-
-    fn gpus(names: &[&str]) -> Vec<String> {
-        names.iter().map(|name| (*name).to_owned()).collect()
-    }
 
     /// Runs at capacity handed to another worker ([`estimate_split`]) and
     /// simulated there ([`runs_at_capacity`]) make the report [`estimate`]

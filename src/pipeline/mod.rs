@@ -537,9 +537,9 @@ mod tests {
     use crate::report;
     use crate::{presets, simulator};
 
-    const TINY: &[u8] = include_bytes!("../../tests/fixtures/tiny_step.json");
+    pub(super) const TINY: &[u8] = include_bytes!("../../tests/fixtures/tiny_step.json");
 
-    fn gpus(names: &[&str]) -> Vec<String> {
+    pub(super) fn gpus(names: &[&str]) -> Vec<String> {
         names.iter().map(|name| (*name).to_owned()).collect()
     }
 

@@ -144,7 +144,8 @@ pub type Split<'s> = &'s mut dyn FnMut(&[Parting], u64) -> Vec<usize>;
 pub(super) struct Simulated {
     unlimited: BTreeMap<RunKey, SimulatedRun>,
     at_capacity: BTreeMap<usize, SimulatedRun>,
-    key: Box<dyn Fn(&GpuTarget) -> RunKey + Send>,
+    /// The job's GPU-dependent block sizes, which key the unlimited runs.
+    variants: Vec<SizeVariant>,
 }
 
 impl Simulated {
@@ -170,7 +171,7 @@ impl Simulated {
             if self.at_capacity.contains_key(&gpu) {
                 continue;
             }
-            let Some(run) = self.unlimited.get(&(self.key)(target)) else {
+            let Some(run) = self.unlimited.get(&run_key(target, &self.variants)) else {
                 continue;
             };
             let room = device_of(target).available_to_allocator();
@@ -197,10 +198,13 @@ impl Simulated {
             }
         }
         let missing = || Error::Report(ReportError::MissingSimulation);
-        let key = &self.key;
-        let unlimited = &self.unlimited;
-        let unlimited_for =
-            |target: &GpuTarget| unlimited.get(&key(target)).cloned().ok_or_else(missing);
+        let (unlimited, variants) = (&self.unlimited, &self.variants);
+        let unlimited_for = |target: &GpuTarget| {
+            unlimited
+                .get(&run_key(target, variants))
+                .cloned()
+                .ok_or_else(missing)
+        };
         let mut out = Vec::with_capacity(config.gpus.len());
         for (i, target) in config.gpus.iter().enumerate() {
             let run = self.at_capacity.remove(&i).ok_or_else(missing)?;
@@ -253,7 +257,7 @@ pub(super) fn simulate_here(
     Simulated {
         unlimited,
         at_capacity,
-        key: Box::new(move |target: &GpuTarget| run_key(target, &variants)),
+        variants,
     }
 }
 

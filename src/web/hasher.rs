@@ -9,15 +9,11 @@ use js_sys::Reflect;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{Blob, DedicatedWorkerGlobalScope, MessageEvent, Worker, WorkerOptions};
+use web_sys::{Blob, DedicatedWorkerGlobalScope, MessageEvent, Worker};
 
 use super::worker;
 use crate::permalink::TraceIdentity;
 use crate::protocol::Response;
-
-/// This worker's own loader, to start the hasher from (relative to the
-/// worker's script, so the site works from any sub-path).
-const WORKER_URL: &str = "./worker_loader.js";
 
 /// The name of the helper worker that fingerprints (SHA-256) each file on
 /// another core while this one runs the pipeline: hashing in turn took about
@@ -107,9 +103,7 @@ pub(super) fn forget(job: u32) {
 /// or without one (a browser without nested workers, a hasher that failed),
 /// this worker hashes each file itself.
 pub(super) fn start(scope: &DedicatedWorkerGlobalScope) {
-    let options = WorkerOptions::new();
-    options.set_name(NAME);
-    let Ok(hasher) = Worker::new_with_options(WORKER_URL, &options) else {
+    let Some(hasher) = worker::start_nested(NAME) else {
         return;
     };
     let post_scope = scope.clone();

@@ -18,16 +18,11 @@ use js_sys::Reflect;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{Blob, DedicatedWorkerGlobalScope, MessageEvent, Worker, WorkerOptions};
-
-use crate::trace::TraceSource;
+use web_sys::{Blob, DedicatedWorkerGlobalScope, MessageEvent, Worker};
 
 use super::worker;
 use crate::pipeline::{self, Config, Prepared, Progress};
 use crate::report::SimulatedRun;
-
-/// This worker's own loader, to start the helper from.
-const WORKER_URL: &str = "./worker_loader.js";
 
 /// The name of the helper worker.
 pub(super) const NAME: &str = "memcast-simulator";
@@ -135,9 +130,7 @@ pub(super) fn drop_handed(scope: &DedicatedWorkerGlobalScope) {
 /// without one (a browser without nested workers, a helper that failed),
 /// the worker simulates every run itself.
 pub(super) fn start(scope: &DedicatedWorkerGlobalScope) {
-    let options = WorkerOptions::new();
-    options.set_name(NAME);
-    let Ok(helper) = Worker::new_with_options(WORKER_URL, &options) else {
+    let Some(helper) = worker::start_nested(NAME) else {
         return;
     };
     let post_scope = scope.clone();
@@ -289,45 +282,24 @@ fn serve(
 }
 
 /// A job prepared from `blobs` with `config` (for the simulation helper):
-/// from `parsed` where they are given, else read; returned with the traces
-/// parsed where they are small enough to keep.
+/// from `parsed` where they are given, else read as the worker reads them
+/// ([`worker::prepare_sources`]); returned with the traces parsed where
+/// they are small enough to keep.
 fn prepare_files(
     blobs: &[Blob],
     parsed: Option<worker::Parsed>,
     config: &Config,
 ) -> Result<(Prepared, Option<worker::Parsed>), String> {
-    let bytes = blobs
-        .iter()
-        .map(|blob| blob.size() as u64)
-        .fold(0u64, u64::saturating_add);
-    let parsed = match parsed {
-        Some(parsed) => Some(parsed),
-        None if bytes <= worker::KEEP_PARSED_FILE_BYTES => Some(worker::read_traces(blobs)?),
-        None => None,
-    };
-    match parsed {
-        Some(parsed) => {
-            let prepared = pipeline::prepare_parsed(
-                &parsed.traces,
-                parsed.warnings.clone(),
-                config,
-                &mut |_| {},
-            )
-            .map_err(|err| err.to_string())?;
-            Ok((prepared, Some(parsed)))
-        }
-        None => {
-            let mut sources = blobs
-                .iter()
-                .map(|blob| worker::BlobSource::new(blob.clone(), false))
-                .collect::<Result<Vec<worker::BlobSource>, String>>()?;
-            let mut dyns: Vec<&mut dyn TraceSource> = sources
-                .iter_mut()
-                .map(|source| source as &mut dyn TraceSource)
-                .collect();
-            let prepared = pipeline::prepare_many_from(&mut dyns, config, &mut |_| {})
+    if let Some(parsed) = parsed {
+        let prepared =
+            pipeline::prepare_parsed(&parsed.traces, parsed.warnings.clone(), config, &mut |_| {})
                 .map_err(|err| err.to_string())?;
-            Ok((prepared, None))
-        }
+        return Ok((prepared, Some(parsed)));
     }
+    let mut sources = blobs
+        .iter()
+        .map(|blob| worker::BlobSource::new(blob.clone(), false))
+        .collect::<Result<Vec<worker::BlobSource>, String>>()?;
+    let (prepared, parsed) = worker::prepare_sources(&mut sources, config, &mut |_| {});
+    Ok((prepared.map_err(|err| err.to_string())?, parsed))
 }

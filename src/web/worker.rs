@@ -48,6 +48,18 @@ const WARM_UP_URL: &str = "./demo/resnet18_sgd_bs16_pos1.json.gz";
 /// dropped as the page loads wait up to 0.35 s.
 const WARM_UP_PIECE: usize = 16 << 10;
 
+/// This worker's own loader, to start its nested workers from (relative
+/// to the worker's script, so the site works from any sub-path).
+const WORKER_URL: &str = "./worker_loader.js";
+
+/// Starts a nested worker: this same script under `name` (which
+/// [`register`] reads to take its part); `None` where the browser cannot.
+pub(super) fn start_nested(name: &str) -> Option<web_sys::Worker> {
+    let options = web_sys::WorkerOptions::new();
+    options.set_name(name);
+    web_sys::Worker::new_with_options(WORKER_URL, &options).ok()
+}
+
 /// Bytes read per slice of the blob.
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 
@@ -124,7 +136,7 @@ const KEEP_PARSED_EVENTS: u64 = MEMORY_BUDGET.get() / 8 / crate::scale::work::BY
 /// Files larger than this are read as a stream (each slice dropped as it
 /// is parsed, the traces dropped before a rebuilt job is analyzed) and
 /// not kept parsed.
-pub(super) const KEEP_PARSED_FILE_BYTES: u64 = 16 * 1024 * 1024;
+const KEEP_PARSED_FILE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Installs the message handler and tells the page the worker is ready; the
 /// hasher, started by this same script under [`hasher::NAME`], only hashes.
@@ -570,38 +582,7 @@ fn run(
     post: &dyn Fn(Response),
 ) {
     let mut progress = progress_poster(job, post);
-    let bytes = sources
-        .iter()
-        .map(|source| source.total)
-        .fold(0u64, u64::saturating_add);
-    let (prepared, parsed) = if bytes <= KEEP_PARSED_FILE_BYTES {
-        match read_all(sources, &mut progress) {
-            Ok(parsed) => {
-                let prepared = pipeline::prepare_parsed(
-                    &parsed.traces,
-                    parsed.warnings.clone(),
-                    config,
-                    &mut progress,
-                );
-                let events = parsed
-                    .traces
-                    .iter()
-                    .map(crate::scale::work::Counts::traced_of)
-                    .fold(0u64, u64::saturating_add);
-                (prepared, (events <= KEEP_PARSED_EVENTS).then_some(parsed))
-            }
-            Err(err) => (Err(err), None),
-        }
-    } else {
-        let mut dyns: Vec<&mut dyn TraceSource> = sources
-            .iter_mut()
-            .map(|source| source as &mut dyn TraceSource)
-            .collect();
-        (
-            pipeline::prepare_many_from(&mut dyns, config, &mut progress),
-            None,
-        )
-    };
+    let (prepared, parsed) = prepare_sources(sources, config, &mut progress);
     let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(err) => {
@@ -650,6 +631,48 @@ fn run(
                 fingerprinted(Fingerprinted { job, identities }, post);
             }
         }
+    }
+}
+
+/// A job prepared from `sources` with `config`: small files read whole
+/// first and returned parsed where they are small enough to keep, larger
+/// ones read as a stream.
+pub(super) fn prepare_sources(
+    sources: &mut [BlobSource],
+    config: &Config,
+    progress: &mut dyn FnMut(Progress),
+) -> (Result<Prepared, pipeline::Error>, Option<Parsed>) {
+    let bytes = sources
+        .iter()
+        .map(|source| source.total)
+        .fold(0u64, u64::saturating_add);
+    if bytes <= KEEP_PARSED_FILE_BYTES {
+        match read_all(sources, progress) {
+            Ok(parsed) => {
+                let prepared = pipeline::prepare_parsed(
+                    &parsed.traces,
+                    parsed.warnings.clone(),
+                    config,
+                    progress,
+                );
+                let events = parsed
+                    .traces
+                    .iter()
+                    .map(crate::scale::work::Counts::traced_of)
+                    .fold(0u64, u64::saturating_add);
+                (prepared, (events <= KEEP_PARSED_EVENTS).then_some(parsed))
+            }
+            Err(err) => (Err(err), None),
+        }
+    } else {
+        let mut dyns: Vec<&mut dyn TraceSource> = sources
+            .iter_mut()
+            .map(|source| source as &mut dyn TraceSource)
+            .collect();
+        (
+            pipeline::prepare_many_from(&mut dyns, config, progress),
+            None,
+        )
     }
 }
 
@@ -747,7 +770,7 @@ fn whatif(job: u32, what: crate::whatif::WhatIfKind, config: &Config, post: &dyn
 }
 
 /// The files of the prepared job, parsed again.
-pub(super) fn read_traces(blobs: &[Blob]) -> Result<Parsed, String> {
+fn read_traces(blobs: &[Blob]) -> Result<Parsed, String> {
     let mut sources = blobs
         .iter()
         .map(|blob| BlobSource::new(blob.clone(), false))
